@@ -1,0 +1,105 @@
+"""Command line: ``python -m simulator run|validate``. Parses, calls the library, writes files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from simulator.cluster.build import build_plan
+from simulator.cluster.simulation import run
+from simulator.default_scenario import DEFAULT_SCENARIO
+from simulator.errors import ScenarioError
+from simulator.io.scenario import load_scenario
+from simulator.io.writers import write_result
+from simulator.model.memory import GIB
+
+ROWS = [("requests completed / total", "requests_completed", "{:.0f}", "requests_total"),
+        ("TTFT mean / p50 / p99 (s)", "ttft_mean_s", "{:.3f}", "ttft_p50_s", "ttft_p99_s"),
+        ("TPOT mean / p50 / p99 (s)", "tpot_mean_s", "{:.4f}", "tpot_p50_s", "tpot_p99_s"),
+        ("E2E mean / p99 (s)", "e2e_mean_s", "{:.2f}", "e2e_p99_s"),
+        ("queue mean / p99 (s)", "queue_mean_s", "{:.3f}", "queue_p99_s"),
+        ("throughput (tok/s)", "throughput_tok_per_s", "{:.1f}"),
+        ("throughput / goodput (req/s)", "throughput_req_per_s", "{:.3f}", "goodput_req_per_s"),
+        ("batch efficiency (mean)", "batch_efficiency_mean", "{:.3f}"),
+        ("pipeline bubble fraction", "pp_bubble_fraction", "{:.3f}"),
+        ("preemptions", "preemptions_total", "{:.0f}"),
+        ("simulated time (s)", "simulated_time_s", "{:.1f}"),
+        ("wall time (s)", "wall_time_s", "{:.2f}")]
+
+
+def format_summary(name: str, summary: dict) -> str:
+    lines = [f"scenario {name}"]
+    for label, first, fmt, *rest in ROWS:
+        values = " / ".join(fmt.format(summary[k]) for k in (first, *rest))
+        lines.append(f"  {label:<30} {values}")
+    return "\n".join(lines)
+
+
+def _load(args) -> object:
+    source = args.scenario if args.scenario else dict(DEFAULT_SCENARIO)
+    return load_scenario(source, overrides=args.set, seed=getattr(args, "seed", None))
+
+
+def cmd_run(args) -> int:
+    scenario = _load(args)
+    result = run(scenario, progress=not args.quiet and sys.stderr.isatty())
+    out = Path(args.out) if args.out else Path("runs") / scenario.name
+    write_result(result, out, steps=scenario.output.steps and not args.no_steps)
+    print(format_summary(scenario.name, result.summary))
+    print(f"  outputs in {out}/")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    scenario = _load(args)
+    plan = build_plan(scenario)
+    p, m = scenario.parallel, plan.model
+    print(f"{scenario.source or 'default scenario'}: valid")
+    print(f"  model      {m.name}: {m.total_params / 1e9:.1f} B params, {m.layers} layers, "
+          f"{m.q_heads} heads / {m.kv_heads} KV heads, {scenario.model.weight_dtype} weights")
+    print(f"  cluster    {scenario.cluster.nodes} x {plan.node.name} "
+          f"({plan.graph.graph['gpu'].name}), {plan.gpus_used} GPUs used")
+    print(f"  layout     tp={p.tp} pp={p.pp} dp={p.dp}, "
+          f"{plan.streams_per_replica} micro-batch stream(s) per replica")
+    for rp in plan.replicas:
+        stages = " | ".join(",".join(g.removeprefix("gpu") for g in st)
+                            for st in rp.placement.stages)
+        print(f"  replica {rp.placement.replica}  GPUs {stages}")
+    mem = plan.memory
+    print(f"  memory     weights {max(mem.weights_per_gpu) / GIB:.1f} GiB per GPU, KV cache "
+          f"{mem.kv_blocks} blocks = {mem.kv_tokens} tokens per replica")
+    print(f"  max_model_len {plan.max_model_len}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m simulator",
+                                 description="Simulate an LLM inference cluster.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="simulate a scenario (default: the embedded one)")
+    r.add_argument("scenario", nargs="?", help="scenario TOML file")
+    r.add_argument("--out", help="output folder (default runs/<name>/)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set parallel.tp=8")
+    r.add_argument("--seed", type=int, help="replace the scenario's seed")
+    r.add_argument("--no-steps", action="store_true", help="do not write steps.csv")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_run)
+    v = sub.add_parser("validate", help="check a scenario and explain it; runs nothing")
+    v.add_argument("scenario", nargs="?", help="scenario TOML file")
+    v.add_argument("--set", action="append", metavar="KEY=VALUE")
+    v.set_defaults(func=cmd_validate)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ScenarioError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 1

@@ -1,0 +1,1 @@
+"""Build a cluster from a scenario, route requests to replicas, run the simulation."""

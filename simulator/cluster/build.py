@@ -1,0 +1,126 @@
+"""From a validated scenario to a static cluster plan: hardware, graph, placement, memory,
+per-stage costs. Everything here is checked before any simulation starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from simulator.errors import ScenarioError
+from simulator.hardware.specs import NodeSpec, load_node
+from simulator.io.schema import Scenario
+from simulator.model.cost import ACT_BYTES, StageCost
+from simulator.model.memory import GIB, MemoryPlan, plan_memory, split_layers
+from simulator.model.spec import ModelSpec, load_model
+from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, ring_allreduce
+from simulator.parallel.placement import ReplicaPlacement, place
+from simulator.topology.graph import Paths, build_graph, nvlink_domains
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    placement: ReplicaPlacement
+    stages: tuple[StageCost, ...]
+    sends: tuple[tuple[float, float], ...]  # (latency_s, s_per_token) from stage i to i+1
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """Everything static about a run: derived from the scenario, never written back."""
+
+    scenario: Scenario
+    model: ModelSpec
+    node: NodeSpec
+    graph: nx.DiGraph
+    memory: MemoryPlan
+    replicas: tuple[ReplicaPlan, ...]
+    streams_per_replica: int
+    max_model_len: int
+
+    @property
+    def gpus_used(self) -> int:
+        p = self.scenario.parallel
+        return p.tp * p.pp * p.dp
+
+
+def _check_heads(model: ModelSpec, tp: int, pp: int) -> list[str]:
+    problems = []
+    if model.q_heads % tp:
+        divisors = [d for d in range(1, model.q_heads + 1) if model.q_heads % d == 0]
+        problems.append(f"parallel.tp: {tp} does not divide the {model.q_heads} attention heads "
+                        f"of {model.name} (allowed: {', '.join(map(str, divisors))})")
+    elif tp > model.kv_heads and tp % model.kv_heads:
+        problems.append(f"parallel.tp: {tp} is neither a divisor nor a multiple of the "
+                        f"{model.kv_heads} KV heads of {model.name}")
+    if pp > model.layers:
+        problems.append(f"parallel.pp: {pp} exceeds the {model.layers} layers of {model.name}")
+    return problems
+
+
+def build_plan(scenario: Scenario) -> ClusterPlan:
+    """Check the scenario against model and hardware and derive the static cluster.
+
+    Raises
+    ------
+    ScenarioError
+        Naming the key: tp not dividing the heads, layout larger than the cluster, a model
+        that does not fit (and by how much), a max_model_len beyond the KV cache.
+    """
+    try:
+        return _build(scenario)
+    except ScenarioError as exc:
+        raise exc.with_source(scenario.source) from None
+
+
+def _build(s: Scenario) -> ClusterPlan:
+    model = load_model(s.model.name, s.base_dir)
+    node = load_node(s.cluster.topology, s.base_dir)
+    tp, pp, dp = s.parallel.tp, s.parallel.pp, s.parallel.dp
+    problems = _check_heads(model, tp, pp)
+    if problems:
+        raise ScenarioError(problems)
+    for key in ("weight_dtype", "kv_dtype"):
+        dtype = getattr(s.model, key)
+        if dtype == "fp8" and key == "weight_dtype" and "fp8" not in node.gpu.peak_flops:
+            raise ScenarioError(f"model.{key}: fp8 is not supported on {node.gpu.name} "
+                                f"(allowed: {', '.join(node.gpu.peak_flops)})")
+    graph = build_graph(node, s.cluster.nodes)
+    placements = place(nvlink_domains(graph), tp, pp, dp)
+    eng = s.engine
+    memory = plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,
+                         s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
+                         eng.max_num_batched_tokens, eng.max_num_seqs,
+                         eng.runtime_reserve_gib * GIB)
+    streams = eng.max_inflight_microbatches or pp
+    stream_tokens = (memory.kv_blocks // streams) * eng.block_size
+    if eng.max_model_len is not None:
+        if eng.max_model_len > model.max_position_embeddings:
+            raise ScenarioError(f"engine.max_model_len: {eng.max_model_len} exceeds the "
+                                f"{model.max_position_embeddings} positions of {model.name}")
+        if eng.max_model_len > stream_tokens:
+            raise ScenarioError(f"engine.max_model_len: {eng.max_model_len} tokens do not fit "
+                                f"the KV cache ({stream_tokens} tokens per micro-batch stream "
+                                f"of a replica); lower it, or add memory (tp, pp, "
+                                f"gpu_memory_utilization, fp8 KV)")
+        max_len = eng.max_model_len
+    else:
+        max_len = min(model.max_position_embeddings, stream_tokens)
+    if stream_tokens < 1:
+        raise ScenarioError(f"engine.max_inflight_microbatches: {streams} streams leave no KV "
+                            f"block per stream ({memory.kv_blocks} blocks per replica)")
+    paths = Paths(graph)
+    layers = split_layers(model.layers, pp)
+    replicas = []
+    for pl in placements:
+        stages = tuple(
+            StageCost(model, node.gpu, tp, layers[i], i == 0, i == pp - 1,
+                      s.model.weight_dtype, s.model.kv_dtype, ring_allreduce(paths, group))
+            for i, group in enumerate(pl.stages))
+        sends = tuple(
+            (paths.latency(a[0], b[0]),
+             model.hidden * ACT_BYTES / (paths.bandwidth(a[0], b[0]) * BANDWIDTH_EFFICIENCY))
+            for a, b in zip(pl.stages, pl.stages[1:]))
+        replicas.append(ReplicaPlan(pl, stages, sends))
+    return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len)

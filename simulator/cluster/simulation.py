@@ -1,0 +1,194 @@
+"""Run a scenario: arrivals -> router -> replicas on one SimPy environment -> records.
+
+:func:`run` is a pure function of the scenario (and its seed): it writes nothing to disk and
+keeps no global state. Random streams are spawned from one ``SeedSequence(seed)``: arrival
+gaps, prompt lengths, output lengths, router.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+from tqdm import tqdm
+
+from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.cluster.router import make_router
+from simulator.engine.batching import ContinuousBatcher
+from simulator.engine.kvcache import KVCache
+from simulator.engine.replica import Replica
+from simulator.engine.request import Request
+from simulator.errors import ScenarioError
+from simulator.io.scenario import load_scenario, resolve_path
+from simulator.io.schema import Scenario
+from simulator.metrics.records import Recorder
+from simulator.metrics.summary import summarize
+from simulator.paths import ROOT
+from simulator.workload.arrivals import arrival_times, trace_window
+from simulator.workload.lengths import LengthStream, sample_lengths
+from simulator.workload.trace import load_trace
+
+
+@dataclass
+class Result:
+    """What a run produced: the summary, per-request and per-step tables, the scenario."""
+
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    scenario: Scenario
+    plan: ClusterPlan = field(repr=False)
+
+
+def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.DataFrame:
+    """Arrival times and lengths of every request of an open-loop scenario."""
+    w = s.workload
+    if w.arrival == "trace":
+        path = resolve_path(s, w.trace)
+        if not path.exists() and not path.is_absolute() and (ROOT / w.trace).exists():
+            path = ROOT / w.trace  # shipped traces, for dict scenarios run from anywhere
+        try:
+            return trace_window(load_trace(path), w)
+        except ScenarioError as exc:
+            raise exc.with_source(s.source) from None
+    t = arrival_times(w, rngs["arrivals"])
+    n = len(t)
+    return pd.DataFrame({"arrival_s": t,
+                         "prompt_tokens": sample_lengths(w.prompt_tokens, n, rngs["prompts"]),
+                         "output_tokens": sample_lengths(w.output_tokens, n, rngs["outputs"])})
+
+
+class Cluster:
+    """Live objects of one run: replicas, router and recorder on one environment."""
+
+    def __init__(self, env: simpy.Environment, plan: ClusterPlan, router: Any,
+                 recorder: Recorder):
+        self.env, self.plan, self.router, self.recorder = env, plan, router, recorder
+        s = plan.scenario
+        eng = s.engine
+        blocks = plan.memory.kv_blocks // plan.streams_per_replica
+        self.replicas = [
+            Replica(env, rp.placement.replica,
+                    [ContinuousBatcher(KVCache(blocks, eng.block_size), eng.max_num_seqs,
+                                       eng.max_num_batched_tokens)
+                     for _ in range(plan.streams_per_replica)],
+                    list(rp.stages), list(rp.sends), eng.step_overhead_s,
+                    self.finish, recorder.step)
+            for rp in plan.replicas]
+        self.max_len = plan.max_model_len
+        self.completed = 0
+        self.waiters: dict[int, simpy.Event] = {}
+
+    def submit(self, req: Request) -> None:
+        """Route a new request, or reject it if it cannot fit the model's context."""
+        if req.prompt + req.output > self.max_len:
+            req.status, req.finish_s = "rejected", self.env.now
+            self.finish(req)
+            return
+        self.replicas[self.router.choose(self.replicas, req)].submit(req)
+
+    def finish(self, req: Request) -> None:
+        self.completed += 1
+        self.recorder.request(req)
+        ev = self.waiters.pop(req.id, None)
+        if ev is not None:
+            ev.succeed()
+
+    # -- workload processes ----------------------------------------------------------------
+    def arrive(self, df: pd.DataFrame):
+        """Open loop: submit each request at its arrival time."""
+        env = self.env
+        times = df["arrival_s"].to_numpy(dtype=float).tolist()
+        prompts = df["prompt_tokens"].to_numpy().tolist()
+        outputs = df["output_tokens"].to_numpy().tolist()
+        for i, t in enumerate(times):
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            self.submit(Request(i, t, prompts[i], outputs[i]))
+
+    def client(self, c: int, counter: list[int], prompts: LengthStream, outputs: LengthStream):
+        """Closed loop: one client sends its next request when its previous one finishes."""
+        env, w = self.env, self.plan.scenario.workload
+        stalls = 0
+        while True:
+            if w.num_requests is not None and counter[0] >= w.num_requests:
+                return
+            if w.duration_s is not None and env.now >= w.duration_s:
+                return
+            rid = counter[0]
+            counter[0] += 1
+            req = Request(rid, env.now, prompts.next(), outputs.next(), client=c)
+            done = self.waiters[rid] = env.event()
+            before = env.now
+            self.submit(req)
+            yield done
+            stalls = stalls + 1 if env.now == before else 0
+            if stalls > 1000:
+                raise ScenarioError("workload: closed-loop requests are all rejected at once "
+                                    f"(prompt + output > max_model_len {self.max_len})")
+            if w.think_time_s:
+                yield env.timeout(w.think_time_s)
+
+
+def _rngs(seed: int) -> dict[str, np.random.Generator]:
+    names = ("arrivals", "prompts", "outputs", "router")
+    seqs = np.random.SeedSequence(seed).spawn(len(names))
+    return {n: np.random.default_rng(q) for n, q in zip(names, seqs)}
+
+
+def run(scenario: Scenario | dict | str, *, progress: bool = False) -> Result:
+    """Simulate a scenario and return its :class:`Result`; writes nothing to disk.
+
+    Parameters
+    ----------
+    scenario : Scenario, dict or path
+        Validated with :func:`simulator.load_scenario` when not already a Scenario.
+    progress : bool
+        Show a progress bar (completed requests) on stderr.
+    """
+    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    wall0 = time.perf_counter()
+    plan = build_plan(s)
+    rngs = _rngs(s.seed)
+    env = simpy.Environment()
+    recorder = Recorder()
+    cluster = Cluster(env, plan, make_router(s.router.policy), recorder)
+    w = s.workload
+    if w.arrival == "closed_loop":
+        counter = [0]
+        prompts = LengthStream(w.prompt_tokens, rngs["prompts"])
+        outputs = LengthStream(w.output_tokens, rngs["outputs"])
+        for c in range(w.concurrency):
+            env.process(cluster.client(c, counter, prompts, outputs))
+        total = w.num_requests
+    else:
+        df = open_loop_workload(s, rngs)
+        env.process(cluster.arrive(df))
+        total = len(df)
+    _drive(env, cluster, total, progress)
+    requests = recorder.requests_frame()
+    steps = recorder.steps_frame()
+    summary = summarize(requests, steps, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
+                        max_num_batched_tokens=s.engine.max_num_batched_tokens,
+                        pp=s.parallel.pp)
+    summary["kv_blocks_per_replica"] = plan.memory.kv_blocks
+    summary["kv_tokens_per_replica"] = plan.memory.kv_tokens
+    summary["max_model_len"] = plan.max_model_len
+    summary["gpus"] = plan.gpus_used
+    summary["wall_time_s"] = time.perf_counter() - wall0
+    return Result(summary, requests, steps, s, plan)
+
+
+def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress: bool) -> None:
+    if not progress:
+        env.run()
+        return
+    with tqdm(total=total, unit="req", desc="simulating", leave=False) as bar:
+        while env.peek() != float("inf"):
+            env.run(until=env.now + 5.0)
+            bar.update(cluster.completed - bar.n)
+            bar.set_postfix_str(f"t={env.now:.0f}s")

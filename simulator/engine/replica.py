@@ -1,0 +1,152 @@
+"""A replica as SimPy processes: micro-batch streams feeding a pipeline of stages.
+
+A replica with ``pp`` stages runs ``M = max_inflight_microbatches`` independent batch
+streams (vLLM's virtual engines), each with its own scheduler and an equal share of the KV
+blocks; a request joins the stream with the fewest outstanding requests. A stream forms a
+batch, pays the CPU step overhead, and sends it through the stages; each stage is a process
+that takes one micro-batch at a time from its inbox, so micro-batches of different streams
+overlap and bubbles appear where the events put them. The hand-off between stages sends
+``T * h * 2`` bytes over the graph path between the stages, without blocking the stage.
+
+With a single stream nothing can overlap, so a step is one timeout of its exact total
+(overhead + every stage + every send) and the per-stage records are laid out in sequence:
+the same timeline as the stage processes would give, with a fraction of the events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from simulator.engine.batching import Batch, ContinuousBatcher
+from simulator.engine.request import Request
+from simulator.model.cost import StageCost
+
+
+class MicroBatch:
+    __slots__ = ("batch", "done", "stream")
+
+    def __init__(self, batch: Batch, done: simpy.Event, stream: int):
+        self.batch, self.done, self.stream = batch, done, stream
+
+
+class Replica:
+    """One model replica on ``tp * pp`` GPUs.
+
+    Parameters
+    ----------
+    env : simpy.Environment
+    index : int
+        Replica number (as in records).
+    streams : list of ContinuousBatcher
+        One scheduler per in-flight micro-batch.
+    stages : list of StageCost
+        Cost of each pipeline stage.
+    sends : list of (latency_s, s_per_token)
+        Hand-off cost from stage i to i+1: ``latency + tokens * s_per_token``.
+    step_overhead_s : float
+        CPU time per step before the GPUs start.
+    on_finish : callable(Request)
+        Called at each completion.
+    record_step : callable(tuple)
+        Receives ``(replica, stage, start_s, end_s, prefill_tokens, decode_tokens,
+        batch_size, compute_s, comm_s)`` for each stage step.
+    """
+
+    def __init__(self, env: simpy.Environment, index: int, streams: list[ContinuousBatcher],
+                 stages: list[StageCost], sends: list[tuple[float, float]],
+                 step_overhead_s: float, on_finish: Callable[[Request], None],
+                 record_step: Callable[[tuple], None]):
+        self.env, self.index = env, index
+        self.streams, self.stages, self.sends = streams, stages, sends
+        self.overhead = step_overhead_s
+        self.on_finish, self.record_step = on_finish, record_step
+        self._idle: list[simpy.Event | None] = [None] * len(streams)
+        self.outstanding = 0
+        if len(streams) > 1:
+            self.inboxes = [simpy.Store(env) for _ in stages]
+            for i in range(len(stages)):
+                env.process(self.forward(i))
+        for s in range(len(streams)):
+            env.process(self.serve(s))
+
+    # -- load view for routers -----------------------------------------------------------
+    @property
+    def kv_used_fraction(self) -> float:
+        used = sum(s.kv.used for s in self.streams)
+        return used / max(1, sum(s.kv.capacity for s in self.streams))
+
+    def submit(self, req: Request) -> None:
+        """Queue a request on the stream with the fewest outstanding requests."""
+        req.replica = self.index
+        self.outstanding += 1
+        s = min(range(len(self.streams)), key=lambda i: self.streams[i].outstanding)
+        self.streams[s].add(req)
+        idle = self._idle[s]
+        if idle is not None:
+            self._idle[s] = None
+            idle.succeed()
+
+    # -- processes -----------------------------------------------------------------------
+    def serve(self, s: int):
+        """Stream ``s``: form a batch, run it through the stages, apply the results."""
+        env, stream = self.env, self.streams[s]
+        single = len(self.streams) == 1
+        while True:
+            batch = stream.schedule(env.now)
+            if batch is None:
+                self._idle[s] = env.event()
+                yield self._idle[s]
+                continue
+            if single:
+                yield env.timeout(self._run_inline(batch))
+            else:
+                if self.overhead:
+                    yield env.timeout(self.overhead)
+                mb = MicroBatch(batch, env.event(), s)
+                self.inboxes[0].put(mb)
+                yield mb.done
+            for req in stream.complete(batch, env.now):
+                self.outstanding -= 1
+                self.on_finish(req)
+
+    def _run_inline(self, batch: Batch) -> float:
+        """Total time of a step with nothing overlapping; records each stage's span."""
+        t = self.env.now + self.overhead
+        last = len(self.stages) - 1
+        rec = self.record_step
+        for i, cost in enumerate(self.stages):
+            compute, comm = cost.step(batch.tokens, batch.prefill_pairs, batch.decode_kv,
+                                      batch.sampled)
+            end = t + compute + comm
+            rec((self.index, i, t, end, batch.prefill_tokens, batch.n_decode,
+                 batch.batch_size, compute, comm))
+            t = end
+            if i < last:
+                lat, per_token = self.sends[i]
+                t += lat + batch.tokens * per_token
+        return t - self.env.now
+
+    def forward(self, i: int):
+        """Stage ``i``: run micro-batches one at a time, hand each to the next stage."""
+        env, cost, inbox = self.env, self.stages[i], self.inboxes[i]
+        last = i == len(self.stages) - 1
+        while True:
+            mb = yield inbox.get()
+            b = mb.batch
+            compute, comm = cost.step(b.tokens, b.prefill_pairs, b.decode_kv, b.sampled)
+            start = env.now
+            yield env.timeout(compute + comm)
+            self.record_step((self.index, i, start, env.now, b.prefill_tokens, b.n_decode,
+                              b.batch_size, compute, comm))
+            if last:
+                mb.done.succeed()
+                continue
+            lat, per_token = self.sends[i]
+            nxt = self.inboxes[i + 1]
+            delay = lat + b.tokens * per_token
+            if delay > 0:
+                env.timeout(delay).callbacks.append(lambda _, mb=mb, nxt=nxt: nxt.put(mb))
+            else:
+                nxt.put(mb)

@@ -1,0 +1,39 @@
+"""A request's live state inside a replica (created at arrival, dropped at completion)."""
+
+from __future__ import annotations
+
+WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
+
+
+class Request:
+    """Live state of one request; plain slots, no behaviour.
+
+    ``target`` tokens must be prefilled before the next token is sampled: the prompt, plus
+    every generated token after a recompute preemption. While decoding, the KV length and
+    the token count follow from the step counter (``kv0``/``g0`` at step ``k0``), so a
+    decode step touches no request.
+    """
+
+    __slots__ = ("id", "arrival_s", "prompt", "output", "replica", "state", "target",
+                 "computed", "blocks", "generated", "k0", "kv0", "epoch", "admit_seq",
+                 "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status",
+                 "client")
+
+    def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, client: int = -1):
+        self.id, self.arrival_s, self.prompt, self.output = rid, arrival_s, prompt, output
+        self.client = client
+        self.replica = -1
+        self.state = WAITING
+        self.target = prompt
+        self.computed = 0
+        self.blocks = 0
+        self.generated = 0
+        self.k0 = 0
+        self.kv0 = 0
+        self.epoch = 0
+        self.admit_seq = 0
+        self.first_scheduled_s = float("nan")
+        self.first_token_s = float("nan")
+        self.finish_s = float("nan")
+        self.preemptions = 0
+        self.status = ""

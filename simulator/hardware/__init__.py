@@ -1,0 +1,1 @@
+"""GPU and node specifications, loaded from the data files in ``topologies/``."""

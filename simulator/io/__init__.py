@@ -1,0 +1,1 @@
+"""Scenario loading and validation; result writers."""

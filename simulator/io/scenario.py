@@ -1,0 +1,240 @@
+"""Read a scenario (TOML file or dict), apply overrides, validate everything at once.
+
+Every problem names its key and what is allowed; all problems are reported together in one
+:class:`~simulator.errors.ScenarioError`. Cross-checks that need the model or the cluster
+(tp divides the heads, the model fits) happen when the cluster is built.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import sys
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import ScenarioError
+from simulator.io.schema import LENGTH_DISTS, SECTIONS, TOP_LEVEL, Scenario
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+#: Keys each length distribution takes; the first ones listed are required.
+DIST_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "constant": (("value",), ()),
+    "uniform": (("min", "max"), ()),
+    "normal": (("mean", "std"), ("min", "max")),
+    "lognormal": (("mean", "sigma"), ("min", "max")),
+    "exponential": (("mean",), ("min", "max")),
+}
+
+
+def _did_you_mean(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(options)})"
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _check_length(key: str, value: Any, problems: list[str]) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, dict)):
+        problems.append(f"{key}: expected a positive integer or a table like "
+                        f"{{ dist = \"lognormal\", mean = 256, sigma = 0.5 }}, got {value!r}")
+        return
+    if isinstance(value, int):
+        if value < 1:
+            problems.append(f"{key}: must be >= 1, got {value}")
+        return
+    dist = value.get("dist")
+    if dist not in DIST_KEYS:
+        problems.append(f"{key}.dist: {dist!r} is not a distribution"
+                        + _did_you_mean(str(dist), LENGTH_DISTS))
+        return
+    required, optional = DIST_KEYS[dist]
+    allowed = ("dist",) + required + optional
+    for k, v in value.items():
+        if k not in allowed:
+            problems.append(f"{key}.{k}: unknown key for dist = \"{dist}\""
+                            + _did_you_mean(k, allowed))
+        elif k != "dist" and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            problems.append(f"{key}.{k}: expected a non-negative number, got {v!r}")
+    for k in required:
+        if k not in value:
+            problems.append(f"{key}.{k}: required for dist = \"{dist}\"")
+    lo, hi = value.get("min", 1), value.get("max", float("inf"))
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi < max(lo, 1):
+        problems.append(f"{key}: max ({hi}) must be >= min ({lo}) and >= 1")
+
+
+def _check_value(key: str, f: dataclasses.Field, value: Any, problems: list[str]) -> Any:
+    meta = f.metadata
+    if value is None:
+        if meta.get("optional"):
+            return None
+        problems.append(f"{key}: a value is required")
+        return f.default
+    kind = meta.get("kind")
+    if kind == "length":
+        _check_length(key, value, problems)
+        return value
+    base = f.type if isinstance(f.type, type) else str(f.type).split(" ")[0].split("|")[0]
+    base = {"int": int, "float": float, "str": str, "bool": bool}.get(base, base)
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
+    if not ok:
+        problems.append(f"{key}: expected {base.__name__}, got {_type_name(value)} {value!r}")
+        return f.default
+    if "choices" in meta and value not in meta["choices"]:
+        problems.append(f"{key}: {value!r} is not allowed" + _did_you_mean(value, meta["choices"]))
+    if "min" in meta and value < meta["min"]:
+        problems.append(f"{key}: must be >= {meta['min']}, got {value}")
+    if "gt" in meta and value <= meta["gt"]:
+        problems.append(f"{key}: must be > {meta['gt']}, got {value}")
+    if "max" in meta and value > meta["max"]:
+        problems.append(f"{key}: must be <= {meta['max']}, got {value}")
+    return value
+
+
+def _build_section(name: str, cls: type, raw: Any, problems: list[str]):
+    if not isinstance(raw, dict):
+        problems.append(f"{name}: expected a table, got {_type_name(raw)}")
+        return cls()
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for k in raw:
+        if k not in fields:
+            problems.append(f"{name}.{k}: unknown key" + _did_you_mean(k, fields))
+    values = {}
+    for fname, f in fields.items():
+        if fname in raw:
+            values[fname] = _check_value(f"{name}.{fname}", f, raw[fname], problems)
+    return cls(**values)
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ScenarioError(f"--set {text}: expected key.path=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word is a string: --set model.name=llama-2-7b
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
+    """Return a copy of ``data`` with dotted ``key.path=value`` overrides applied."""
+    data = copy.deepcopy(data)
+    for text in overrides or []:
+        path, value = _parse_override(text)
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ScenarioError(f"--set {text}: {part} is not a table")
+        node[path[-1]] = value
+    return data
+
+
+def read_toml(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ScenarioError("scenario file not found", source=str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"not valid TOML: {exc}", source=str(path)) from None
+
+
+def load_scenario(source: str | Path | dict | Scenario,
+                  overrides: list[str] | None = None,
+                  seed: int | None = None) -> Scenario:
+    """Validate a scenario given as a TOML path, a dict, or an existing Scenario.
+
+    Parameters
+    ----------
+    source : path, dict or Scenario
+        Relative paths inside a file resolve against the file's folder; inside a dict,
+        against the current directory.
+    overrides : list of str, optional
+        Dotted ``section.key=value`` assignments (values parsed as TOML).
+    seed : int, optional
+        Replaces the scenario's seed.
+
+    Raises
+    ------
+    ScenarioError
+        Listing every problem found.
+    """
+    if isinstance(source, Scenario):
+        source = to_dict(source) | {"_base_dir": source.base_dir, "_source": source.source}
+    if isinstance(source, dict):
+        data, base_dir, origin = dict(source), source.get("_base_dir", "."), source.get("_source")
+        data.pop("_base_dir", None)
+        data.pop("_source", None)
+    else:
+        data = read_toml(source)
+        base_dir, origin = str(Path(source).resolve().parent), str(source)
+    try:
+        data = apply_overrides(data, overrides)
+    except ScenarioError as exc:
+        raise exc.with_source(origin) from None
+    if seed is not None:
+        data["seed"] = seed
+    problems: list[str] = []
+    for k in data:
+        if k not in SECTIONS and k not in TOP_LEVEL:
+            problems.append(f"{k}: unknown key" + _did_you_mean(k, [*TOP_LEVEL, *SECTIONS]))
+    top = {}
+    for k, typ in TOP_LEVEL.items():
+        if k in data:
+            v = data[k]
+            if not isinstance(v, typ) or isinstance(v, bool):
+                problems.append(f"{k}: expected {typ.__name__}, got {_type_name(v)} {v!r}")
+            else:
+                top[k] = v
+    sections = {name: _build_section(name, cls, data.get(name, {}), problems)
+                for name, cls in SECTIONS.items()}
+    scenario = Scenario(**top, **sections, base_dir=str(base_dir), source=origin)
+    problems += _workload_problems(scenario)
+    if problems:
+        raise ScenarioError(problems, source=origin)
+    return scenario
+
+
+def _workload_problems(s: Scenario) -> list[str]:
+    w, p = s.workload, []
+    if w.arrival in ("poisson", "gamma", "constant") and w.rate_per_s is None:
+        p.append(f"workload.rate_per_s: required for arrival = \"{w.arrival}\" (a number > 0)")
+    if w.arrival == "closed_loop" and w.concurrency is None:
+        p.append("workload.concurrency: required for arrival = \"closed_loop\" (an integer >= 1)")
+    if w.arrival == "trace" and w.trace is None:
+        p.append("workload.trace: required for arrival = \"trace\" (a CSV path)")
+    if w.arrival != "trace" and w.num_requests is None and w.duration_s is None:
+        p.append("workload.num_requests: set num_requests and/or duration_s")
+    eng = s.engine
+    if eng.max_num_batched_tokens < eng.max_num_seqs:
+        p.append(f"engine.max_num_batched_tokens: must be >= engine.max_num_seqs "
+                 f"({eng.max_num_seqs}), got {eng.max_num_batched_tokens}")
+    return p
+
+
+def resolve_path(scenario: Scenario, path: str) -> Path:
+    """A path from the scenario, relative to the scenario file's folder."""
+    p = Path(path)
+    return p if p.is_absolute() else Path(scenario.base_dir) / p
+
+
+def to_dict(scenario: Scenario) -> dict:
+    """The scenario as plain nested dicts, without ``None`` values (TOML has no null)."""
+    out: dict[str, Any] = {"name": scenario.name, "seed": scenario.seed}
+    for name in SECTIONS:
+        sec = dataclasses.asdict(getattr(scenario, name))
+        out[name] = {k: v for k, v in sec.items() if v is not None}
+    return out

@@ -1,0 +1,119 @@
+"""The scenario as frozen dataclasses: every key, its type, default and allowed values.
+
+The dataclass fields are the contract of the TOML file. Constraints live in field metadata
+(``min``, ``gt``, ``choices``, ``kind``) and are checked by :mod:`simulator.io.scenario`.
+Derived values (KV blocks, world size) are never stored here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("bf16", "fp16", "fp8")
+ARRIVALS = ("poisson", "gamma", "constant", "closed_loop", "trace")
+ROUTERS = ("round_robin", "least_outstanding")
+SCHEDULERS = ("vllm",)
+LENGTH_DISTS = ("constant", "uniform", "normal", "lognormal", "exponential")
+
+
+def _f(default: Any = None, **meta: Any) -> Any:
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ModelSpecKeys:
+    name: str = _f("llama-3.1-8b", kind="model")
+    weight_dtype: str = _f("bf16", choices=DTYPES)
+    kv_dtype: str = _f("bf16", choices=DTYPES)
+
+
+@dataclass(frozen=True)
+class ClusterKeys:
+    topology: str = _f("dgx-h100", kind="topology")
+    nodes: int = _f(1, min=1)
+
+
+@dataclass(frozen=True)
+class ParallelKeys:
+    tp: int = _f(1, min=1)
+    pp: int = _f(1, min=1)
+    dp: int = _f(1, min=1)
+
+
+@dataclass(frozen=True)
+class EngineKeys:
+    scheduler: str = _f("vllm", choices=SCHEDULERS)
+    max_num_seqs: int = _f(256, min=1)
+    max_num_batched_tokens: int = _f(8192, min=1)
+    block_size: int = _f(16, min=1)
+    gpu_memory_utilization: float = _f(0.9, gt=0.0, max=1.0)
+    max_model_len: int | None = _f(None, min=1, optional=True)
+    max_inflight_microbatches: int | None = _f(None, min=1, optional=True)
+    # CPU time per step (scheduling, input preparation, sampling launch), seconds.
+    step_overhead_s: float = _f(0.003, min=0.0)
+    # Memory kept for the CUDA context, NCCL buffers and CUDA graphs, GiB per GPU.
+    runtime_reserve_gib: float = _f(1.0, min=0.0)
+
+
+@dataclass(frozen=True)
+class RouterKeys:
+    policy: str = _f("round_robin", choices=ROUTERS)
+
+
+@dataclass(frozen=True)
+class WorkloadKeys:
+    arrival: str = _f("poisson", choices=ARRIVALS)
+    rate_per_s: float | None = _f(None, gt=0.0, optional=True)
+    cv: float = _f(1.0, gt=0.0)  # gamma arrivals: coefficient of variation of the gaps
+    concurrency: int | None = _f(None, min=1, optional=True)
+    think_time_s: float = _f(0.0, min=0.0)  # closed_loop: pause between a reply and the next
+    num_requests: int | None = _f(None, min=1, optional=True)
+    duration_s: float | None = _f(None, gt=0.0, optional=True)
+    prompt_tokens: Any = _f(1024, kind="length")
+    output_tokens: Any = _f(256, kind="length")
+    trace: str | None = _f(None, kind="path", optional=True)
+    time_scale: float = _f(1.0, gt=0.0)  # trace: arrival times are multiplied by this
+    start_s: float = _f(0.0, min=0.0)  # trace: skip arrivals before this offset
+
+
+@dataclass(frozen=True)
+class SloKeys:
+    ttft_s: float = _f(2.0, gt=0.0)
+    tpot_s: float = _f(0.1, gt=0.0)
+
+
+@dataclass(frozen=True)
+class OutputKeys:
+    steps: bool = _f(True)  # write steps.csv (one row per stage step); off for very long runs
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario. ``base_dir`` resolves relative paths (the file's folder)."""
+
+    name: str = "scenario"
+    seed: int = 0
+    model: ModelSpecKeys = ModelSpecKeys()
+    cluster: ClusterKeys = ClusterKeys()
+    parallel: ParallelKeys = ParallelKeys()
+    engine: EngineKeys = EngineKeys()
+    router: RouterKeys = RouterKeys()
+    workload: WorkloadKeys = WorkloadKeys()
+    slo: SloKeys = SloKeys()
+    output: OutputKeys = OutputKeys()
+    base_dir: str = "."
+    source: str | None = None
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelSpecKeys,
+    "cluster": ClusterKeys,
+    "parallel": ParallelKeys,
+    "engine": EngineKeys,
+    "router": RouterKeys,
+    "workload": WorkloadKeys,
+    "slo": SloKeys,
+    "output": OutputKeys,
+}
+TOP_LEVEL = {"name": str, "seed": int}

@@ -1,0 +1,1 @@
+"""Records from the run, and summaries computed from them."""

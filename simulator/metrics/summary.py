@@ -1,0 +1,79 @@
+"""Summary metrics: pure functions from the request and step tables to a flat dict.
+
+Definitions (docs/metrics.md): TTFT = first token - arrival; TPOT = (finish - first token)
+/ (output tokens - 1); E2E = finish - arrival; queue = first scheduled - arrival. Rates divide
+by the span from the first arrival to the last completion. Goodput counts completed requests
+whose TTFT and TPOT both meet the SLO (TPOT of a one-token reply counts as met).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def _stats(prefix: str, x: pd.Series, out: dict, pcts=(50, 90, 99)) -> None:
+    v = x.dropna().to_numpy(dtype=float)
+    out[f"{prefix}_mean_s"] = float(v.mean()) if len(v) else float("nan")
+    for p in pcts:
+        out[f"{prefix}_p{p}_s"] = float(np.percentile(v, p)) if len(v) else float("nan")
+
+
+def union_length(start: np.ndarray, end: np.ndarray) -> float:
+    """Total length covered by the union of intervals [start_i, end_i)."""
+    if len(start) == 0:
+        return 0.0
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    gaps = np.maximum(s[1:] - reach[:-1], 0.0)
+    return float(reach[-1] - s[0] - gaps.sum())
+
+
+def bubble_fraction(steps: pd.DataFrame, pp: int) -> float:
+    """Pipeline bubble: stage idle time while its replica has a stage busy.
+
+    For each replica, the busy span U is the union of all its stage steps; a stage is idle
+    for U - (its own busy time). The fraction is sum(idle) / sum(pp * U) over replicas: 0 for
+    pp = 1, (P-1)/P for P equal stages with one micro-batch in flight.
+    """
+    if pp <= 1 or steps.empty:
+        return 0.0
+    idle = total = 0.0
+    for _, g in steps.groupby("replica", sort=False):
+        s, e = g["start_s"].to_numpy(), g["end_s"].to_numpy()
+        u = union_length(s, e)
+        idle += pp * u - float((e - s).sum())
+        total += pp * u
+    return idle / total if total > 0 else 0.0
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_slo_s: float,
+              tpot_slo_s: float, max_num_batched_tokens: int, pp: int) -> dict:
+    """Flat summary of a run (keys carry units)."""
+    done = requests[requests["status"] == "completed"]
+    out: dict = {"requests_total": int(len(requests)),
+                 "requests_completed": int(len(done)),
+                 "requests_rejected": int((requests["status"] == "rejected").sum())}
+    _stats("ttft", done["ttft_s"], out)
+    _stats("tpot", done["tpot_s"], out)
+    _stats("e2e", done["e2e_s"], out)
+    queue = (done["first_scheduled_s"] - done["arrival_s"]).dropna()
+    out["queue_mean_s"] = float(queue.mean()) if len(queue) else float("nan")
+    out["queue_p99_s"] = float(np.percentile(queue, 99)) if len(queue) else float("nan")
+    span = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
+    tokens = float(done["output_tokens"].sum())
+    ok = (done["ttft_s"] <= ttft_slo_s) & (done["tpot_s"].isna() | (done["tpot_s"] <= tpot_slo_s))
+    rate = (lambda x: x / span if span > 0 else float("nan"))
+    out["throughput_tok_per_s"] = rate(tokens)
+    out["throughput_req_per_s"] = rate(float(len(done)))
+    out["goodput_req_per_s"] = rate(float(ok.sum()))
+    out["slo_attainment"] = float(ok.mean()) if len(done) else float("nan")
+    out["preemptions_total"] = int(requests["preemptions"].sum())
+    first = steps[steps["stage"] == 0]
+    eff = (first["prefill_tokens"] + first["decode_tokens"]) / max_num_batched_tokens
+    out["batch_efficiency_mean"] = float(eff.mean()) if len(eff) else float("nan")
+    out["pp_bubble_fraction"] = bubble_fraction(steps, pp)
+    out["steps_total"] = int(len(first))
+    out["simulated_time_s"] = float(done["finish_s"].max()) if len(done) else 0.0
+    return out

@@ -1,0 +1,1 @@
+"""Model architectures (from config.json) and the step cost model."""

@@ -1,0 +1,75 @@
+"""Place replicas on GPUs: TP groups inside one NVLink domain, PP stages over groups, DP
+replicas spread over nodes.
+
+Rules (REFERENCE.md section 2, placement rules from practice): a TP group never leaves its
+NVLink domain; a replica whose stages fit in one domain stays there; otherwise each stage
+takes the next domain with room, so PP crosses nodes; replicas go to the domain with the
+most free GPUs, which spreads DP over nodes and keeps fragmentation low.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.errors import ScenarioError
+
+
+@dataclass(frozen=True)
+class ReplicaPlacement:
+    """GPU names of one replica: ``stages[i]`` is the TP group of pipeline stage i."""
+
+    replica: int
+    stages: tuple[tuple[str, ...], ...]
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        return tuple(g for stage in self.stages for g in stage)
+
+
+def place(domains: list[list[str]], tp: int, pp: int, dp: int) -> list[ReplicaPlacement]:
+    """Assign GPUs to ``dp`` replicas of ``pp`` stages of ``tp`` GPUs each.
+
+    Parameters
+    ----------
+    domains : list of list of str
+        NVLink domains, each a list of GPU names in index order.
+    tp, pp, dp : int
+        Tensor, pipeline and data parallel degrees.
+
+    Raises
+    ------
+    ScenarioError
+        When the layout needs more GPUs than exist or a TP group cannot fit in a domain.
+    """
+    total = sum(len(d) for d in domains)
+    if tp * pp * dp > total:
+        raise ScenarioError(f"parallel: tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} GPUs, "
+                            f"but the cluster has {total}")
+    largest = max(len(d) for d in domains)
+    if tp > largest:
+        raise ScenarioError(f"parallel.tp: {tp} exceeds the largest NVLink domain ({largest} "
+                            f"GPUs); a TP group must stay inside one NVLink domain")
+    free = [list(d) for d in domains]
+    placements = []
+    for r in range(dp):
+        # Most free GPUs first; ties go to the lower domain index.
+        order = sorted(range(len(free)), key=lambda i: -len(free[i]))
+        whole = next((i for i in order if len(free[i]) >= tp * pp), None)
+        stages = []
+        if whole is not None:
+            for _ in range(pp):
+                stages.append(tuple(free[whole][:tp]))
+                del free[whole][:tp]
+        else:
+            for _ in range(pp):
+                room = [i for i in sorted(range(len(free)), key=lambda i: -len(free[i]))
+                        if len(free[i]) >= tp]
+                if not room:
+                    raise ScenarioError(
+                        f"parallel: cannot place replica {r}: no NVLink domain has {tp} free "
+                        f"GPUs for its next stage (tp={tp}, pp={pp}, dp={dp} on domains of "
+                        f"{largest} GPUs)")
+                stages.append(tuple(free[room[0]][:tp]))
+                del free[room[0]][:tp]
+        placements.append(ReplicaPlacement(r, tuple(stages)))
+    return placements

@@ -1,0 +1,1 @@
+"""The cluster as a networkx graph, and path queries over it."""

@@ -1,0 +1,114 @@
+"""Build the cluster graph: GPUs, NVSwitches, hosts, NICs and the switch joining nodes.
+
+Nodes carry ``kind`` (gpu, nvswitch, host, nic, switch) and, for GPUs, ``node`` and
+``index`` (global GPU number, as faults and placements name them). Every physical link is two
+directed edges, each with ``bandwidth_Bps`` (per direction), ``latency_s`` and ``kind``
+(nvlink, pcie, network). Times of transfers come from paths in this graph, never from
+constants in the engine.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import networkx as nx
+
+from simulator.hardware.specs import NodeSpec
+
+
+def _link(g: nx.DiGraph, a: str, b: str, bw: float, lat: float, kind: str) -> None:
+    g.add_edge(a, b, bandwidth_Bps=bw, latency_s=lat, kind=kind)
+    g.add_edge(b, a, bandwidth_Bps=bw, latency_s=lat, kind=kind)
+
+
+def gpu_name(index: int) -> str:
+    return f"gpu{index}"
+
+
+def build_graph(node: NodeSpec, nodes: int) -> nx.DiGraph:
+    """The graph of ``nodes`` copies of ``node`` joined by one switch (when nodes > 1).
+
+    Parameters
+    ----------
+    node : NodeSpec
+        The node type (GPUs, NVSwitch bandwidth, host PCIe, NICs).
+    nodes : int
+        Number of nodes.
+    """
+    g = nx.DiGraph(name=f"{nodes} x {node.name}", node_type=node.name)
+    g.graph["gpu"] = node.gpu
+    per = node.gpus_per_node
+    if nodes > 1:
+        g.add_node("switch", kind="switch")
+    for n in range(nodes):
+        nvsw, host = f"nvswitch{n}", f"host{n}"
+        g.add_node(nvsw, kind="nvswitch", node=n)
+        g.add_node(host, kind="host", node=n)
+        for local in range(per):
+            i = n * per + local
+            gpu, nic = gpu_name(i), f"nic{i}"
+            g.add_node(gpu, kind="gpu", node=n, index=i)
+            g.add_node(nic, kind="nic", node=n)
+            _link(g, gpu, nvsw, node.scale_up.bandwidth_Bps, node.scale_up.latency_s, "nvlink")
+            _link(g, gpu, host, node.host.bandwidth_Bps, node.host.latency_s, "pcie")
+            # GPUDirect RDMA: the GPU reaches its NIC through the PCIe switch.
+            _link(g, gpu, nic, node.host.bandwidth_Bps, node.host.latency_s / 2, "pcie")
+            if nodes > 1:
+                _link(g, nic, "switch", node.nic.bandwidth_Bps,
+                      node.nic.latency_s + node.switch_latency_s / 2, "network")
+    return g
+
+
+def gpus(g: nx.DiGraph) -> list[str]:
+    """GPU node names in global index order."""
+    found = [(d["index"], n) for n, d in g.nodes(data=True) if d.get("kind") == "gpu"]
+    return [n for _, n in sorted(found)]
+
+
+def nvlink_domains(g: nx.DiGraph) -> list[list[str]]:
+    """GPUs that reach each other over NVLink only, as lists ordered by GPU index."""
+    nv = nx.Graph()
+    nv.add_nodes_from(n for n in gpus(g))
+    nv.add_edges_from((a, b) for a, b, k in g.edges(data="kind") if k == "nvlink")
+    index = nx.get_node_attributes(g, "index")
+    domains = []
+    for comp in nx.connected_components(nv):
+        members = sorted((n for n in comp if n in index), key=index.get)
+        if members:
+            domains.append(members)
+    return sorted(domains, key=lambda m: index[m[0]])
+
+
+class Paths:
+    """Point-to-point path queries, cached: the route is the lowest-latency path.
+
+    ``bandwidth(a, b)`` is the path's bottleneck (bytes/s per direction), ``latency(a, b)``
+    the sum of its link latencies (s).
+    """
+
+    def __init__(self, g: nx.DiGraph):
+        self.g = g
+        self._route = lru_cache(maxsize=None)(self._compute)
+
+    def _compute(self, a: str, b: str) -> tuple[float, float, tuple[str, ...]]:
+        path = nx.shortest_path(self.g, a, b, weight="latency_s")
+        edges = [self.g.edges[u, v] for u, v in zip(path, path[1:])]
+        bw = min((e["bandwidth_Bps"] for e in edges), default=float("inf"))
+        lat = sum(e["latency_s"] for e in edges)
+        return bw, lat, tuple(path)
+
+    def bandwidth(self, a: str, b: str) -> float:
+        return self._route(a, b)[0]
+
+    def latency(self, a: str, b: str) -> float:
+        return self._route(a, b)[1]
+
+    def path(self, a: str, b: str) -> tuple[str, ...]:
+        return self._route(a, b)[2]
+
+    def transfer_time(self, a: str, b: str, nbytes: float) -> float:
+        """Uncontended time to move ``nbytes`` from a to b: latency + bytes / bottleneck."""
+        if a == b or nbytes <= 0:
+            return 0.0
+        bw, lat, _ = self._route(a, b)
+        return lat + nbytes / bw

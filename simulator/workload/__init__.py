@@ -1,0 +1,1 @@
+"""Arrival processes, length samplers and trace replay."""

@@ -1,0 +1,49 @@
+"""Open-loop arrivals as arrays (times, prompt and output lengths), and trace windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from simulator.io.schema import WorkloadKeys
+
+
+def _gaps(w: WorkloadKeys, n: int, rng: np.random.Generator) -> np.ndarray:
+    mean = 1.0 / w.rate_per_s
+    if w.arrival == "poisson":
+        return rng.exponential(mean, size=n)
+    if w.arrival == "gamma":
+        shape = 1.0 / w.cv**2  # gaps with mean 1/rate and coefficient of variation cv
+        return rng.gamma(shape, mean / shape, size=n)
+    return np.full(n, mean)  # constant
+
+
+def arrival_times(w: WorkloadKeys, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times (s) of an open-loop process, the first at the first gap.
+
+    ``num_requests`` caps the count and ``duration_s`` the horizon; with both, whichever
+    comes first.
+    """
+    if w.num_requests is not None:
+        t = np.cumsum(_gaps(w, w.num_requests, rng))
+        return t[t <= w.duration_s] if w.duration_s is not None else t
+    chunks, now = [], 0.0
+    while now <= w.duration_s:
+        block = now + np.cumsum(_gaps(w, max(16, int(w.rate_per_s * w.duration_s * 0.5)), rng))
+        chunks.append(block)
+        now = block[-1]
+    t = np.concatenate(chunks)
+    return t[t <= w.duration_s]
+
+
+def trace_window(df: pd.DataFrame, w: WorkloadKeys) -> pd.DataFrame:
+    """Apply ``start_s``, ``duration_s`` (trace time), ``time_scale`` and ``num_requests``."""
+    t = df["arrival_s"].to_numpy()
+    keep = t >= w.start_s
+    if w.duration_s is not None:
+        keep &= t < w.start_s + w.duration_s
+    out = df[keep].copy()
+    out["arrival_s"] = (out["arrival_s"] - w.start_s) * w.time_scale
+    if w.num_requests is not None:
+        out = out.iloc[: w.num_requests]
+    return out.reset_index(drop=True)
