@@ -25,11 +25,13 @@ from simulator.engine.request import DECODE, DONE, PREFILL, WAITING, Request
 class Batch:
     """What one step runs: aggregate counts plus the prefill chunks ``(request, tokens)``."""
 
-    __slots__ = ("tokens", "prefill_tokens", "prefill_pairs", "n_decode", "decode_kv",
-                 "sampled", "chunks", "batch_size")
+    __slots__ = ("tokens", "prefill_tokens", "prefill_pairs", "prefill_ctx", "n_decode", "decode_kv",
+                 "sampled", "chunks", "batch_size", "kv_blocks")
 
     def __init__(self, n_decode: int, decode_kv: int, chunks: list, prefill_tokens: int,
-                 prefill_pairs: float, sampled: int):
+                 prefill_pairs: float, prefill_ctx: int, sampled: int, kv_blocks: int):
+        self.prefill_ctx = prefill_ctx  # cached tokens the prefill chunks attend to
+        self.kv_blocks = kv_blocks  # blocks in use by the stream once this step is allocated
         self.n_decode, self.decode_kv, self.chunks = n_decode, decode_kv, chunks
         self.prefill_tokens, self.prefill_pairs = prefill_tokens, prefill_pairs
         self.tokens = n_decode + prefill_tokens
@@ -131,7 +133,7 @@ class ContinuousBatcher:
         n_decode = len(self.decoding)
         budget = self.max_tokens - n_decode
         chunks: list[tuple[Request, int]] = []
-        prefill_tokens, pairs, sampled = 0, 0.0, n_decode
+        prefill_tokens, pairs, ctx, sampled = 0, 0.0, 0, n_decode
 
         i = 0
         while i < len(self.prefilling) and budget > 0:
@@ -152,6 +154,7 @@ class ContinuousBatcher:
             chunks.append((req, x))
             prefill_tokens += x
             pairs += x * (c + (x + 1) / 2)
+            ctx += c
             sampled += c + x == req.target
             budget -= x
             i += 1
@@ -180,7 +183,8 @@ class ContinuousBatcher:
 
         if n_decode == 0 and not chunks:
             return None
-        return Batch(n_decode, self.sum_kv + n_decode, chunks, prefill_tokens, pairs, sampled)
+        return Batch(n_decode, self.sum_kv + n_decode, chunks, prefill_tokens, pairs, ctx,
+                     sampled, kv.used)
 
     def complete(self, batch: Batch, now: float) -> list[Request]:
         """Apply a finished step at time ``now``; returns the requests that completed."""

@@ -51,7 +51,7 @@ class Replica:
         Called at each completion.
     record_step : callable(tuple)
         Receives ``(replica, stage, start_s, end_s, prefill_tokens, decode_tokens,
-        batch_size, compute_s, comm_s)`` for each stage step.
+        batch_size, compute_s, comm_s, kv_blocks)`` for each stage step.
     """
 
     def __init__(self, env: simpy.Environment, index: int, streams: list[ContinuousBatcher],
@@ -117,11 +117,11 @@ class Replica:
         last = len(self.stages) - 1
         rec = self.record_step
         for i, cost in enumerate(self.stages):
-            compute, comm = cost.step(batch.tokens, batch.prefill_pairs, batch.decode_kv,
-                                      batch.sampled)
+            compute, comm = cost.step(batch.tokens, batch.prefill_pairs, batch.prefill_ctx,
+                                      batch.decode_kv, batch.sampled)
             end = t + compute + comm
             rec((self.index, i, t, end, batch.prefill_tokens, batch.n_decode,
-                 batch.batch_size, compute, comm))
+                 batch.batch_size, compute, comm, batch.kv_blocks))
             t = end
             if i < last:
                 lat, per_token = self.sends[i]
@@ -135,11 +135,12 @@ class Replica:
         while True:
             mb = yield inbox.get()
             b = mb.batch
-            compute, comm = cost.step(b.tokens, b.prefill_pairs, b.decode_kv, b.sampled)
+            compute, comm = cost.step(b.tokens, b.prefill_pairs, b.prefill_ctx, b.decode_kv,
+                                      b.sampled)
             start = env.now
             yield env.timeout(compute + comm)
             self.record_step((self.index, i, start, env.now, b.prefill_tokens, b.n_decode,
-                              b.batch_size, compute, comm))
+                              b.batch_size, compute, comm, b.kv_blocks))
             if last:
                 mb.done.succeed()
                 continue

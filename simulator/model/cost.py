@@ -63,16 +63,19 @@ class LayerShapes:
     def gemm_works(self, tokens: int) -> list[Work]:
         return [gemm_work(tokens, n, k, self.w_bytes) for n, k in self.gemms]
 
-    def attention_work(self, tokens: int, prefill_pairs: float, decode_kv: float) -> Work:
+    def attention_work(self, tokens: int, prefill_pairs: float, prefill_ctx: float,
+                       decode_kv: float) -> Work:
         """Attention over one layer.
 
         ``prefill_pairs`` is the causal (query, key) pair count of the prefill chunks,
-        sum of ``x*(c + (x+1)/2)`` for a chunk of x tokens after c cached ones; ``decode_kv``
-        is the sum of KV lengths read by decoding sequences (including the new token).
+        sum of ``x*(c + (x+1)/2)`` for a chunk of x tokens after c cached ones, and
+        ``prefill_ctx`` the sum of those c (cached KV the chunks read); ``decode_kv`` is the
+        sum of KV lengths read by decoding sequences (including the new token). New K and V
+        of every token are written once; the chunk's own K and V are read from on-chip memory.
         """
         flops = self.attn_flops_per_pair * (prefill_pairs + decode_kv)
         qo = 2 * tokens * self.q_heads * self.model.head_dim * ACT_BYTES
-        kv_read = decode_kv * self.kv_bytes_per_token
+        kv_read = (decode_kv + prefill_ctx) * self.kv_bytes_per_token
         kv_write = tokens * self.kv_bytes_per_token
         return Work(flops, qo + kv_read + kv_write)
 
@@ -137,7 +140,7 @@ class StageCost:
             self._head[sampled] = t
         return t
 
-    def step(self, tokens: int, prefill_pairs: float, decode_kv: float,
+    def step(self, tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
              sampled: int) -> tuple[float, float]:
         """Compute and communication seconds of this stage for one micro-batch.
 
@@ -145,8 +148,9 @@ class StageCost:
         ----------
         tokens : int
             Tokens in the step: prefill chunk tokens plus one per decoding sequence.
-        prefill_pairs : float
-            Causal attention pairs of the prefill chunks (see ``LayerShapes.attention_work``).
+        prefill_pairs, prefill_ctx : float
+            Causal attention pairs of the prefill chunks and the cached tokens they read
+            (see ``LayerShapes.attention_work``).
         decode_kv : float
             Sum of KV lengths read by the decoding sequences.
         sampled : int
@@ -154,7 +158,7 @@ class StageCost:
         """
         if tokens <= 0:
             return 0.0, 0.0
-        attn = self.shapes.attention_work(tokens, prefill_pairs, decode_kv)
+        attn = self.shapes.attention_work(tokens, prefill_pairs, prefill_ctx, decode_kv)
         attn_t = max(self.eff.attention_decode_floor_s,
                      attn.flops / self.attn_peak, attn.bytes / self.attn_bw)
         compute = self.layers * (self.dense_layer_time(tokens) + attn_t)
@@ -169,7 +173,8 @@ class StageCost:
 
 
 def roofline_time(model: ModelSpec, gpu: GPUSpec, tp: int, weight_dtype: str, kv_dtype: str,
-                  tokens: int, prefill_pairs: float, decode_kv: float, sampled: int) -> float:
+                  tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
+                  sampled: int) -> float:
     """Lower bound of a whole forward step: total FLOPs / peak vs total bytes / HBM bandwidth.
 
     Sums every layer's GEMM, attention and LM head work on one GPU and takes the larger of
@@ -179,7 +184,7 @@ def roofline_time(model: ModelSpec, gpu: GPUSpec, tp: int, weight_dtype: str, kv
     per_layer = Work(0.0, 0.0)
     for w in s.gemm_works(tokens):
         per_layer = per_layer + w
-    per_layer = per_layer + s.attention_work(tokens, prefill_pairs, decode_kv)
+    per_layer = per_layer + s.attention_work(tokens, prefill_pairs, prefill_ctx, decode_kv)
     total = Work(per_layer.flops * model.layers, per_layer.bytes * model.layers)
     if sampled:
         total = total + gemm_work(sampled, model.vocab // tp, model.hidden, s.w_bytes)

@@ -1,0 +1,52 @@
+"""Benchmark: the full one-hour Azure conversation trace on Llama-3.1-70B, 2 x DGX H100,
+TP4 x DP4 (19,366 requests). Prints wall time, simulated time and rates.
+
+Run: python benchmarks/bench_azure_conv.py [--no-steps]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import simulator
+
+SCENARIO = {
+    "name": "bench-azure-conv",
+    "seed": 0,
+    "model": {"name": "llama-3.1-70b"},
+    "cluster": {"topology": "dgx-h100", "nodes": 2},
+    "parallel": {"tp": 4, "pp": 1, "dp": 4},
+    "router": {"policy": "least_outstanding"},
+    "workload": {"arrival": "trace", "trace": "workloads/azure_llm_2023_conv.csv"},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of the run")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    if args.profile:
+        import cProfile
+        import pstats
+
+        with cProfile.Profile() as prof:
+            result = simulator.run(SCENARIO)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    else:
+        result = simulator.run(SCENARIO)
+    wall = time.perf_counter() - t0
+    s = result.summary
+    print(f"requests           {s['requests_total']} ({s['requests_completed']} completed)")
+    print(f"replica steps      {s['steps_total']}")
+    print(f"simulated time     {s['simulated_time_s']:.1f} s")
+    print(f"wall time          {wall:.2f} s (run() incl. summary)")
+    print(f"requests per wall-s {s['requests_total'] / wall:,.0f}")
+    print(f"steps per wall-s   {s['steps_total'] / wall:,.0f}")
+    print(f"TTFT p50/p99       {s['ttft_p50_s']:.3f} / {s['ttft_p99_s']:.3f} s")
+    print(f"TPOT p50/p99       {s['tpot_p50_s']:.4f} / {s['tpot_p99_s']:.4f} s")
+
+
+if __name__ == "__main__":
+    main()

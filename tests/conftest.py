@@ -1,0 +1,32 @@
+"""Shared fixtures: the toy hardware and model in tests/data, and small scenarios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+
+
+def toy_scenario(**sections) -> dict:
+    """A scenario on the toy node (2 GPUs, 1e12 B/s, 100 TFLOP/s) with the toy model."""
+    s = {
+        "name": "toy",
+        "seed": 1,
+        "model": {"name": str(DATA / "toy_model.json")},
+        "cluster": {"topology": str(DATA / "toy_node.toml"), "nodes": 1},
+        "parallel": {"tp": 1, "pp": 1, "dp": 1},
+        "engine": {"step_overhead_s": 0.001, "max_num_seqs": 64,
+                   "max_num_batched_tokens": 2048},
+        "workload": {"arrival": "constant", "rate_per_s": 1.0, "num_requests": 1,
+                     "prompt_tokens": 100, "output_tokens": 3},
+    }
+    for name, values in sections.items():
+        s[name] = {**s.get(name, {}), **values} if isinstance(values, dict) else values
+    return s
+
+
+@pytest.fixture
+def toy():
+    return toy_scenario
