@@ -5,12 +5,12 @@ Public API: :func:`load_scenario`, :func:`run` (returns a :class:`Result`),
 """
 
 from simulator.cluster.build import ClusterPlan, build_plan
-from simulator.cluster.simulation import Result, run
+from simulator.cluster.simulation import Result, check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import write_result
 
-__all__ = ["DEFAULT_SCENARIO", "ClusterPlan", "Result", "ScenarioError", "build_plan",
+__all__ = ["DEFAULT_SCENARIO", "ClusterPlan", "Result", "ScenarioError", "build_plan", "check",
            "load_scenario", "run", "write_result"]
 __version__ = "0.1.0"

@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from simulator.cluster.build import build_plan
-from simulator.cluster.simulation import run
+from simulator.cluster.simulation import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
@@ -53,7 +52,7 @@ def cmd_run(args) -> int:
 
 def cmd_validate(args) -> int:
     scenario = _load(args)
-    plan = build_plan(scenario)
+    plan, requests = check(scenario)
     p, m = scenario.parallel, plan.model
     print(f"{scenario.source or 'default scenario'}: valid")
     print(f"  model      {m.name}: {m.total_params / 1e9:.1f} B params, {m.layers} layers, "
@@ -70,6 +69,14 @@ def cmd_validate(args) -> int:
     print(f"  memory     weights {max(mem.weights_per_gpu) / GIB:.1f} GiB per GPU, KV cache "
           f"{mem.kv_blocks} blocks = {mem.kv_tokens} tokens per replica")
     print(f"  max_model_len {plan.max_model_len}")
+    w = scenario.workload
+    if requests is None:
+        print(f"  workload   closed loop, {w.concurrency} clients")
+    else:
+        print(f"  workload   {w.arrival}: {len(requests)} requests over "
+              f"{requests['arrival_s'].max():.1f} s, prompt mean "
+              f"{requests['prompt_tokens'].mean():.0f}, output mean "
+              f"{requests['output_tokens'].mean():.0f} tokens")
     return 0
 
 

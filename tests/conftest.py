@@ -27,6 +27,21 @@ def toy_scenario(**sections) -> dict:
     return s
 
 
+def with_kv_tokens(scenario: dict, tokens: int) -> dict:
+    """Set gpu_memory_utilization so that one replica's KV cache holds about ``tokens``."""
+    import simulator
+
+    plan = simulator.build_plan(simulator.load_scenario(scenario))
+    mem = plan.memory
+    per_token = mem.block_bytes_per_gpu[0] / mem.block_size
+    used = mem.weights_per_gpu[0] + (scenario["engine"].get("runtime_reserve_gib", 1.0)) * 2**30
+    act = plan.node.gpu.memory_bytes * scenario["engine"].get("gpu_memory_utilization", 0.9)
+    act -= used + mem.kv_bytes_per_gpu[0]  # activations = budget - weights - reserve - free
+    util = (used + act + tokens * per_token) / plan.node.gpu.memory_bytes
+    scenario["engine"]["gpu_memory_utilization"] = min(util, 1.0)
+    return scenario
+
+
 @pytest.fixture
 def toy():
     return toy_scenario

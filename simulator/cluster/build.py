@@ -121,6 +121,6 @@ def _build(s: Scenario) -> ClusterPlan:
         sends = tuple(
             (paths.latency(a[0], b[0]),
              model.hidden * ACT_BYTES / (paths.bandwidth(a[0], b[0]) * BANDWIDTH_EFFICIENCY))
-            for a, b in zip(pl.stages, pl.stages[1:]))
+            for a, b in zip(pl.stages, pl.stages[1:], strict=False))
         replicas.append(ReplicaPlan(pl, stages, sends))
     return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len)

@@ -137,7 +137,23 @@ class Cluster:
 def _rngs(seed: int) -> dict[str, np.random.Generator]:
     names = ("arrivals", "prompts", "outputs", "router")
     seqs = np.random.SeedSequence(seed).spawn(len(names))
-    return {n: np.random.default_rng(q) for n, q in zip(names, seqs)}
+    return {n: np.random.default_rng(q) for n, q in zip(names, seqs, strict=True)}
+
+
+def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | None]:
+    """Validate everything a run needs without running: the cluster plan and, for open-loop
+    workloads, the requests (a trace file is read and checked here).
+
+    Returns
+    -------
+    (ClusterPlan, DataFrame or None)
+        The plan, and the open-loop requests (None for closed loop).
+    """
+    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    plan = build_plan(s)
+    if s.workload.arrival == "closed_loop":
+        return plan, None
+    return plan, open_loop_workload(s, _rngs(s.seed))
 
 
 def run(scenario: Scenario | dict | str, *, progress: bool = False) -> Result:
@@ -167,6 +183,9 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False) -> Result:
         total = w.num_requests
     else:
         df = open_loop_workload(s, rngs)
+        if df.empty:
+            raise ScenarioError("workload: no request arrives (check num_requests, duration_s, "
+                                "start_s against the trace)", source=s.source)
         env.process(cluster.arrive(df))
         total = len(df)
     _drive(env, cluster, total, progress)

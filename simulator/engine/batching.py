@@ -25,8 +25,8 @@ from simulator.engine.request import DECODE, DONE, PREFILL, WAITING, Request
 class Batch:
     """What one step runs: aggregate counts plus the prefill chunks ``(request, tokens)``."""
 
-    __slots__ = ("tokens", "prefill_tokens", "prefill_pairs", "prefill_ctx", "n_decode", "decode_kv",
-                 "sampled", "chunks", "batch_size", "kv_blocks")
+    __slots__ = ("tokens", "prefill_tokens", "prefill_pairs", "prefill_ctx", "n_decode",
+                 "decode_kv",                 "sampled", "chunks", "batch_size", "kv_blocks")
 
     def __init__(self, n_decode: int, decode_kv: int, chunks: list, prefill_tokens: int,
                  prefill_pairs: float, prefill_ctx: int, sampled: int, kv_blocks: int):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,9 @@ def _check_length(key: str, value: Any, problems: list[str]) -> None:
         if k not in allowed:
             problems.append(f"{key}.{k}: unknown key for dist = \"{dist}\""
                             + _did_you_mean(k, allowed))
-        elif k != "dist" and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
-            problems.append(f"{key}.{k}: expected a non-negative number, got {v!r}")
+        elif k != "dist" and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not math.isfinite(v) or v < 0):
+            problems.append(f"{key}.{k}: expected a finite non-negative number, got {v!r}")
     for k in required:
         if k not in value:
             problems.append(f"{key}.{k}: required for dist = \"{dist}\"")
@@ -89,6 +91,9 @@ def _check_value(key: str, f: dataclasses.Field, value: Any, problems: list[str]
     ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
     if not ok:
         problems.append(f"{key}: expected {base.__name__}, got {_type_name(value)} {value!r}")
+        return f.default
+    if base is float and not math.isfinite(value):
+        problems.append(f"{key}: expected a finite number, got {value}")
         return f.default
     if "choices" in meta and value not in meta["choices"]:
         problems.append(f"{key}: {value!r} is not allowed" + _did_you_mean(value, meta["choices"]))
@@ -197,12 +202,17 @@ def load_scenario(source: str | Path | dict | Scenario,
             v = data[k]
             if not isinstance(v, typ) or isinstance(v, bool):
                 problems.append(f"{k}: expected {typ.__name__}, got {_type_name(v)} {v!r}")
+            elif k == "seed" and v < 0:
+                problems.append(f"seed: must be >= 0, got {v}")
             else:
                 top[k] = v
     sections = {name: _build_section(name, cls, data.get(name, {}), problems)
                 for name, cls in SECTIONS.items()}
     scenario = Scenario(**top, **sections, base_dir=str(base_dir), source=origin)
-    problems += _workload_problems(scenario)
+    already = {p.split(":", 1)[0] for p in problems}
+    if "workload.duration_s" in already:
+        already.add("workload.num_requests")
+    problems += [p for p in _workload_problems(scenario) if p.split(":", 1)[0] not in already]
     if problems:
         raise ScenarioError(problems, source=origin)
     return scenario

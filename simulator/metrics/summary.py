@@ -64,7 +64,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_slo_s: float,
     span = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
     tokens = float(done["output_tokens"].sum())
     ok = (done["ttft_s"] <= ttft_slo_s) & (done["tpot_s"].isna() | (done["tpot_s"] <= tpot_slo_s))
-    rate = (lambda x: x / span if span > 0 else float("nan"))
+
+    def rate(x: float) -> float:
+        return x / span if span > 0 else float("nan")
+
     out["throughput_tok_per_s"] = rate(tokens)
     out["throughput_req_per_s"] = rate(float(len(done)))
     out["goodput_req_per_s"] = rate(float(ok.sum()))

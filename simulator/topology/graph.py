@@ -92,7 +92,7 @@ class Paths:
 
     def _compute(self, a: str, b: str) -> tuple[float, float, tuple[str, ...]]:
         path = nx.shortest_path(self.g, a, b, weight="latency_s")
-        edges = [self.g.edges[u, v] for u, v in zip(path, path[1:])]
+        edges = [self.g.edges[u, v] for u, v in zip(path, path[1:], strict=False)]
         bw = min((e["bandwidth_Bps"] for e in edges), default=float("inf"))
         lat = sum(e["latency_s"] for e in edges)
         return bw, lat, tuple(path)

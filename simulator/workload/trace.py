@@ -19,30 +19,31 @@ def load_trace(path: Path) -> pd.DataFrame:
     Accepted columns: ``TIMESTAMP`` (date-time) or ``start_offset_ns`` or ``arrival_s``, and
     ``ContextTokens``/``GeneratedTokens`` or ``prompt_tokens``/``output_tokens``.
     """
-    if not path.exists():
-        raise ScenarioError(f"{KEY}: file {str(path)!r} not found")
+    if not path.is_file():
+        what = "is not a file" if path.exists() else "not found"
+        raise ScenarioError(f"{KEY}: file {str(path)!r} {what}")
     try:
         df = pd.read_csv(path, encoding="utf-8-sig")
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{KEY}: {str(path)!r} is not a readable CSV "
                             f"({str(exc).splitlines()[0]})") from None
     cols = set(df.columns)
+    time_col = next((c for c in ("TIMESTAMP", "start_offset_ns", "arrival_s") if c in cols), None)
+    if time_col is None:
+        raise ScenarioError(f"{KEY}: {str(path)!r} needs a TIMESTAMP, start_offset_ns or "
+                            f"arrival_s column (has: {', '.join(map(str, df.columns))})")
+    p_col = "ContextTokens" if "ContextTokens" in cols else "prompt_tokens"
+    o_col = "GeneratedTokens" if "GeneratedTokens" in cols else "output_tokens"
+    if p_col not in cols or o_col not in cols:
+        raise ScenarioError(f"{KEY}: {str(path)!r} needs ContextTokens and GeneratedTokens "
+                            f"(or prompt_tokens and output_tokens) columns")
     try:
-        if "TIMESTAMP" in cols:
+        if time_col == "TIMESTAMP":
             ts = pd.to_datetime(df["TIMESTAMP"], format="mixed")
             t = (ts - ts.min()).dt.total_seconds().to_numpy()
-        elif "start_offset_ns" in cols:
-            t = pd.to_numeric(df["start_offset_ns"]).to_numpy(dtype=float) * 1e-9
-        elif "arrival_s" in cols:
-            t = pd.to_numeric(df["arrival_s"]).to_numpy(dtype=float)
         else:
-            raise ScenarioError(f"{KEY}: {str(path)!r} needs a TIMESTAMP, start_offset_ns or "
-                                f"arrival_s column (has: {', '.join(map(str, df.columns))})")
-        p_col = "ContextTokens" if "ContextTokens" in cols else "prompt_tokens"
-        o_col = "GeneratedTokens" if "GeneratedTokens" in cols else "output_tokens"
-        if p_col not in cols or o_col not in cols:
-            raise ScenarioError(f"{KEY}: {str(path)!r} needs ContextTokens and GeneratedTokens "
-                                f"(or prompt_tokens and output_tokens) columns")
+            scale = 1e-9 if time_col == "start_offset_ns" else 1.0
+            t = pd.to_numeric(df[time_col]).to_numpy(dtype=float) * scale
         prompt = pd.to_numeric(df[p_col]).to_numpy()
         output = pd.to_numeric(df[o_col]).to_numpy()
     except (ValueError, TypeError) as exc:
@@ -50,8 +51,8 @@ def load_trace(path: Path) -> pd.DataFrame:
                             f"({str(exc).splitlines()[0]})") from None
     if len(t) == 0:
         raise ScenarioError(f"{KEY}: {str(path)!r} has no requests")
-    if np.isnan(t).any() or np.isnan(prompt).any() or np.isnan(output).any():
-        raise ScenarioError(f"{KEY}: {str(path)!r} has empty cells")
+    if not (np.isfinite(t).all() and np.isfinite(prompt).all() and np.isfinite(output).all()):
+        raise ScenarioError(f"{KEY}: {str(path)!r} has empty or non-finite cells")
     t = t - t.min()
     order = np.argsort(t, kind="stable")
     return pd.DataFrame({
