@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into head: stop quietly
+        sys.stderr.close()
+        return 0
     except OSError as exc:
         print(f"error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
         return 1
