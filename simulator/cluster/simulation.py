@@ -14,11 +14,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import simpy
+from simpy.core import EmptySchedule
 from tqdm import tqdm
 
 from simulator.cluster.build import ClusterPlan, build_plan
 from simulator.cluster.router import make_router
 from simulator.engine.batching import ContinuousBatcher
+from simulator.engine.clock import SCALE, ticks
 from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
 from simulator.engine.request import Request
@@ -77,7 +79,7 @@ class Cluster:
                                        eng.max_num_batched_tokens)
                      for _ in range(plan.streams_per_replica)],
                     list(rp.stages), list(rp.sends), eng.step_overhead_s,
-                    self.finish, recorder.step)
+                    self.finish, recorder.step, fast=eng.fast_forward)
             for rp in plan.replicas]
         self.max_len = plan.max_model_len
         self.completed = 0
@@ -102,7 +104,8 @@ class Cluster:
     def arrive(self, df: pd.DataFrame):
         """Open loop: submit each request at its arrival time."""
         env = self.env
-        times = df["arrival_s"].to_numpy(dtype=float).tolist()
+        # Arrival times on the clock's grid (TICK = 2**-30 s), like every event time.
+        times = (np.rint(df["arrival_s"].to_numpy(dtype=float) * SCALE) / SCALE).tolist()
         prompts = df["prompt_tokens"].to_numpy().tolist()
         outputs = df["output_tokens"].to_numpy().tolist()
         for i, t in enumerate(times):
@@ -131,7 +134,7 @@ class Cluster:
                 raise ScenarioError("workload: closed-loop requests are all rejected at once "
                                     f"(prompt + output > max_model_len {self.max_len})")
             if w.think_time_s:
-                yield env.timeout(w.think_time_s)
+                yield env.timeout(ticks(w.think_time_s))
 
 
 def _rngs(seed: int) -> dict[str, np.random.Generator]:
@@ -188,7 +191,7 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False) -> Result:
                                 "start_s against the trace)", source=s.source)
         env.process(cluster.arrive(df))
         total = len(df)
-    _drive(env, cluster, total, progress)
+    events = _drive(env, cluster, total, progress)
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()
     summary = summarize(requests, steps, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
@@ -198,16 +201,29 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False) -> Result:
     summary["kv_tokens_per_replica"] = plan.memory.kv_tokens
     summary["max_model_len"] = plan.max_model_len
     summary["gpus"] = plan.gpus_used
+    summary["simpy_events"] = events
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan)
 
 
-def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress: bool) -> None:
-    if not progress:
-        env.run()
-        return
-    with tqdm(total=total, unit="req", desc="simulating", leave=False) as bar:
-        while env.peek() != float("inf"):
-            env.run(until=env.now + 5.0)
+def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress: bool) -> int:
+    """Process every event; returns how many. Shows a progress bar when asked."""
+    step, events = env.step, 0
+    bar = tqdm(total=total, unit="req", desc="simulating", leave=False) if progress else None
+    try:
+        if bar is None:
+            while True:
+                step()
+                events += 1
+        while True:
+            for _ in range(20_000):
+                step()
+            events += 20_000
             bar.update(cluster.completed - bar.n)
             bar.set_postfix_str(f"t={env.now:.0f}s")
+    except EmptySchedule:
+        pass
+    finally:
+        if bar is not None:
+            bar.close()
+    return events

@@ -216,6 +216,44 @@ class ContinuousBatcher:
                 self._start_decode(req)
         return done
 
+    # -- decode runs (several decode-only steps in one event) ------------------------------
+    def can_admit(self) -> bool:
+        """Whether a request arriving now could join the next step (nothing blocks the
+        queue and a sequence slot is free)."""
+        return not self.waiting and len(self.decoding) + len(self.prefilling) < self.max_seqs
+
+    def decode_run(self, max_steps: int) -> list[int]:
+        """KV blocks needed by each decode-only step that can follow the one just scheduled
+        with nothing else changing: no request finishes before the last of them, and their
+        blocks fit (else a step-by-step schedule would preempt).
+
+        Call right after :meth:`schedule` returned a batch without prefill chunks; the
+        steps' effects are applied by :meth:`skip_decode_steps`.
+        """
+        fin = self.finishes
+        while fin and (fin[0][3].state != DECODE or fin[0][3].epoch != fin[0][2]):
+            heapq.heappop(fin)  # stale entries of preempted requests
+        if not fin:
+            return []
+        scheduled = self.k + 1
+        free, residue, bs = self.kv.free, self.residue, self.bs
+        needs = []
+        for step in range(scheduled + 1, min(fin[0][0], scheduled + max_steps) + 1):
+            need = residue[-step % bs]
+            if need > free:
+                break
+            free -= need
+            needs.append(need)
+        return needs
+
+    def skip_decode_steps(self, needs: list[int]) -> None:
+        """Apply decode-only steps found by :meth:`decode_run` (all but the step that was
+        scheduled, which :meth:`complete` applies): lengths grow, blocks are allocated."""
+        steps = len(needs)
+        self.kv.allocate(sum(needs))
+        self.k += steps
+        self.sum_kv += len(self.decoding) * steps
+
     @staticmethod
     def _finish(req: Request, now: float, done: list[Request]) -> None:
         req.state, req.finish_s, req.status = DONE, now, "completed"

@@ -15,13 +15,18 @@ the same timeline as the stage processes would give, with a fraction of the even
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
 import simpy
 
 from simulator.engine.batching import Batch, ContinuousBatcher
+from simulator.engine.clock import ticks
 from simulator.engine.request import Request
 from simulator.model.cost import StageCost
+
+#: Most decode steps advanced in one event (bounds the records held for an interruptible run).
+MAX_RUN = 512
 
 
 class MicroBatch:
@@ -47,6 +52,8 @@ class Replica:
         Hand-off cost from stage i to i+1: ``latency + tokens * s_per_token``.
     step_overhead_s : float
         CPU time per step before the GPUs start.
+    fast : bool
+        Advance runs of decode-only steps in one event (identical results).
     on_finish : callable(Request)
         Called at each completion.
     record_step : callable(tuple)
@@ -57,19 +64,20 @@ class Replica:
     def __init__(self, env: simpy.Environment, index: int, streams: list[ContinuousBatcher],
                  stages: list[StageCost], sends: list[tuple[float, float]],
                  step_overhead_s: float, on_finish: Callable[[Request], None],
-                 record_step: Callable[[tuple], None]):
+                 record_step: Callable[[tuple], None], fast: bool = True):
         self.env, self.index = env, index
         self.streams, self.stages, self.sends = streams, stages, sends
         self.overhead = step_overhead_s
         self.on_finish, self.record_step = on_finish, record_step
         self._idle: list[simpy.Event | None] = [None] * len(streams)
+        self._running = [False] * len(streams)  # in a decode run that an arrival may cut
+        self.fast = fast and len(streams) == 1
         self.outstanding = 0
         if len(streams) > 1:
             self.inboxes = [simpy.Store(env) for _ in stages]
             for i in range(len(stages)):
                 env.process(self.forward(i))
-        for s in range(len(streams)):
-            env.process(self.serve(s))
+        self.procs = [env.process(self.serve(s)) for s in range(len(streams))]
 
     # -- load view for routers -----------------------------------------------------------
     @property
@@ -82,7 +90,11 @@ class Replica:
         req.replica = self.index
         self.outstanding += 1
         s = min(range(len(self.streams)), key=lambda i: self.streams[i].outstanding)
-        self.streams[s].add(req)
+        stream = self.streams[s]
+        if self._running[s] and stream.can_admit():
+            self._running[s] = False
+            self.procs[s].interrupt()
+        stream.add(req)
         idle = self._idle[s]
         if idle is not None:
             self._idle[s] = None
@@ -100,10 +112,19 @@ class Replica:
                 yield self._idle[s]
                 continue
             if single:
-                yield env.timeout(self._run_inline(batch))
+                now = env.now
+                end = self._inline(now, batch.tokens, batch.prefill_pairs, batch.prefill_ctx,
+                                   batch.decode_kv, batch.sampled, batch.prefill_tokens,
+                                   batch.n_decode, batch.batch_size, batch.kv_blocks,
+                                   self.record_step)
+                needs = stream.decode_run(MAX_RUN) if self.fast and not batch.chunks else ()
+                if needs:
+                    yield from self._decode_run(s, batch, end, needs)
+                else:
+                    yield env.timeout(end - now)
             else:
                 if self.overhead:
-                    yield env.timeout(self.overhead)
+                    yield env.timeout(ticks(self.overhead))
                 mb = MicroBatch(batch, env.event(), s)
                 self.inboxes[0].put(mb)
                 yield mb.done
@@ -111,22 +132,54 @@ class Replica:
                 self.outstanding -= 1
                 self.on_finish(req)
 
-    def _run_inline(self, batch: Batch) -> float:
-        """Total time of a step with nothing overlapping; records each stage's span."""
-        t = self.env.now + self.overhead
+    def _decode_run(self, s: int, batch: Batch, end: float, needs: list[int]):
+        """Run the scheduled decode step and the ``len(needs)`` decode-only steps after it in
+        one event, with the same times and records as stepping one by one.
+
+        Step j reads ``decode_kv + j * n`` KV entries; its end is computed from its start
+        exactly as a single step would be. An arrival that could join the batch interrupts
+        the run: it stops at the end of the step in progress, where a step-by-step schedule
+        would have admitted the newcomer.
+        """
+        env, n = self.env, batch.n_decode
+        ends, rows = [end], []
+        used, t = batch.kv_blocks, end
+        for j, need in enumerate(needs, 1):
+            used += need
+            t = self._inline(t, n, 0.0, 0, batch.decode_kv + j * n, n, 0, n, n, used,
+                             rows.append)
+            ends.append(t)
+        self._running[s] = True
+        try:
+            yield env.timeout(t - env.now)
+            steps = len(needs)
+        except simpy.Interrupt:
+            steps = min(bisect.bisect_right(ends, env.now), len(needs))
+            yield env.timeout(ends[steps] - env.now)
+        self._running[s] = False
+        self.streams[s].skip_decode_steps(needs[:steps])
+        stages = len(self.stages)
+        for row in rows[: steps * stages]:
+            self.record_step(row)
+
+    def _inline(self, start: float, tokens: int, pairs: float, ctx: int, decode_kv: int,
+                sampled: int, prefill_tokens: int, n_decode: int, batch_size: int,
+                kv_blocks: int, rec: Callable[[tuple], None]) -> float:
+        """End time of a step starting at ``start`` with nothing overlapping; records each
+        stage's span (overhead, stage, hand-off, stage, ...). Times are on the clock's grid
+        (``start`` is), so the end depends on the step alone, not on when it runs."""
+        off = self.overhead
         last = len(self.stages) - 1
-        rec = self.record_step
         for i, cost in enumerate(self.stages):
-            compute, comm = cost.step(batch.tokens, batch.prefill_pairs, batch.prefill_ctx,
-                                      batch.decode_kv, batch.sampled)
-            end = t + compute + comm
-            rec((self.index, i, t, end, batch.prefill_tokens, batch.n_decode,
-                 batch.batch_size, compute, comm, batch.kv_blocks))
-            t = end
+            compute, comm = cost.step(tokens, pairs, ctx, decode_kv, sampled)
+            end = off + compute + comm
+            rec((self.index, i, start + ticks(off), start + ticks(end), prefill_tokens, n_decode,
+                 batch_size, compute, comm, kv_blocks))
+            off = end
             if i < last:
                 lat, per_token = self.sends[i]
-                t += lat + batch.tokens * per_token
-        return t - self.env.now
+                off += lat + tokens * per_token
+        return start + ticks(off)
 
     def forward(self, i: int):
         """Stage ``i``: run micro-batches one at a time, hand each to the next stage."""
@@ -138,7 +191,7 @@ class Replica:
             compute, comm = cost.step(b.tokens, b.prefill_pairs, b.prefill_ctx, b.decode_kv,
                                       b.sampled)
             start = env.now
-            yield env.timeout(compute + comm)
+            yield env.timeout(ticks(compute + comm))
             self.record_step((self.index, i, start, env.now, b.prefill_tokens, b.n_decode,
                               b.batch_size, compute, comm, b.kv_blocks))
             if last:
@@ -146,7 +199,7 @@ class Replica:
                 continue
             lat, per_token = self.sends[i]
             nxt = self.inboxes[i + 1]
-            delay = lat + b.tokens * per_token
+            delay = ticks(lat + b.tokens * per_token)
             if delay > 0:
                 env.timeout(delay).callbacks.append(lambda _, mb=mb, nxt=nxt: nxt.put(mb))
             else:

@@ -54,6 +54,8 @@ class EngineKeys:
     step_overhead_s: float = _f(0.003, min=0.0)
     # Memory kept for the CUDA context, NCCL buffers and CUDA graphs, GiB per GPU.
     runtime_reserve_gib: float = _f(1.0, min=0.0)
+    # Advance runs of decode-only steps in one event; results are identical either way.
+    fast_forward: bool = _f(True)
 
 
 @dataclass(frozen=True)

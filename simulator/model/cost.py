@@ -114,18 +114,31 @@ class StageCost:
         self.elem_bw = gpu.hbm_bandwidth_Bps * eff.elementwise_bandwidth
         self.hidden_bytes = model.hidden * ACT_BYTES
         self.vocab_shard = model.vocab // tp
-        self._dense: dict[int, float] = {}
         self._head: dict[int, tuple[float, float]] = {}
 
+        # Attention seconds per unit: (query, key) pair, Q/O byte per token, KV entry.
+        sh = self.shapes
+        self._pair_s = sh.attn_flops_per_pair / self.attn_peak
+        self._qo_s = 2 * sh.q_heads * model.head_dim * ACT_BYTES / self.attn_bw
+        self._kv_s = sh.kv_bytes_per_token / self.attn_bw
+        self._floor = eff.attention_decode_floor_s
+        self._fixed: dict[int, tuple[float, float]] = {}
+
     def dense_layer_time(self, tokens: int) -> float:
-        """GEMMs and elementwise ops of one layer for ``tokens`` tokens (cached)."""
-        t = self._dense.get(tokens)
-        if t is None:
-            s = self.shapes
-            t = sum(roofline(w, self.gemm_peak, self.gemm_bw) for w in s.gemm_works(tokens))
-            t += tokens * s.elementwise_bytes_per_token / self.elem_bw
-            self._dense[tokens] = t
-        return t
+        """GEMMs and elementwise ops of one layer for ``tokens`` tokens."""
+        s = self.shapes
+        t = sum(roofline(w, self.gemm_peak, self.gemm_bw) for w in s.gemm_works(tokens))
+        return t + tokens * s.elementwise_bytes_per_token / self.elem_bw
+
+    def _fixed_time(self, tokens: int) -> tuple[float, float]:
+        """Parts that depend on the token count only (cached): dense layers, embedding, and
+        the 2 all-reduces per layer."""
+        compute = self.layers * self.dense_layer_time(tokens)
+        if self.first:
+            compute += tokens * self.hidden_bytes / self.elem_bw
+        comm = 2 * self.layers * self.allreduce.time(tokens * self.hidden_bytes)
+        self._fixed[tokens] = (compute, comm)
+        return compute, comm
 
     def head_time(self, sampled: int) -> tuple[float, float]:
         """LM head GEMM and final norm (compute), logits gather to the driver (comm)."""
@@ -155,20 +168,23 @@ class StageCost:
             Sum of KV lengths read by the decoding sequences.
         sampled : int
             Sequences that sample a token at the end of the step.
+
+        Notes
+        -----
+        The attention kernel is ``max(floor, FLOPs / peak, bytes / bandwidth)`` with the
+        FLOPs and bytes of ``LayerShapes.attention_work``, expanded here because this runs
+        once per simulated step.
         """
         if tokens <= 0:
             return 0.0, 0.0
-        attn = self.shapes.attention_work(tokens, prefill_pairs, prefill_ctx, decode_kv)
-        attn_t = max(self.eff.attention_decode_floor_s,
-                     attn.flops / self.attn_peak, attn.bytes / self.attn_bw)
-        compute = self.layers * (self.dense_layer_time(tokens) + attn_t)
-        comm = 2 * self.layers * self.allreduce.time(tokens * self.hidden_bytes)
-        if self.first:
-            compute += tokens * self.hidden_bytes / self.elem_bw
+        fixed = self._fixed.get(tokens) or self._fixed_time(tokens)
+        attn = max(self._floor, self._pair_s * (prefill_pairs + decode_kv),
+                   self._qo_s * tokens + self._kv_s * (decode_kv + prefill_ctx + tokens))
+        compute = fixed[0] + self.layers * attn
+        comm = fixed[1]
         if self.last and sampled:
-            c, g = self.head_time(sampled)
-            compute += c
-            comm += g
+            c, g = self._head.get(sampled) or self.head_time(sampled)
+            return compute + c, comm + g
         return compute, comm
 
 
