@@ -42,9 +42,10 @@ def _load(args) -> object:
 
 def cmd_run(args) -> int:
     scenario = _load(args)
-    result = run(scenario, progress=not args.quiet and sys.stderr.isatty())
+    keep = scenario.output.steps and not args.no_steps
+    result = run(scenario, progress=not args.quiet and sys.stderr.isatty(), keep_steps=keep)
     out = Path(args.out) if args.out else Path("runs") / scenario.name
-    write_result(result, out, steps=scenario.output.steps and not args.no_steps)
+    write_result(result, out, steps=keep)
     print(format_summary(scenario.name, result.summary))
     print(f"  outputs in {out}/")
     return 0

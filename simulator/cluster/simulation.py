@@ -159,7 +159,8 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
     return plan, open_loop_workload(s, _rngs(s.seed))
 
 
-def run(scenario: Scenario | dict | str, *, progress: bool = False) -> Result:
+def run(scenario: Scenario | dict | str, *, progress: bool = False,
+        keep_steps: bool = True) -> Result:
     """Simulate a scenario and return its :class:`Result`; writes nothing to disk.
 
     Parameters
@@ -168,13 +169,16 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False) -> Result:
         Validated with :func:`simulator.load_scenario` when not already a Scenario.
     progress : bool
         Show a progress bar (completed requests) on stderr.
+    keep_steps : bool
+        Keep one record per stage step (``Result.steps``); also off when the scenario's
+        ``output.steps`` is false. Summaries do not need them.
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     wall0 = time.perf_counter()
     plan = build_plan(s)
     rngs = _rngs(s.seed)
     env = simpy.Environment()
-    recorder = Recorder()
+    recorder = Recorder(keep_steps=s.output.steps and keep_steps)
     cluster = Cluster(env, plan, make_router(s.router.policy), recorder)
     w = s.workload
     if w.arrival == "closed_loop":
@@ -194,7 +198,9 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False) -> Result:
     events = _drive(env, cluster, total, progress)
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()
-    summary = summarize(requests, steps, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
+    engine = {k: sum(getattr(r, k) for r in cluster.replicas)
+              for k in ("steps", "step_tokens", "busy_s", "union_s")}
+    summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
                         max_num_batched_tokens=s.engine.max_num_batched_tokens,
                         pp=s.parallel.pp)
     summary["kv_blocks_per_replica"] = plan.memory.kv_blocks

@@ -235,10 +235,9 @@ class ContinuousBatcher:
             heapq.heappop(fin)  # stale entries of preempted requests
         if not fin:
             return []
-        scheduled = self.k + 1
         free, residue, bs = self.kv.free, self.residue, self.bs
         needs = []
-        for step in range(scheduled + 1, min(fin[0][0], scheduled + max_steps) + 1):
+        for step in range(self.k + 2, min(fin[0][0], self.k + 1 + max_steps) + 1):
             need = residue[-step % bs]
             if need > free:
                 break

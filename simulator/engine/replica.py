@@ -18,13 +18,16 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from simulator.engine.batching import Batch, ContinuousBatcher
-from simulator.engine.clock import ticks
+from simulator.engine.clock import SCALE, ticks
 from simulator.engine.request import Request
 from simulator.model.cost import StageCost
 
+#: Runs at least this long are computed with numpy rather than step by step.
+VECTOR_MIN = 16
 #: Most decode steps advanced in one event (bounds the records held for an interruptible run).
 MAX_RUN = 512
 
@@ -56,23 +59,38 @@ class Replica:
         Advance runs of decode-only steps in one event (identical results).
     on_finish : callable(Request)
         Called at each completion.
-    record_step : callable(tuple)
+    record_step : callable(tuple) or None
         Receives ``(replica, stage, start_s, end_s, prefill_tokens, decode_tokens,
-        batch_size, compute_s, comm_s, kv_blocks)`` for each stage step.
+        batch_size, compute_s, comm_s, kv_blocks)`` for each stage step; None keeps no
+        per-step records (the aggregates below are kept either way).
+
+    Attributes
+    ----------
+    steps, step_tokens : int
+        Micro-batches run and their tokens (for batching efficiency).
+    busy_s : float
+        Sum over stages of the time each stage computed or communicated.
+    union_s : float
+        Time during which at least one stage of the replica was busy (for bubbles).
     """
 
     def __init__(self, env: simpy.Environment, index: int, streams: list[ContinuousBatcher],
                  stages: list[StageCost], sends: list[tuple[float, float]],
                  step_overhead_s: float, on_finish: Callable[[Request], None],
-                 record_step: Callable[[tuple], None], fast: bool = True):
+                 record_step: Callable[[tuple], None] | None, fast: bool = True):
         self.env, self.index = env, index
         self.streams, self.stages, self.sends = streams, stages, sends
         self.overhead = step_overhead_s
+        self._overhead_ticks = ticks(step_overhead_s)
+        self._one_stage, self._stage0 = len(stages) == 1, stages[0]
         self.on_finish, self.record_step = on_finish, record_step
         self._idle: list[simpy.Event | None] = [None] * len(streams)
         self._running = [False] * len(streams)  # in a decode run that an arrival may cut
         self.fast = fast and len(streams) == 1
         self.outstanding = 0
+        self.steps = self.step_tokens = 0
+        self.busy_s = self.union_s = 0.0
+        self._active, self._active_since = 0, 0.0
         if len(streams) > 1:
             self.inboxes = [simpy.Store(env) for _ in stages]
             for i in range(len(stages)):
@@ -113,10 +131,11 @@ class Replica:
                 continue
             if single:
                 now = env.now
-                end = self._inline(now, batch.tokens, batch.prefill_pairs, batch.prefill_ctx,
-                                   batch.decode_kv, batch.sampled, batch.prefill_tokens,
-                                   batch.n_decode, batch.batch_size, batch.kv_blocks,
-                                   self.record_step)
+                end, busy = self._inline(now, batch.tokens, batch.prefill_pairs,
+                                         batch.prefill_ctx, batch.decode_kv, batch.sampled,
+                                         batch.prefill_tokens, batch.n_decode,
+                                         batch.batch_size, batch.kv_blocks, self.record_step)
+                self._count(1, batch.tokens, busy)
                 needs = stream.decode_run(MAX_RUN) if self.fast and not batch.chunks else ()
                 if needs:
                     yield from self._decode_run(s, batch, end, needs)
@@ -142,13 +161,20 @@ class Replica:
         would have admitted the newcomer.
         """
         env, n = self.env, batch.n_decode
-        ends, rows = [end], []
-        used, t = batch.kv_blocks, end
-        for j, need in enumerate(needs, 1):
-            used += need
-            t = self._inline(t, n, 0.0, 0, batch.decode_kv + j * n, n, 0, n, n, used,
-                             rows.append)
-            ends.append(t)
+        rows: list[tuple] = []
+        rec = rows.append if self.record_step is not None else None
+        if len(needs) >= VECTOR_MIN:
+            ends, busy = self._decode_many(end, batch, needs, rec)
+            t = ends[-1]
+        else:
+            ends, busy = [end], [0.0]
+            used, t = batch.kv_blocks, end
+            for j, need in enumerate(needs, 1):
+                used += need
+                t, b = self._inline(t, n, 0.0, 0, batch.decode_kv + j * n, n, 0, n, n, used,
+                                    rec)
+                ends.append(t)
+                busy.append(busy[-1] + b)
         self._running[s] = True
         try:
             yield env.timeout(t - env.now)
@@ -158,28 +184,80 @@ class Replica:
             yield env.timeout(ends[steps] - env.now)
         self._running[s] = False
         self.streams[s].skip_decode_steps(needs[:steps])
-        stages = len(self.stages)
-        for row in rows[: steps * stages]:
-            self.record_step(row)
+        self._count(steps, steps * n, busy[steps])
+        if rec is not None:
+            for row in rows[: steps * len(self.stages)]:
+                self.record_step(row)
+
+    def _decode_many(self, end: float, batch: Batch, needs: list[int],
+                     rec: Callable[[tuple], None] | None) -> tuple[list[float], list[float]]:
+        """:meth:`_inline` for a run of decode steps, vectorized: the same operations in the
+        same order per element, so ends and records are bit-identical. Returns the end of
+        each step (the scheduled one first) and cumulative busy stage-seconds."""
+        n, k = batch.n_decode, len(needs)
+        kv = batch.decode_kv + n * np.arange(1, k + 1)
+        used = batch.kv_blocks + np.cumsum(needs)
+        off = np.full(k, self.overhead)
+        busy = np.zeros(k)
+        spans = []
+        last = len(self.stages) - 1
+        for i, cost in enumerate(self.stages):
+            compute, comm = cost.decode_steps(n, kv)
+            stage_end = off + compute + comm
+            busy = busy + (compute + comm)
+            spans.append((off, stage_end, compute, comm))
+            off = stage_end
+            if i < last:
+                lat, per_token = self.sends[i]
+                off = off + (lat + n * per_token)
+        ends = end + np.cumsum(np.rint(off * SCALE) / SCALE)
+        starts = np.concatenate(([end], ends[:-1]))
+        if rec is not None:
+            cols = [(np.rint(a * SCALE) / SCALE + starts, np.rint(b * SCALE) / SCALE + starts,
+                     np.broadcast_to(c, (k,)), np.broadcast_to(m, (k,)))
+                    for a, b, c, m in spans]
+            used_l = used.tolist()
+            cols = [[x.tolist() for x in c] for c in cols]
+            for j in range(k):
+                for i, (s0, e0, c0, m0) in enumerate(cols):
+                    rec((self.index, i, s0[j], e0[j], 0, n, n, c0[j], m0[j], used_l[j]))
+        return [end, *ends.tolist()], [0.0, *np.cumsum(busy).tolist()]
+
+    def _count(self, steps: int, tokens: int, busy: float) -> None:
+        """Aggregates of inline steps: their stage spans never overlap, so busy = union."""
+        self.steps += steps
+        self.step_tokens += tokens
+        self.busy_s += busy
+        self.union_s += busy
 
     def _inline(self, start: float, tokens: int, pairs: float, ctx: int, decode_kv: int,
                 sampled: int, prefill_tokens: int, n_decode: int, batch_size: int,
-                kv_blocks: int, rec: Callable[[tuple], None]) -> float:
-        """End time of a step starting at ``start`` with nothing overlapping; records each
-        stage's span (overhead, stage, hand-off, stage, ...). Times are on the clock's grid
-        (``start`` is), so the end depends on the step alone, not on when it runs."""
-        off = self.overhead
+                kv_blocks: int, rec: Callable[[tuple], None] | None) -> tuple[float, float]:
+        """End time and busy stage-seconds of a step starting at ``start`` with nothing
+        overlapping; records each stage's span (overhead, stage, hand-off, stage, ...).
+        Times are on the clock's grid (``start`` is), so the end depends on the step alone,
+        not on when it runs."""
+        if self._one_stage:  # the loop below for a single stage, unrolled (hot path)
+            compute, comm = self._stage0.step(tokens, pairs, ctx, decode_kv, sampled)
+            end = round((self.overhead + compute + comm) * SCALE) / SCALE
+            if rec is not None:
+                rec((self.index, 0, start + self._overhead_ticks, start + end, prefill_tokens,
+                     n_decode, batch_size, compute, comm, kv_blocks))
+            return start + end, compute + comm
+        off, busy = self.overhead, 0.0
         last = len(self.stages) - 1
         for i, cost in enumerate(self.stages):
             compute, comm = cost.step(tokens, pairs, ctx, decode_kv, sampled)
             end = off + compute + comm
-            rec((self.index, i, start + ticks(off), start + ticks(end), prefill_tokens, n_decode,
-                 batch_size, compute, comm, kv_blocks))
+            busy += compute + comm
+            if rec is not None:
+                rec((self.index, i, start + ticks(off), start + ticks(end), prefill_tokens,
+                     n_decode, batch_size, compute, comm, kv_blocks))
             off = end
             if i < last:
                 lat, per_token = self.sends[i]
                 off += lat + tokens * per_token
-        return start + ticks(off)
+        return start + ticks(off), busy
 
     def forward(self, i: int):
         """Stage ``i``: run micro-batches one at a time, hand each to the next stage."""
@@ -191,9 +269,20 @@ class Replica:
             compute, comm = cost.step(b.tokens, b.prefill_pairs, b.prefill_ctx, b.decode_kv,
                                       b.sampled)
             start = env.now
+            if self._active == 0:
+                self._active_since = start
+            self._active += 1
             yield env.timeout(ticks(compute + comm))
-            self.record_step((self.index, i, start, env.now, b.prefill_tokens, b.n_decode,
-                              b.batch_size, compute, comm, b.kv_blocks))
+            self._active -= 1
+            self.busy_s += compute + comm
+            if self._active == 0:
+                self.union_s += env.now - self._active_since
+            if i == 0:
+                self.steps += 1
+                self.step_tokens += b.tokens
+            if self.record_step is not None:
+                self.record_step((self.index, i, start, env.now, b.prefill_tokens, b.n_decode,
+                                  b.batch_size, compute, comm, b.kv_blocks))
             if last:
                 mb.done.succeed()
                 continue

@@ -14,18 +14,44 @@ STEP_COLUMNS = ["replica", "stage", "start_s", "end_s", "prefill_tokens", "decod
                 "batch_size", "compute_s", "comm_s", "kv_blocks"]
 
 
-class Recorder:
-    """Collects one row per finished request and one per stage step."""
+REQUEST_RECORD = ["request_id", "arrival_s", "replica", "prompt_tokens", "output_tokens",
+                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status"]
 
-    def __init__(self) -> None:
-        self.requests: list[tuple] = []
+
+class Recorder:
+    """Collects one row per finished request and, optionally, one per stage step.
+
+    Request rows are packed into columnar chunks of ``chunk`` rows as they arrive, so a
+    million-request run holds compact arrays rather than a Python tuple per request.
+
+    Parameters
+    ----------
+    keep_steps : bool
+        Keep per-step rows (``step`` is None otherwise: the engine then skips building them).
+    chunk : int
+        Request rows per packed chunk.
+    """
+
+    def __init__(self, keep_steps: bool = True, chunk: int = 65536) -> None:
         self.steps: list[tuple] = []
-        self.step = self.steps.append  # bound method: the hot path appends directly
+        self.step = self.steps.append if keep_steps else None
+        self._rows: list[tuple] = []
+        self._chunks: list[pd.DataFrame] = []
+        self._chunk = chunk
 
     def request(self, r: Request) -> None:
-        self.requests.append((r.id, r.arrival_s, r.replica, r.prompt, r.output,
-                              r.first_scheduled_s, r.first_token_s, r.finish_s,
-                              r.preemptions, r.status))
+        self._rows.append((r.id, r.arrival_s, r.replica, r.prompt, r.output,
+                           r.first_scheduled_s, r.first_token_s, r.finish_s,
+                           r.preemptions, r.status))
+        if len(self._rows) >= self._chunk:
+            self._pack()
+
+    def _pack(self) -> None:
+        if self._rows:
+            df = pd.DataFrame.from_records(self._rows, columns=REQUEST_RECORD)
+            df["status"] = df["status"].astype("category")
+            self._chunks.append(df)
+            self._rows = []
 
     def requests_frame(self) -> pd.DataFrame:
         """Per-request table, ordered by request id, with derived latencies.
@@ -33,9 +59,12 @@ class Recorder:
         ttft = first_token - arrival; tpot = (finish - first_token) / (output - 1), NaN for
         one-token outputs; e2e = finish - arrival.
         """
-        cols = ["request_id", "arrival_s", "replica", "prompt_tokens", "output_tokens",
-                "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status"]
-        df = pd.DataFrame.from_records(self.requests, columns=cols)
+        self._pack()
+        if self._chunks:
+            df = pd.concat(self._chunks, ignore_index=True)
+        else:
+            df = pd.DataFrame(columns=REQUEST_RECORD)
+        df["status"] = df["status"].astype(str)
         df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
         df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
         decode_tokens = (df["output_tokens"] - 1).astype(float).replace(0, np.nan)

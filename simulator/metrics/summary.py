@@ -48,9 +48,21 @@ def bubble_fraction(steps: pd.DataFrame, pp: int) -> float:
     return idle / total if total > 0 else 0.0
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_slo_s: float,
+def bubble_from_totals(busy_s: float, union_s: float, pp: int) -> float:
+    """Bubble from streaming totals: ``(pp * union - busy) / (pp * union)`` (see
+    :func:`bubble_fraction`; union and busy summed over replicas)."""
+    if pp <= 1 or union_s <= 0:
+        return 0.0
+    return max(0.0, (pp * union_s - busy_s) / (pp * union_s))
+
+
+def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
               tpot_slo_s: float, max_num_batched_tokens: int, pp: int) -> dict:
-    """Flat summary of a run (keys carry units)."""
+    """Flat summary of a run (keys carry units).
+
+    ``engine`` holds the replicas' streaming totals: ``steps``, ``step_tokens``, ``busy_s``
+    and ``union_s`` (see :class:`simulator.engine.replica.Replica`).
+    """
     done = requests[requests["status"] == "completed"]
     out: dict = {"requests_total": int(len(requests)),
                  "requests_completed": int(len(done)),
@@ -73,10 +85,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_slo_s: float,
     out["goodput_req_per_s"] = rate(float(ok.sum()))
     out["slo_attainment"] = float(ok.mean()) if len(done) else float("nan")
     out["preemptions_total"] = int(requests["preemptions"].sum())
-    first = steps[steps["stage"] == 0]
-    eff = (first["prefill_tokens"] + first["decode_tokens"]) / max_num_batched_tokens
-    out["batch_efficiency_mean"] = float(eff.mean()) if len(eff) else float("nan")
-    out["pp_bubble_fraction"] = bubble_fraction(steps, pp)
-    out["steps_total"] = int(len(first))
+    steps = engine["steps"]
+    out["batch_efficiency_mean"] = (engine["step_tokens"] / (steps * max_num_batched_tokens)
+                                    if steps else float("nan"))
+    out["pp_bubble_fraction"] = bubble_from_totals(engine["busy_s"], engine["union_s"], pp)
+    out["steps_total"] = int(steps)
     out["simulated_time_s"] = float(done["finish_s"].max()) if len(done) else 0.0
     return out

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from simulator.hardware.specs import GPUSpec
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, kv_heads_per_gpu
 from simulator.parallel.collective import AllReduceCost
@@ -184,6 +186,24 @@ class StageCost:
         comm = fixed[1]
         if self.last and sampled:
             c, g = self._head.get(sampled) or self.head_time(sampled)
+            return compute + c, comm + g
+        return compute, comm
+
+
+    def decode_steps(self, n: int, decode_kv: np.ndarray) -> tuple[np.ndarray, float]:
+        """:meth:`step` for many decode-only steps of ``n`` sequences at once.
+
+        Evaluates the same expressions in the same order, element-wise, so each element is
+        bit-identical to ``step(n, 0.0, 0, decode_kv[j], n)``. Returns the compute times and
+        the (constant) communication time.
+        """
+        fixed = self._fixed.get(n) or self._fixed_time(n)
+        attn = np.maximum(np.maximum(self._floor, self._pair_s * (0.0 + decode_kv)),
+                          self._qo_s * n + self._kv_s * (decode_kv + 0 + n))
+        compute = fixed[0] + self.layers * attn
+        comm = fixed[1]
+        if self.last and n:
+            c, g = self._head.get(n) or self.head_time(n)
             return compute + c, comm + g
         return compute, comm
 
