@@ -83,6 +83,7 @@ class Cluster:
             for rp in plan.replicas]
         self.max_len = plan.max_model_len
         self.completed = 0
+        self.next_arrival_s = float("inf")
         self.waiters: dict[int, simpy.Event] = {}
 
     def submit(self, req: Request) -> None:
@@ -108,10 +109,15 @@ class Cluster:
         times = (np.rint(df["arrival_s"].to_numpy(dtype=float) * SCALE) / SCALE).tolist()
         prompts = df["prompt_tokens"].to_numpy().tolist()
         outputs = df["output_tokens"].to_numpy().tolist()
+        timeout, submit = env.timeout, self.submit
+        if len(self.replicas) == 1:  # every arrival goes to it: tell it when the next comes
+            self.replicas[0].next_arrival = lambda: self.next_arrival_s
         for i, t in enumerate(times):
+            self.next_arrival_s = t
             if t > env.now:
-                yield env.timeout(t - env.now)
-            self.submit(Request(i, t, prompts[i], outputs[i]))
+                yield timeout(t - env.now)
+            submit(Request(i, t, prompts[i], outputs[i]))
+        self.next_arrival_s = float("inf")
 
     def client(self, c: int, counter: list[int], prompts: LengthStream, outputs: LengthStream):
         """Closed loop: one client sends its next request when its previous one finishes."""

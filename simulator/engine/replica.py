@@ -87,6 +87,8 @@ class Replica:
         self._idle: list[simpy.Event | None] = [None] * len(streams)
         self._running = [False] * len(streams)  # in a decode run that an arrival may cut
         self.fast = fast and len(streams) == 1
+        #: When set, returns the time of the next request to arrive at this replica.
+        self.next_arrival: Callable[[], float] | None = None
         self.outstanding = 0
         self.steps = self.step_tokens = 0
         self.busy_s = self.union_s = 0.0
@@ -107,8 +109,10 @@ class Replica:
         """Queue a request on the stream with the fewest outstanding requests."""
         req.replica = self.index
         self.outstanding += 1
-        s = min(range(len(self.streams)), key=lambda i: self.streams[i].outstanding)
-        stream = self.streams[s]
+        streams = self.streams
+        s = 0 if len(streams) == 1 else min(range(len(streams)),
+                                            key=lambda i: streams[i].outstanding)
+        stream = streams[s]
         if self._running[s] and stream.can_admit():
             self._running[s] = False
             self.procs[s].interrupt()
@@ -175,14 +179,20 @@ class Replica:
                                     rec)
                 ends.append(t)
                 busy.append(busy[-1] + b)
-        self._running[s] = True
-        try:
-            yield env.timeout(t - env.now)
-            steps = len(needs)
-        except simpy.Interrupt:
-            steps = min(bisect.bisect_right(ends, env.now), len(needs))
+        steps = len(needs)
+        if self.next_arrival is not None:
+            # The next arrival is known (open loop, one replica): stop at the step in progress
+            # when it comes; nothing else can join earlier, so no interrupt is needed.
+            steps = min(bisect.bisect_right(ends, self.next_arrival()), steps)
             yield env.timeout(ends[steps] - env.now)
-        self._running[s] = False
+        else:
+            self._running[s] = True
+            try:
+                yield env.timeout(t - env.now)
+            except simpy.Interrupt:
+                steps = min(bisect.bisect_right(ends, env.now), steps)
+                yield env.timeout(ends[steps] - env.now)
+            self._running[s] = False
         self.streams[s].skip_decode_steps(needs[:steps])
         self._count(steps, steps * n, busy[steps])
         if rec is not None:

@@ -1,0 +1,71 @@
+"""Target 1 of the speed issue: Vidur's published workload, end to end through the CLI.
+
+Llama-2-7B fp16 on one A100 (dgx-a100 preset, TP1), Poisson 10 req/s, 50,000 requests,
+512 prompt / 128 output tokens, vLLM scheduler, batch cap 128, 4,096 tokens per step.
+Vidur needs 49.75 s for this on a 2-core machine; the target is under 5 s including
+interpreter start-up and writing requests.csv, steps.csv and summary.json.
+
+Run: python benchmarks/bench_vidur.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCENARIO = """
+name = "bench-vidur"
+seed = 0
+[model]
+name = "llama-2-7b"
+weight_dtype = "fp16"
+kv_dtype = "fp16"
+[cluster]
+topology = "dgx-a100"
+[engine]
+max_num_seqs = 128
+max_num_batched_tokens = 4096
+[workload]
+arrival = "poisson"
+rate_per_s = 10.0
+num_requests = 50000
+prompt_tokens = 512
+output_tokens = 128
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        scenario = Path(tmp) / "vidur.toml"
+        scenario.write_text(SCENARIO)
+        walls = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "simulator", "run", str(scenario), "--out",
+                            f"{tmp}/out", "--quiet"], check=True, stdout=subprocess.DEVNULL)
+            walls.append(time.perf_counter() - t0)
+        s = json.loads((Path(tmp) / "out" / "summary.json").read_text())
+        steps_rows = sum(1 for _ in open(Path(tmp) / "out" / "steps.csv")) - 1
+    best = min(walls)
+    print(f"end-to-end wall (min of {args.repeat}) {best:.2f} s   (all: "
+          + ", ".join(f"{w:.2f}" for w in walls) + ")")
+    print(f"  of which simulation   {s['wall_time_s']:.2f} s (last run)")
+    print(f"simulated time          {s['simulated_time_s']:.0f} s")
+    print(f"requests                {s['requests_total']:,}")
+    print(f"steps                   {s['steps_total']:,} ({steps_rows:,} rows in steps.csv)")
+    print(f"simpy events            {s['simpy_events']:,}")
+    print(f"steps per wall-s        {s['steps_total'] / s['wall_time_s']:,.0f}")
+    print(f"events per wall-s       {s['simpy_events'] / s['wall_time_s']:,.0f}")
+    print(f"vs Vidur (49.75 s)      {49.75 / best:.1f}x faster")
+
+
+if __name__ == "__main__":
+    main()
