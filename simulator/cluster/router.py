@@ -31,12 +31,8 @@ class LeastOutstanding:
     """The replica with the fewest requests in flight (lowest index on ties)."""
 
     def choose(self, replicas: Sequence[Any], request: Any) -> int:
-        best, best_n = 0, replicas[0].outstanding
-        for i in range(1, len(replicas)):
-            n = replicas[i].outstanding
-            if n < best_n:
-                best, best_n = i, n
-        return best
+        loads = [r.outstanding for r in replicas]
+        return loads.index(min(loads))
 
 
 ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding}

@@ -222,10 +222,10 @@ class ContinuousBatcher:
         queue and a sequence slot is free)."""
         return not self.waiting and len(self.decoding) + len(self.prefilling) < self.max_seqs
 
-    def decode_run(self, max_steps: int) -> list[int]:
-        """KV blocks needed by each decode-only step that can follow the one just scheduled
-        with nothing else changing: no request finishes before the last of them, and their
-        blocks fit (else a step-by-step schedule would preempt).
+    def decode_run(self, max_steps: int) -> int:
+        """How many decode-only steps can follow the one just scheduled with nothing else
+        changing: no request finishes before the last of them, and their KV blocks fit
+        (else a step-by-step schedule would preempt). At most ``max_steps``.
 
         Call right after :meth:`schedule` returned a batch without prefill chunks; the
         steps' effects are applied by :meth:`skip_decode_steps`.
@@ -234,22 +234,43 @@ class ContinuousBatcher:
         while fin and (fin[0][3].state != DECODE or fin[0][3].epoch != fin[0][2]):
             heapq.heappop(fin)  # stale entries of preempted requests
         if not fin:
-            return []
-        free, residue, bs = self.kv.free, self.residue, self.bs
-        needs = []
-        for step in range(self.k + 2, min(fin[0][0], self.k + 1 + max_steps) + 1):
-            need = residue[-step % bs]
-            if need > free:
-                break
-            free -= need
-            needs.append(need)
-        return needs
+            return 0
+        steps = min(fin[0][0] - self.k - 1, max_steps)
+        free = self.kv.free
+        if steps <= 0 or self.run_blocks(steps) <= free:
+            return max(steps, 0)
+        lo, hi = 0, steps  # largest j with run_blocks(j) <= free (monotone in j)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.run_blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
-    def skip_decode_steps(self, needs: list[int]) -> None:
-        """Apply decode-only steps found by :meth:`decode_run` (all but the step that was
+    def run_blocks(self, steps: int) -> int:
+        """KV blocks the first ``steps`` decode steps after the scheduled one allocate.
+
+        Over any ``block_size`` consecutive steps each residue class needs a block once, so
+        whole periods cost one block per decoder; O(block_size) work, not O(steps).
+        """
+        full, rem = divmod(steps, self.bs)
+        total = full * len(self.decoding)
+        residue, bs, first = self.residue, self.bs, self.k + 2
+        for step in range(first, first + rem):
+            total += residue[-step % bs]
+        return total
+
+    def run_needs(self, steps: int) -> list[int]:
+        """Blocks allocated at each of the first ``steps`` decode steps after the scheduled
+        one (for per-step records)."""
+        residue, bs, first = self.residue, self.bs, self.k + 2
+        return [residue[-step % bs] for step in range(first, first + steps)]
+
+    def skip_decode_steps(self, steps: int) -> None:
+        """Apply decode-only steps counted by :meth:`decode_run` (all but the step that was
         scheduled, which :meth:`complete` applies): lengths grow, blocks are allocated."""
-        steps = len(needs)
-        self.kv.allocate(sum(needs))
+        self.kv.allocate(self.run_blocks(steps))
         self.k += steps
         self.sum_kv += len(self.decoding) * steps
 

@@ -27,7 +27,9 @@ from simulator.engine.request import Request
 from simulator.model.cost import StageCost
 
 #: Runs at least this long are computed with numpy rather than step by step.
-VECTOR_MIN = 16
+VECTOR_MIN = 8
+#: Fewest steps planned for a decode run that arrivals keep cutting short.
+MIN_RUN = 16
 #: Most decode steps advanced in one event (bounds the records held for an interruptible run).
 MAX_RUN = 512
 
@@ -86,6 +88,7 @@ class Replica:
         self.on_finish, self.record_step = on_finish, record_step
         self._idle: list[simpy.Event | None] = [None] * len(streams)
         self._running = [False] * len(streams)  # in a decode run that an arrival may cut
+        self._run_len = [MIN_RUN] * len(streams)  # steps to plan in the next decode run
         self.fast = fast and len(streams) == 1
         #: When set, returns the time of the next request to arrive at this replica.
         self.next_arrival: Callable[[], float] | None = None
@@ -140,9 +143,10 @@ class Replica:
                                          batch.prefill_tokens, batch.n_decode,
                                          batch.batch_size, batch.kv_blocks, self.record_step)
                 self._count(1, batch.tokens, busy)
-                needs = stream.decode_run(MAX_RUN) if self.fast and not batch.chunks else ()
-                if needs:
-                    yield from self._decode_run(s, batch, end, needs)
+                extra = (stream.decode_run(self._run_len[s]) if self.fast and not batch.chunks
+                         else 0)
+                if extra:
+                    yield from self._decode_run(s, batch, end, extra)
                 else:
                     yield env.timeout(end - now)
             else:
@@ -155,8 +159,8 @@ class Replica:
                 self.outstanding -= 1
                 self.on_finish(req)
 
-    def _decode_run(self, s: int, batch: Batch, end: float, needs: list[int]):
-        """Run the scheduled decode step and the ``len(needs)`` decode-only steps after it in
+    def _decode_run(self, s: int, batch: Batch, end: float, extra: int):
+        """Run the scheduled decode step and the ``extra`` decode-only steps after it in
         one event, with the same times and records as stepping one by one.
 
         Step j reads ``decode_kv + j * n`` KV entries; its end is computed from its start
@@ -164,49 +168,66 @@ class Replica:
         the run: it stops at the end of the step in progress, where a step-by-step schedule
         would have admitted the newcomer.
         """
-        env, n = self.env, batch.n_decode
+        env, n, stream = self.env, batch.n_decode, self.streams[s]
         rows: list[tuple] = []
         rec = rows.append if self.record_step is not None else None
-        if len(needs) >= VECTOR_MIN:
+        # Blocks allocated per step: only the per-step records need them.
+        needs = stream.run_needs(extra) if rec is not None else [0] * extra
+        if extra >= VECTOR_MIN:
             ends, busy = self._decode_many(end, batch, needs, rec)
-            t = ends[-1]
+            cut = ends.searchsorted  # numpy: first index whose end is past a time
         else:
-            ends, busy = [end], [0.0]
+            ends, busy = [end], []
             used, t = batch.kv_blocks, end
             for j, need in enumerate(needs, 1):
                 used += need
                 t, b = self._inline(t, n, 0.0, 0, batch.decode_kv + j * n, n, 0, n, n, used,
                                     rec)
                 ends.append(t)
-                busy.append(busy[-1] + b)
-        steps = len(needs)
+                busy.append(b)
+            cut = (lambda x, side: bisect.bisect_right(ends, x))  # noqa: E731
+        steps = extra
+        t = float(ends[-1])
         if self.next_arrival is not None:
             # The next arrival is known (open loop, one replica): stop at the step in progress
             # when it comes; nothing else can join earlier, so no interrupt is needed.
-            steps = min(bisect.bisect_right(ends, self.next_arrival()), steps)
-            yield env.timeout(ends[steps] - env.now)
+            steps = min(int(cut(self.next_arrival(), "right")), steps)
+            yield env.timeout(float(ends[steps]) - env.now)
         else:
             self._running[s] = True
             try:
                 yield env.timeout(t - env.now)
+                # Uncut: plan longer runs next time (any length gives identical results;
+                # planning far past the next interruption only wastes work).
+                self._run_len[s] = min(2 * self._run_len[s], MAX_RUN)
             except simpy.Interrupt:
-                steps = min(bisect.bisect_right(ends, env.now), steps)
-                yield env.timeout(ends[steps] - env.now)
+                steps = min(int(cut(env.now, "right")), steps)
+                self._run_len[s] = max(MIN_RUN, 2 * steps)
+                yield env.timeout(float(ends[steps]) - env.now)
             self._running[s] = False
-        self.streams[s].skip_decode_steps(needs[:steps])
-        self._count(steps, steps * n, busy[steps])
+        stream.skip_decode_steps(steps)
+        self._count(steps, steps * n, float(sum(busy[:steps])))
         if rec is not None:
             for row in rows[: steps * len(self.stages)]:
                 self.record_step(row)
 
     def _decode_many(self, end: float, batch: Batch, needs: list[int],
-                     rec: Callable[[tuple], None] | None) -> tuple[list[float], list[float]]:
+                     rec: Callable[[tuple], None] | None) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_inline` for a run of decode steps, vectorized: the same operations in the
         same order per element, so ends and records are bit-identical. Returns the end of
-        each step (the scheduled one first) and cumulative busy stage-seconds."""
+        each step (the scheduled one first) and each extra step's busy stage-seconds."""
         n, k = batch.n_decode, len(needs)
-        kv = batch.decode_kv + n * np.arange(1, k + 1)
-        used = batch.kv_blocks + np.cumsum(needs)
+        kv = np.arange(batch.decode_kv + n, batch.decode_kv + n * k + 1, n)
+        if self._one_stage and rec is None:
+            compute, comm = self._stage0.decode_steps(n, kv)
+            busy = compute + comm
+            q = self.overhead + compute
+            q += comm
+            q *= SCALE
+            np.rint(q, out=q)
+            q /= SCALE
+            q[0] += end  # exact: every term is on the clock grid
+            return np.concatenate(([end], q.cumsum())), busy
         off = np.full(k, self.overhead)
         busy = np.zeros(k)
         spans = []
@@ -223,15 +244,15 @@ class Replica:
         ends = end + np.cumsum(np.rint(off * SCALE) / SCALE)
         starts = np.concatenate(([end], ends[:-1]))
         if rec is not None:
-            cols = [(np.rint(a * SCALE) / SCALE + starts, np.rint(b * SCALE) / SCALE + starts,
-                     np.broadcast_to(c, (k,)), np.broadcast_to(m, (k,)))
+            used = (batch.kv_blocks + np.cumsum(needs)).tolist()
+            cols = [[x.tolist() for x in (np.rint(a * SCALE) / SCALE + starts,
+                                          np.rint(b * SCALE) / SCALE + starts,
+                                          np.broadcast_to(c, (k,)), np.broadcast_to(m, (k,)))]
                     for a, b, c, m in spans]
-            used_l = used.tolist()
-            cols = [[x.tolist() for x in c] for c in cols]
             for j in range(k):
                 for i, (s0, e0, c0, m0) in enumerate(cols):
-                    rec((self.index, i, s0[j], e0[j], 0, n, n, c0[j], m0[j], used_l[j]))
-        return [end, *ends.tolist()], [0.0, *np.cumsum(busy).tolist()]
+                    rec((self.index, i, s0[j], e0[j], 0, n, n, c0[j], m0[j], used[j]))
+        return np.concatenate(([end], ends)), busy
 
     def _count(self, steps: int, tokens: int, busy: float) -> None:
         """Aggregates of inline steps: their stage spans never overlap, so busy = union."""

@@ -198,14 +198,20 @@ class StageCost:
         the (constant) communication time.
         """
         fixed = self._fixed.get(n) or self._fixed_time(n)
-        attn = np.maximum(np.maximum(self._floor, self._pair_s * (0.0 + decode_kv)),
-                          self._qo_s * n + self._kv_s * (decode_kv + 0 + n))
-        compute = fixed[0] + self.layers * attn
+        # In place, in step()'s order (x + y == y + x exactly; int KV counts convert exactly).
+        attn = self._pair_s * decode_kv
+        np.maximum(attn, self._floor, out=attn)
+        mem = self._kv_s * (decode_kv + n)
+        mem += self._qo_s * n
+        np.maximum(attn, mem, out=attn)
+        attn *= self.layers
+        attn += fixed[0]
         comm = fixed[1]
         if self.last and n:
             c, g = self._head.get(n) or self.head_time(n)
-            return compute + c, comm + g
-        return compute, comm
+            attn += c
+            return attn, comm + g
+        return attn, comm
 
 
 def roofline_time(model: ModelSpec, gpu: GPUSpec, tp: int, weight_dtype: str, kv_dtype: str,
