@@ -1,7 +1,8 @@
 """Discrete-event simulator of distributed LLM inference clusters.
 
 Public API: :func:`load_scenario`, :func:`run` (returns a :class:`Result`),
-:func:`build_plan`, :func:`write_result` and :class:`ScenarioError`.
+:func:`sweep` (grid x seeds -> DataFrame), :func:`build_plan`, :func:`write_result`
+and :class:`ScenarioError`.
 """
 
 from simulator.cluster.build import ClusterPlan, build_plan
@@ -10,7 +11,8 @@ from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import write_result
+from simulator.sweep import sweep
 
 __all__ = ["DEFAULT_SCENARIO", "ClusterPlan", "Result", "ScenarioError", "build_plan", "check",
-           "load_scenario", "run", "write_result"]
+           "load_scenario", "run", "sweep", "write_result"]
 __version__ = "0.1.0"

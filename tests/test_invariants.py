@@ -131,3 +131,14 @@ def test_closed_loop_holds_exactly_n_in_flight(toy):
     # The first n start at time 0, and each later arrival coincides with a completion.
     assert (arr[:n] == 0).all()
     assert np.isin(arr[n:], fin).all()
+
+
+def test_summary_has_exactly_the_documented_keys(toy):
+    from simulator.metrics.summary import SUMMARY_KEYS
+
+    res = simulator.run(toy())
+    assert list(res.summary) == SUMMARY_KEYS
+    doc = (simulator.paths.ROOT / "docs" / "metrics.md").read_text()
+    for key in SUMMARY_KEYS:
+        stem = key.split("_p")[0].split("_mean")[0]
+        assert stem in doc, key

@@ -11,6 +11,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+#: Every key of a run's summary, in the order files show them (sweeps use it as columns).
+SUMMARY_KEYS = [
+    "requests_total", "requests_completed", "requests_rejected",
+    *[f"{m}_{s}_s" for m in ("ttft", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99")],
+    "queue_mean_s", "queue_p99_s", "throughput_tok_per_s", "throughput_req_per_s",
+    "goodput_req_per_s", "slo_attainment", "preemptions_total", "batch_efficiency_mean",
+    "pp_bubble_fraction", "steps_total", "simulated_time_s", "kv_blocks_per_replica",
+    "kv_tokens_per_replica", "max_model_len", "gpus", "simpy_events", "wall_time_s",
+]
+
 
 def _stats(prefix: str, x: pd.Series, out: dict, pcts=(50, 90, 99)) -> None:
     v = x.dropna().to_numpy(dtype=float)

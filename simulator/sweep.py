@@ -1,0 +1,296 @@
+"""Parameter sweeps: a grid of scenario overrides x seeds -> one row per run, in a CSV that
+is appended as runs finish, so nothing finished is lost and reruns resume.
+
+A grid maps dotted scenario keys to lists of values; the runs are the product of those
+lists (and of zipped groups, whose lists vary together) times the seeds::
+
+    "parallel.tp" = [2, 4, 8]
+    "workload.rate_per_s" = [1, 2, 4]
+    [zip.layout]                       # varied together, not crossed
+    "parallel.tp" = [4, 8]
+    "parallel.dp" = [4, 2]
+
+Backends: ``local`` (a process pool) or ``ray`` (one Ray task per run, one CPU each).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import itertools
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm import tqdm
+
+from simulator.cluster.simulation import run
+from simulator.errors import ScenarioError
+from simulator.io.scenario import _did_you_mean, load_scenario, read_toml
+from simulator.io.schema import SECTIONS, TOP_LEVEL
+from simulator.metrics.summary import SUMMARY_KEYS
+
+BACKENDS = ("local", "ray")
+STATUS_COLUMNS = ["seed", "status", "error"]
+
+
+# -- grids -------------------------------------------------------------------------------
+def _known_key(key: str) -> str | None:
+    """None if ``key`` names a scenario key, else what is wrong with it."""
+    parts = key.split(".")
+    if len(parts) == 1:
+        return None if key in TOP_LEVEL else "unknown key" + _did_you_mean(key, TOP_LEVEL)
+    section = parts[0]
+    if section not in SECTIONS:
+        return "unknown section" + _did_you_mean(section, list(SECTIONS))
+    fields = SECTIONS[section].__dataclass_fields__
+    if parts[1] not in fields:
+        return "unknown key" + _did_you_mean(parts[1], list(fields))
+    return None  # deeper parts (length tables) are checked when the point is loaded
+
+
+def parse_grid(grid: dict | str | Path) -> list[list[dict[str, Any]]]:
+    """Axes of a grid: each axis is a list of ``{key: value}`` points (a plain key gives one
+    key per point, a zip group several). The runs are the product of the axes.
+
+    Raises
+    ------
+    ScenarioError
+        Naming the grid key: not a scenario key, not a non-empty list, zipped lists of
+        unequal length.
+    """
+    source = None
+    if not isinstance(grid, dict):
+        source = str(grid)
+        grid = read_toml(grid)
+    problems, axes = [], []
+
+    def check(key: str, values: Any, where: str) -> bool:
+        why = _known_key(key)
+        if why:
+            problems.append(f"{where}{key}: {why}")
+        elif not isinstance(values, list) or not values:
+            problems.append(f"{where}{key}: expected a non-empty list of values, got {values!r}")
+        else:
+            return True
+        return False
+
+    for key, values in grid.items():
+        if key == "zip":
+            if not isinstance(values, dict):
+                problems.append("zip: expected tables of keys to vary together")
+                continue
+            for name, group in values.items():
+                if not isinstance(group, dict) or not group:
+                    problems.append(f"zip.{name}: expected a table of key = [values]")
+                    continue
+                ok = [check(k, v, f"zip.{name}.") for k, v in group.items()]
+                lengths = {len(v) for v in group.values() if isinstance(v, list)}
+                if all(ok) and len(lengths) > 1:
+                    problems.append(f"zip.{name}: lists must have equal lengths, got "
+                                    f"{sorted(lengths)}")
+                elif all(ok):
+                    n = lengths.pop()
+                    axes.append([{k: v[i] for k, v in group.items()} for i in range(n)])
+        elif check(key, values, ""):
+            axes.append([{key: v} for v in values])
+    if problems:
+        raise ScenarioError(problems, source=source)
+    return axes
+
+
+def grid_points(axes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Every point of the grid: the product of the axes, each a ``{key: value}`` dict."""
+    return [dict(item for part in combo for item in part.items())
+            for combo in itertools.product(*axes)]
+
+
+# -- one run -----------------------------------------------------------------------------
+def _set(data: dict, key: str, value: Any) -> None:
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def resolve_point(base: dict, point: dict[str, Any], seed: int) -> dict:
+    data = copy.deepcopy(base)
+    for key, value in point.items():
+        _set(data, key, value)
+    data["seed"] = seed
+    return data
+
+
+def run_id(resolved: dict) -> str:
+    """Identity of a run: a hash of its resolved scenario (seed included)."""
+    text = json.dumps({k: v for k, v in resolved.items() if not k.startswith("_")},
+                      sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def run_point(resolved: dict) -> dict[str, Any]:
+    """Run one resolved scenario; never raises: failures become ``status = "error"``."""
+    t0 = time.perf_counter()
+    try:
+        result = run(load_scenario(resolved))
+        row = {"status": "ok", "error": "", **result.summary}
+    except Exception as exc:  # a failing point is recorded and the sweep goes on
+        message = exc.render() if isinstance(exc, ScenarioError) else f"{type(exc).__name__}: {exc}"
+        row = {"status": "error", "error": message.replace("\n", "; "),
+               "wall_time_s": time.perf_counter() - t0}
+    return row
+
+
+# -- backends ----------------------------------------------------------------------------
+def _local(jobs: Iterable[tuple[str, dict]], workers: int) -> Iterator[tuple[str, dict]]:
+    jobs = list(jobs)
+    if workers <= 1:
+        for rid, resolved in jobs:
+            yield rid, run_point(resolved)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        pending = {pool.submit(run_point, resolved): rid for rid, resolved in jobs}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield pending.pop(fut), fut.result()
+
+
+def _ray(jobs: Iterable[tuple[str, dict]], address: str | None) -> Iterator[tuple[str, dict]]:
+    try:
+        import ray  # noqa: PLC0415 - optional extra: pip install -e .[ray]
+    except ImportError:
+        raise ScenarioError("--backend ray: Ray is not installed "
+                            "(pip install -e '.[ray]')") from None
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    try:
+        task = ray.remote(num_cpus=1)(run_point)
+        pending = {task.remote(resolved): rid for rid, resolved in jobs}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                yield pending.pop(ref), ray.get(ref)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# -- the sweep ---------------------------------------------------------------------------
+def _base(scenario: str | Path | dict) -> dict:
+    if isinstance(scenario, dict):
+        data = copy.deepcopy(scenario)
+        data.setdefault("_base_dir", os.getcwd())
+        return data
+    data = read_toml(scenario)
+    data["_base_dir"] = str(Path(scenario).resolve().parent)
+    data["_source"] = str(scenario)
+    return data
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | list[int] = 1,
+          jobs: int | None = None, backend: str = "local", out: str | Path | None = None,
+          ray_address: str | None = None, progress: bool = False) -> pd.DataFrame:
+    """Run every grid point for every seed and return one row per run.
+
+    Parameters
+    ----------
+    scenario : path or dict
+        The base scenario; grid values override its keys.
+    grid : dict or path
+        Dotted keys to lists (see the module docstring).
+    seeds : int or list of int
+        ``n`` means seeds 0..n-1 (replacing the scenario's seed).
+    jobs : int, optional
+        Local worker processes (default: the CPUs).
+    backend : {"local", "ray"}
+    out : path, optional
+        CSV appended as runs finish; rows whose run id is already there are skipped
+        (resume). Without it nothing is written.
+    ray_address : str, optional
+        Ray cluster to join (default: start a local one).
+
+    Returns
+    -------
+    DataFrame
+        Columns: run_id, the swept keys, seed, status, error, then every summary metric.
+        With ``out``, the whole CSV (earlier rows included).
+    """
+    if backend not in BACKENDS:
+        raise ScenarioError(f"--backend: {backend!r} is not a backend (allowed: "
+                            f"{', '.join(BACKENDS)})")
+    base = _base(scenario)
+    load_scenario(base)  # the base itself must be valid
+    axes = parse_grid(grid)
+    keys = list(dict.fromkeys(k for axis in axes for point in axis for k in point))
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    columns = ["run_id", *keys, *STATUS_COLUMNS, *SUMMARY_KEYS]
+    runs = []
+    for point in grid_points(axes):
+        for seed in seed_list:
+            resolved = resolve_point(base, point, seed)
+            runs.append((run_id(resolved), point, seed, resolved))
+    done_ids: set[str] = set()
+    path = Path(out) if out is not None else None
+    if path is not None and path.exists() and path.stat().st_size > 0:
+        existing = pd.read_csv(path, dtype={"run_id": str})
+        if list(existing.columns) != columns:
+            raise ScenarioError(f"--out: {str(path)!r} holds another sweep's columns; choose "
+                                f"another file")
+        done_ids = set(existing["run_id"])
+    todo = [r for r in runs if r[0] not in done_ids]
+    meta = {rid: (point, seed) for rid, point, seed, _ in todo}
+    rows: list[dict] = []
+    fh = writer = None
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = not path.exists() or path.stat().st_size == 0
+        fh = path.open("a", newline="")
+        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
+        if new:
+            writer.writeheader()
+            fh.flush()
+    jobs_iter = ((rid, resolved) for rid, _, _, resolved in todo)
+    stream = (_ray(jobs_iter, ray_address) if backend == "ray"
+              else _local(jobs_iter, jobs or os.cpu_count() or 1))
+    failures = 0
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc="sweep",
+               disable=not progress)
+    try:
+        for rid, result in stream:
+            point, seed = meta[rid]
+            row = {"run_id": rid, **point, "seed": seed, **result}
+            rows.append(row)
+            failures += row["status"] != "ok"
+            if writer is not None:
+                writer.writerow({k: _cell(row.get(k, "")) for k in columns})
+                fh.flush()
+            bar.update(1)
+            bar.set_postfix_str(f"failed={failures}")
+    finally:
+        bar.close()
+        if fh is not None:
+            fh.close()
+    if path is not None:
+        return pd.read_csv(path, dtype={"run_id": str})
+    df = pd.DataFrame(rows, columns=columns)
+    order = {rid: i for i, (rid, *_rest) in enumerate(runs)}
+    return df.sort_values("run_id", key=lambda s: s.map(order), ignore_index=True)
