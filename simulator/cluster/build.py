@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, load_node
 from simulator.io.schema import Scenario
@@ -24,6 +25,7 @@ class ReplicaPlan:
     placement: ReplicaPlacement
     stages: tuple[StageCost, ...]
     sends: tuple[tuple[float, float], ...]  # (latency_s, s_per_token) from stage i to i+1
+    swap_s_per_block: float  # one KV block over PCIe, the slowest stage (GPUs in parallel)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class ClusterPlan:
     replicas: tuple[ReplicaPlan, ...]
     streams_per_replica: int
     max_model_len: int
+    swap_blocks_per_stream: int  # CPU blocks for swapped KV
 
     @property
     def gpus_used(self) -> int:
@@ -107,6 +110,13 @@ def _build(s: Scenario) -> ClusterPlan:
         max_len = eng.max_model_len
     else:
         max_len = min(model.max_position_embeddings, stream_tokens)
+    if not SCHEDULERS[eng.scheduler].CHUNKED:  # prompts run whole: the budget bounds them
+        if eng.max_model_len is not None and eng.max_model_len > eng.max_num_batched_tokens:
+            raise ScenarioError(
+                f"engine.max_model_len: {eng.max_model_len} exceeds max_num_batched_tokens "
+                f"({eng.max_num_batched_tokens}); scheduler \"{eng.scheduler}\" does not split "
+                f"prompts, so a step must hold a whole prompt")
+        max_len = min(max_len, eng.max_num_batched_tokens)
     if stream_tokens < 1:
         raise ScenarioError(f"engine.max_inflight_microbatches: {streams} streams leave no KV "
                             f"block per stream ({memory.kv_blocks} blocks per replica)")
@@ -122,5 +132,9 @@ def _build(s: Scenario) -> ClusterPlan:
             (paths.latency(a[0], b[0]),
              model.hidden * ACT_BYTES / (paths.bandwidth(a[0], b[0]) * BANDWIDTH_EFFICIENCY))
             for a, b in zip(pl.stages, pl.stages[1:], strict=False))
-        replicas.append(ReplicaPlan(pl, stages, sends))
-    return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len)
+        host = [paths.transfer_time(g[0], f"host{graph.nodes[g[0]]['node']}",
+                                    memory.block_bytes_per_gpu[i])
+                for i, g in enumerate(pl.stages)]
+        replicas.append(ReplicaPlan(pl, stages, sends, max(host)))
+    swap = int(eng.swap_space_gib * GIB // max(memory.block_bytes_per_gpu)) // streams
+    return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len, swap)

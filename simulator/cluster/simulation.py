@@ -20,6 +20,7 @@ from tqdm import tqdm
 from simulator.cluster.build import ClusterPlan, build_plan
 from simulator.cluster.router import make_router
 from simulator.engine.batching import ContinuousBatcher
+from simulator.engine.schedulers import SCHEDULERS
 from simulator.engine.clock import SCALE, ticks
 from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
@@ -27,6 +28,7 @@ from simulator.engine.request import Request
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, resolve_path
 from simulator.io.schema import Scenario
+from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import Recorder
 from simulator.metrics.summary import summarize
 from simulator.paths import ROOT
@@ -70,21 +72,31 @@ class Cluster:
     def __init__(self, env: simpy.Environment, plan: ClusterPlan, router: Any,
                  recorder: Recorder):
         self.env, self.plan, self.router, self.recorder = env, plan, router, recorder
-        s = plan.scenario
-        eng = s.engine
-        blocks = plan.memory.kv_blocks // plan.streams_per_replica
+        eng = plan.scenario.engine
+        self.gaps = GapHistogram()
         self.replicas = [
             Replica(env, rp.placement.replica,
-                    [ContinuousBatcher(KVCache(blocks, eng.block_size), eng.max_num_seqs,
-                                       eng.max_num_batched_tokens)
-                     for _ in range(plan.streams_per_replica)],
+                    [self._scheduler() for _ in range(plan.streams_per_replica)],
                     list(rp.stages), list(rp.sends), eng.step_overhead_s,
-                    self.finish, recorder.step, fast=eng.fast_forward)
+                    self.finish, recorder.step, fast=eng.fast_forward,
+                    swap_s_per_block=rp.swap_s_per_block)
             for rp in plan.replicas]
         self.max_len = plan.max_model_len
         self.completed = 0
         self.next_arrival_s = float("inf")
         self.waiters: dict[int, simpy.Event] = {}
+
+    def _scheduler(self) -> ContinuousBatcher:
+        """One stream's scheduler, as the scenario names it, with its parameters."""
+        plan, eng = self.plan, self.plan.scenario.engine
+        cls = SCHEDULERS[eng.scheduler]
+        kwargs = dict(eng.scheduler_args or {})
+        if "reserve_tokens" in cls.PARAMS:
+            kwargs["max_model_len"] = plan.max_model_len
+        blocks = plan.memory.kv_blocks // plan.streams_per_replica
+        return cls(KVCache(blocks, eng.block_size), eng.max_num_seqs,
+                   eng.max_num_batched_tokens, preemption=eng.preemption,
+                   swap_blocks=plan.swap_blocks_per_stream, gaps=self.gaps, **kwargs)
 
     def submit(self, req: Request) -> None:
         """Route a new request, or reject it if it cannot fit the model's context."""
@@ -185,7 +197,7 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     rngs = _rngs(s.seed)
     env = simpy.Environment()
     recorder = Recorder(keep_steps=s.output.steps and keep_steps)
-    cluster = Cluster(env, plan, make_router(s.router.policy), recorder)
+    cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"]), recorder)
     w = s.workload
     if w.arrival == "closed_loop":
         counter = [0]
@@ -205,7 +217,10 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()
     engine = {k: sum(getattr(r, k) for r in cluster.replicas)
-              for k in ("steps", "step_tokens", "busy_s", "union_s")}
+              for k in ("steps", "step_tokens", "union_s")}
+    engine["stage_busy_s"] = [sum(r.stage_busy_s[i] for r in cluster.replicas)
+                              for i in range(s.parallel.pp)]
+    engine["gaps"] = cluster.gaps
     summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
                         max_num_batched_tokens=s.engine.max_num_batched_tokens,
                         pp=s.parallel.pp)

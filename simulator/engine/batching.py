@@ -3,14 +3,15 @@
 Each step gets a token budget (``max_num_batched_tokens``). Every running decode takes one
 token; in-progress prefills continue with the rest of the budget; then waiting requests are
 admitted in arrival order while sequences (``max_num_seqs``) and KV blocks allow. When a
-running request cannot get a KV block, the most recently admitted request is preempted by
-recompute: its blocks are freed and it re-prefills prompt plus generated tokens later.
+running request cannot get a KV block, the most recently admitted request is preempted:
+by recompute (its blocks are freed and it re-prefills prompt plus generated tokens later) or
+by swap (a decoder's blocks are copied to CPU memory and back when blocks free up).
 
 Decoding requests are kept in aggregate form: their count, the sum of their KV lengths,
 a count per residue class of KV length modulo ``block_size`` (which says how many need a new
 block on the next step), and a heap of the steps at which they finish. A step therefore
 costs O(1) Python work plus O(1) per request that is admitted, finishes a prefill, finishes,
-or is preempted.
+or is preempted. Other schedulers (:mod:`simulator.engine.schedulers`) override the hooks.
 """
 
 from __future__ import annotations
@@ -19,24 +20,28 @@ import heapq
 from collections import deque
 
 from simulator.engine.kvcache import KVCache, blocks_for
-from simulator.engine.request import DECODE, DONE, PREFILL, WAITING, Request
+from simulator.engine.request import DECODE, DONE, PREFILL, SWAPPED, WAITING, Request
+
+NAN = float("nan")
 
 
 class Batch:
     """What one step runs: aggregate counts plus the prefill chunks ``(request, tokens)``."""
 
     __slots__ = ("tokens", "prefill_tokens", "prefill_pairs", "prefill_ctx", "n_decode",
-                 "decode_kv",                 "sampled", "chunks", "batch_size", "kv_blocks")
+                 "decode_kv", "sampled", "chunks", "batch_size", "kv_blocks", "swap_blocks")
 
     def __init__(self, n_decode: int, decode_kv: int, chunks: list, prefill_tokens: int,
-                 prefill_pairs: float, prefill_ctx: int, sampled: int, kv_blocks: int):
-        self.prefill_ctx = prefill_ctx  # cached tokens the prefill chunks attend to
+                 prefill_pairs: float, prefill_ctx: int, sampled: int, kv_blocks: int,
+                 swap_blocks: int = 0):
         self.kv_blocks = kv_blocks  # blocks in use by the stream once this step is allocated
+        self.prefill_ctx = prefill_ctx  # cached tokens the prefill chunks attend to
         self.n_decode, self.decode_kv, self.chunks = n_decode, decode_kv, chunks
         self.prefill_tokens, self.prefill_pairs = prefill_tokens, prefill_pairs
         self.tokens = n_decode + prefill_tokens
         self.sampled = sampled
         self.batch_size = n_decode + len(chunks)
+        self.swap_blocks = swap_blocks  # KV blocks copied to or from CPU memory first
 
 
 class ContinuousBatcher:
@@ -48,44 +53,88 @@ class ContinuousBatcher:
         Blocks this stream may use.
     max_num_seqs, max_num_batched_tokens : int
         vLLM limits: running sequences, tokens per step.
+    preemption : {"recompute", "swap"}
+        What happens to a decoder that loses its blocks.
+    swap_blocks : int
+        CPU blocks available for swapped KV (beyond them, swap falls back to recompute).
+    gaps : object, optional
+        Receives inter-token gaps: ``add(gap_s, count)`` and ``add_run(times, count)``.
     """
 
-    def __init__(self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int):
+    #: Scheduler parameters this class accepts (name -> default); see schedulers.py.
+    PARAMS: dict = {}
+    #: Whether prompts may be split over steps (else max_model_len <= the token budget).
+    CHUNKED = True
+
+    def __init__(self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int,
+                 preemption: str = "recompute", swap_blocks: int = 0, gaps=None):
         self.kv = kv
         self.bs = kv.block_size
         self.max_seqs, self.max_tokens = max_num_seqs, max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         self.decoding: dict[int, Request] = {}
-        self.k = 0  # steps completed
+        self.swapped: deque[Request] = deque()
+        self.k = 0  # decode steps completed (steps in which every decoder made a token)
         self.sum_kv = 0  # KV tokens held by decoding requests
         self.residue = [0] * self.bs  # decoders per (kv0 - 1 - k0) mod block_size
         self.finishes: list[tuple[int, int, int, Request]] = []
         self.admitted = 0
         self.preemptions = 0
+        self.swap = preemption == "swap"
+        self.cpu_free = swap_blocks
+        self.pending_tokens = 0  # prompt tokens not yet prefilled (waiting and prefilling)
+        self.prefilled_tokens = 0  # KV tokens held by prefilling requests
+        self.gaps = gaps
+        self._groups: list[list] = []  # decoders by time of their last token: [time, count]
+        self._swap_io = 0  # blocks swapped out or in while forming this batch
 
     # -- queries -------------------------------------------------------------------------
     @property
     def outstanding(self) -> int:
-        return len(self.waiting) + len(self.prefilling) + len(self.decoding)
+        return (len(self.waiting) + len(self.prefilling) + len(self.decoding)
+                + len(self.swapped))
+
+    @property
+    def running(self) -> int:
+        return len(self.decoding) + len(self.prefilling)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.decoding)
+        return bool(self.waiting or self.prefilling or self.decoding or self.swapped)
 
     # -- arrivals ------------------------------------------------------------------------
     def add(self, req: Request) -> None:
         req.state = WAITING
         self.waiting.append(req)
+        self.pending_tokens += req.target
+
+    # -- hooks that other schedulers override ---------------------------------------------
+    def _decode_need(self, step: int) -> int:
+        """KV blocks the running decoders need at ``step`` (paged: on demand)."""
+        return self.residue[-step % self.bs] if self.decoding else 0
+
+    def _admit_blocks(self, req: Request, tokens: int) -> int:
+        """KV blocks a waiting request needs to be admitted with a chunk of ``tokens``."""
+        return blocks_for(tokens, self.bs)
+
+    def _chunk_blocks(self, req: Request, tokens: int) -> int:
+        """More blocks an admitted request needs for its next chunk of ``tokens``."""
+        return blocks_for(req.computed + tokens, self.bs) - req.blocks
+
+    def _held_blocks(self, req: Request, kv_tokens: int) -> int:
+        """Blocks a decoder holds with ``kv_tokens`` in its cache."""
+        return blocks_for(kv_tokens, self.bs)
 
     # -- decoding set ----------------------------------------------------------------------
-    def _start_decode(self, req: Request) -> None:
-        req.state, req.k0, req.kv0 = DECODE, self.k, req.target
+    def _start_decode(self, req: Request, kv_tokens: int, last_token_s: float) -> None:
+        req.state, req.k0, req.kv0 = DECODE, self.k, kv_tokens
         req.epoch += 1
         self.decoding[req.id] = req
-        self.sum_kv += req.kv0
-        self.residue[(req.kv0 - 1 - req.k0) % self.bs] += 1
+        self.sum_kv += kv_tokens
+        self.residue[(kv_tokens - 1 - req.k0) % self.bs] += 1
         finish_step = req.k0 + req.output - req.generated
         heapq.heappush(self.finishes, (finish_step, req.id, req.epoch, req))
+        self._join(last_token_s, 1)
 
     def _stop_decode(self, req: Request) -> int:
         """Remove a decoder from the aggregates; returns its KV length now."""
@@ -96,19 +145,55 @@ class ContinuousBatcher:
         req.generated += self.k - req.k0
         return kv
 
-    def _preempt(self, req: Request) -> None:
-        """Recompute preemption: free all blocks, re-prefill prompt + generated later."""
+    # -- inter-token gaps ----------------------------------------------------------------
+    def _join(self, time: float, count: int) -> None:
+        for g in self._groups:
+            if g[0] == time:
+                g[1] += count
+                return
+        self._groups.append([time, count])
+
+    def _leave(self) -> float:
+        """A decoder leaves between steps: taken from the newest group (its last token is
+        the most recent one; exact except when groups of one stream interleave)."""
+        g = max((g for g in self._groups if g[1] > 0), key=lambda g: g[0])
+        g[1] -= 1
+        return g[0]
+
+    def _emit(self, now: float) -> None:
+        """Every decoder produced a token at ``now``: one gap per decoder since its last."""
+        if self.gaps is not None:
+            for t, c in self._groups:
+                if c:
+                    self.gaps.add(now - t, c)
+        self._groups = [[now, len(self.decoding)]]
+
+    # -- preemption ----------------------------------------------------------------------
+    def _preempt(self, req: Request, now: float) -> None:
+        """Free a running request's blocks: swap a decoder out if CPU blocks allow, else
+        recompute (re-prefill prompt + generated tokens later)."""
+        req.preemptions += 1
+        self.preemptions += 1
         if req.state == DECODE:
+            req.last_token_s = self._leave()
             kv = self._stop_decode(req)
-            self.kv.release(blocks_for(kv, self.bs))
+            blocks = self._held_blocks(req, kv)
+            self.kv.release(blocks)
+            if self.swap and blocks <= self.cpu_free:
+                self.cpu_free -= blocks
+                self._swap_io += blocks
+                req.state, req.kv0, req.blocks = SWAPPED, kv, blocks
+                self.swapped.append(req)
+                return
         else:
             self.prefilling.remove(req)
             self.kv.release(req.blocks)
+            self.prefilled_tokens -= req.computed
+            self.pending_tokens -= req.target - req.computed
         req.blocks = 0
         req.computed = 0
         req.target = req.prompt + req.generated
-        req.preemptions += 1
-        self.preemptions += 1
+        self.pending_tokens += req.target
         req.state = WAITING
         self.waiting.appendleft(req)
 
@@ -120,50 +205,66 @@ class ContinuousBatcher:
             return last_d
         return last_p
 
-    # -- one step --------------------------------------------------------------------------
-    def schedule(self, now: float) -> Batch | None:
-        """Form the next step's batch, allocating its KV blocks; None when idle."""
-        kv, bs = self.kv, self.bs
-        step = self.k + 1
-        need = self.residue[-step % bs] if self.decoding else 0
-        while need > kv.free:
-            self._preempt(self._victim())
-            need = self.residue[-step % bs] if self.decoding else 0
-        kv.allocate(need)
-        n_decode = len(self.decoding)
-        budget = self.max_tokens - n_decode
-        chunks: list[tuple[Request, int]] = []
-        prefill_tokens, pairs, ctx, sampled = 0, 0.0, 0, n_decode
+    def _swap_in(self) -> None:
+        """Bring swapped decoders back, oldest first, while their blocks (and one more
+        token) fit and a sequence slot is free."""
+        while self.swapped and self.running < self.max_seqs:
+            req = self.swapped[0]
+            if blocks_for(req.kv0 + 1, self.bs) > self.kv.free:
+                return
+            self.swapped.popleft()
+            self.kv.allocate(req.blocks)
+            self.cpu_free += req.blocks
+            self._swap_io += req.blocks
+            self._start_decode(req, req.kv0, req.last_token_s)
 
+    # -- building a step -------------------------------------------------------------------
+    def _schedule_decodes(self, now: float) -> int:
+        """Allocate the decoders' blocks for the next step, preempting until they fit."""
+        step = self.k + 1
+        need = self._decode_need(step)
+        while need > self.kv.free:
+            self._preempt(self._victim(), now)
+            need = self._decode_need(step)
+        self.kv.allocate(need)
+        return len(self.decoding)
+
+    def _continue_prefills(self, budget: int, chunks: list, now: float) -> int:
+        """Next chunks of admitted prefills; returns the budget left."""
+        kv, bs = self.kv, self.bs
         i = 0
         while i < len(self.prefilling) and budget > 0:
             req = self.prefilling[i]
             c = req.computed
             x = min(req.target - c, budget)
-            extra = blocks_for(c + x, bs) - req.blocks
+            extra = self._chunk_blocks(req, x)
             while extra > kv.free and self.prefilling[-1] is not req:
-                self._preempt(self.prefilling[-1])
+                self._preempt(self.prefilling[-1], now)
             if extra > kv.free:
                 x = (req.blocks + kv.free) * bs - c
                 if x <= 0:
-                    self._preempt(req)
+                    self._preempt(req, now)
                     continue
-                extra = blocks_for(c + x, bs) - req.blocks
+                extra = self._chunk_blocks(req, x)
             kv.allocate(extra)
             req.blocks += extra
             chunks.append((req, x))
-            prefill_tokens += x
-            pairs += x * (c + (x + 1) / 2)
-            ctx += c
-            sampled += c + x == req.target
             budget -= x
             i += 1
+        return budget
 
-        waiting = self.waiting
-        while waiting and budget > 0 and n_decode + len(self.prefilling) < self.max_seqs:
+    def _admit(self, budget: int, chunks: list, now: float, chunked: bool = True,
+               limit: int | None = None) -> int:
+        """Admit waiting requests in order; returns the budget left. Without chunking a
+        prompt that does not fit the remaining budget waits."""
+        waiting, kv = self.waiting, self.kv
+        limit = self.max_seqs if limit is None else limit
+        while waiting and budget > 0 and self.running < limit and not self.swapped:
             req = waiting[0]
             x = min(req.target, budget)
-            blocks = blocks_for(x, bs)
+            if not chunked and x < req.target:
+                break
+            blocks = self._admit_blocks(req, x)
             if blocks > kv.free:
                 break
             waiting.popleft()
@@ -176,51 +277,82 @@ class ContinuousBatcher:
                 req.first_scheduled_s = now
             self.prefilling.append(req)
             chunks.append((req, x))
-            prefill_tokens += x
-            pairs += x * (x + 1) / 2
-            sampled += x == req.target
             budget -= x
+        return budget
 
+    def _batch(self, n_decode: int, chunks: list) -> Batch | None:
+        """The Batch of the decoders (if ``n_decode``) and the chunks, or None if empty."""
         if n_decode == 0 and not chunks:
             return None
-        return Batch(n_decode, self.sum_kv + n_decode, chunks, prefill_tokens, pairs, ctx,
-                     sampled, kv.used)
+        prefill_tokens, pairs, ctx, sampled = 0, 0.0, 0, n_decode
+        for req, x in chunks:
+            c = req.computed
+            prefill_tokens += x
+            pairs += x * (c + (x + 1) / 2)
+            ctx += c
+            sampled += c + x == req.target
+        swap, self._swap_io = self._swap_io, 0
+        return Batch(n_decode, self.sum_kv + n_decode if n_decode else 0, chunks,
+                     prefill_tokens, pairs, ctx, sampled, self.kv.used, swap)
 
+    def schedule(self, now: float) -> Batch | None:
+        """Form the next step's batch, allocating its KV blocks; None when idle."""
+        self._swap_in()
+        n_decode = self._schedule_decodes(now)
+        chunks: list[tuple[Request, int]] = []
+        budget = self._continue_prefills(self.max_tokens - n_decode, chunks, now)
+        self._admit(budget, chunks, now)
+        return self._batch(len(self.decoding), chunks)
+
+    # -- applying a step -----------------------------------------------------------------
     def complete(self, batch: Batch, now: float) -> list[Request]:
         """Apply a finished step at time ``now``; returns the requests that completed."""
-        self.k += 1
+        if batch.n_decode:  # ``k`` counts decode steps: every decoder advanced by one
+            self.k += 1
+            self.sum_kv += batch.n_decode
+            self._emit(now)
         k = self.k
-        self.sum_kv += batch.n_decode
         done: list[Request] = []
         fin = self.finishes
         while fin and fin[0][0] <= k:
             _, _, epoch, req = heapq.heappop(fin)
             if req.state == DECODE and req.epoch == epoch:
                 kv = self._stop_decode(req)
-                self.kv.release(blocks_for(kv, self.bs))
+                self.kv.release(self._held_blocks(req, kv))
                 req.blocks = 0
+                self._groups[-1][1] -= 1  # it left after emitting at ``now``
                 self._finish(req, now, done)
         for req, x in batch.chunks:
             req.computed += x
+            self.pending_tokens -= x
+            self.prefilled_tokens += x
             if req.computed < req.target:
                 continue
             self.prefilling.remove(req)
+            self.prefilled_tokens -= req.computed
             req.generated += 1
             if req.generated == 1:
                 req.first_token_s = now
+            elif self.gaps is not None:  # re-prefill after recompute: gap since its last
+                self.gaps.add(now - req.last_token_s, 1)
             if req.generated >= req.output:
                 self.kv.release(req.blocks)
                 req.blocks = 0
                 self._finish(req, now, done)
             else:
-                self._start_decode(req)
+                self._start_decode(req, req.target, now)
         return done
+
+    @staticmethod
+    def _finish(req: Request, now: float, done: list[Request]) -> None:
+        req.state, req.finish_s, req.status = DONE, now, "completed"
+        done.append(req)
 
     # -- decode runs (several decode-only steps in one event) ------------------------------
     def can_admit(self) -> bool:
         """Whether a request arriving now could join the next step (nothing blocks the
         queue and a sequence slot is free)."""
-        return not self.waiting and len(self.decoding) + len(self.prefilling) < self.max_seqs
+        return not self.waiting and not self.swapped and self.running < self.max_seqs
 
     def decode_run(self, max_steps: int) -> int:
         """How many decode-only steps can follow the one just scheduled with nothing else
@@ -254,27 +386,28 @@ class ContinuousBatcher:
         Over any ``block_size`` consecutive steps each residue class needs a block once, so
         whole periods cost one block per decoder; O(block_size) work, not O(steps).
         """
-        full, rem = divmod(steps, self.bs)
-        total = full * len(self.decoding)
-        residue, bs, first = self.residue, self.bs, self.k + 2
-        for step in range(first, first + rem):
-            total += residue[-step % bs]
+        first = self.k + 2
+        total = 0
+        for step in range(first, first + min(steps, self.bs)):
+            total += self._decode_need(step) * ((first + steps - 1 - step) // self.bs + 1)
         return total
 
     def run_needs(self, steps: int) -> list[int]:
         """Blocks allocated at each of the first ``steps`` decode steps after the scheduled
         one (for per-step records)."""
-        residue, bs, first = self.residue, self.bs, self.k + 2
-        return [residue[-step % bs] for step in range(first, first + steps)]
+        first = self.k + 2
+        return [self._decode_need(step) for step in range(first, first + steps)]
 
-    def skip_decode_steps(self, steps: int) -> None:
-        """Apply decode-only steps counted by :meth:`decode_run` (all but the step that was
-        scheduled, which :meth:`complete` applies): lengths grow, blocks are allocated."""
+    def skip_decode_steps(self, steps: int, ends) -> None:
+        """Apply decode-only steps counted by :meth:`decode_run` (all but the last step of
+        the run, which :meth:`complete` applies): lengths grow, blocks are allocated, and
+        every decoder's gaps are recorded. ``ends[j]`` is when step j of the run ended."""
+        if steps == 0:
+            return
         self.kv.allocate(self.run_blocks(steps))
         self.k += steps
         self.sum_kv += len(self.decoding) * steps
-
-    @staticmethod
-    def _finish(req: Request, now: float, done: list[Request]) -> None:
-        req.state, req.finish_s, req.status = DONE, now, "completed"
-        done.append(req)
+        self._emit(float(ends[0]))
+        if self.gaps is not None and steps > 1:
+            self.gaps.add_run(ends[:steps], len(self.decoding))
+        self._groups = [[float(ends[steps - 1]), len(self.decoding)]]

@@ -3,14 +3,16 @@
 A replica with ``pp`` stages runs ``M = max_inflight_microbatches`` independent batch
 streams (vLLM's virtual engines), each with its own scheduler and an equal share of the KV
 blocks; a request joins the stream with the fewest outstanding requests. A stream forms a
-batch, pays the CPU step overhead, and sends it through the stages; each stage is a process
-that takes one micro-batch at a time from its inbox, so micro-batches of different streams
-overlap and bubbles appear where the events put them. The hand-off between stages sends
-``T * h * 2`` bytes over the graph path between the stages, without blocking the stage.
+batch, pays the CPU step overhead (and any KV swap over PCIe), and sends it through the
+stages; each stage is a process that takes one micro-batch at a time from its inbox, so
+micro-batches of different streams overlap and bubbles appear where the events put them.
+The hand-off between stages sends ``T * h * 2`` bytes over the graph path between the
+stages, without blocking the stage.
 
 With a single stream nothing can overlap, so a step is one timeout of its exact total
 (overhead + every stage + every send) and the per-stage records are laid out in sequence:
-the same timeline as the stage processes would give, with a fraction of the events.
+the same timeline as the stage processes would give, with a fraction of the events. Runs of
+decode-only steps go further: many steps in one event (see :meth:`Replica._decode_run`).
 """
 
 from __future__ import annotations
@@ -57,21 +59,23 @@ class Replica:
         Hand-off cost from stage i to i+1: ``latency + tokens * s_per_token``.
     step_overhead_s : float
         CPU time per step before the GPUs start.
-    fast : bool
-        Advance runs of decode-only steps in one event (identical results).
     on_finish : callable(Request)
         Called at each completion.
     record_step : callable(tuple) or None
         Receives ``(replica, stage, start_s, end_s, prefill_tokens, decode_tokens,
         batch_size, compute_s, comm_s, kv_blocks)`` for each stage step; None keeps no
         per-step records (the aggregates below are kept either way).
+    fast : bool
+        Advance runs of decode-only steps in one event (identical results).
+    swap_s_per_block : float
+        Seconds to copy one KV block between GPU and CPU memory (the slowest stage's PCIe).
 
     Attributes
     ----------
     steps, step_tokens : int
         Micro-batches run and their tokens (for batching efficiency).
-    busy_s : float
-        Sum over stages of the time each stage computed or communicated.
+    stage_busy_s : list of float
+        Time each stage computed or communicated.
     union_s : float
         Time during which at least one stage of the replica was busy (for bubbles).
     """
@@ -79,22 +83,26 @@ class Replica:
     def __init__(self, env: simpy.Environment, index: int, streams: list[ContinuousBatcher],
                  stages: list[StageCost], sends: list[tuple[float, float]],
                  step_overhead_s: float, on_finish: Callable[[Request], None],
-                 record_step: Callable[[tuple], None] | None, fast: bool = True):
+                 record_step: Callable[[tuple], None] | None, fast: bool = True,
+                 swap_s_per_block: float = 0.0):
         self.env, self.index = env, index
         self.streams, self.stages, self.sends = streams, stages, sends
         self.overhead = step_overhead_s
+        self.swap_s = swap_s_per_block
         self._overhead_ticks = ticks(step_overhead_s)
         self._one_stage, self._stage0 = len(stages) == 1, stages[0]
         self.on_finish, self.record_step = on_finish, record_step
         self._idle: list[simpy.Event | None] = [None] * len(streams)
         self._running = [False] * len(streams)  # in a decode run that an arrival may cut
         self._run_len = [MIN_RUN] * len(streams)  # steps to plan in the next decode run
+        self._runs: list[tuple | None] = [None] * len(streams)  # the run in progress
         self.fast = fast and len(streams) == 1
         #: When set, returns the time of the next request to arrive at this replica.
         self.next_arrival: Callable[[], float] | None = None
         self.outstanding = 0
         self.steps = self.step_tokens = 0
-        self.busy_s = self.union_s = 0.0
+        self.stage_busy_s = [0.0] * len(stages)
+        self.union_s = 0.0
         self._active, self._active_since = 0, 0.0
         if len(streams) > 1:
             self.inboxes = [simpy.Store(env) for _ in stages]
@@ -102,11 +110,35 @@ class Replica:
                 env.process(self.forward(i))
         self.procs = [env.process(self.serve(s)) for s in range(len(streams))]
 
-    # -- load view for routers -----------------------------------------------------------
+    # -- load view for routers (exact at the current time, also during decode runs) --------
+    def _run_progress(self, s: int) -> tuple[int, int]:
+        """(decode steps completed, extra steps allocated) of stream s's run, at now."""
+        run = self._runs[s]
+        if run is None:
+            return 0, 0
+        ends, extra = run[0], run[1]
+        done = int(np.searchsorted(ends, self.env.now, side="right"))
+        return done, min(done, extra)
+
     @property
     def kv_used_fraction(self) -> float:
-        used = sum(s.kv.used for s in self.streams)
-        return used / max(1, sum(s.kv.capacity for s in self.streams))
+        """KV blocks in use over capacity, as a step-by-step run would show now."""
+        used = cap = 0
+        for s, st in enumerate(self.streams):
+            used += st.kv.used + (st.run_blocks(self._run_progress(s)[1])
+                                  if self._runs[s] else 0)
+            cap += st.kv.capacity
+        return used / max(cap, 1)
+
+    @property
+    def load_tokens(self) -> int:
+        """Prompt tokens still to prefill plus KV tokens held by running requests."""
+        total = 0
+        for s, st in enumerate(self.streams):
+            done = self._run_progress(s)[0] if self._runs[s] else 0
+            total += (st.pending_tokens + st.prefilled_tokens + st.sum_kv
+                      + done * len(st.decoding))
+        return total
 
     def submit(self, req: Request) -> None:
         """Queue a request on the stream with the fewest outstanding requests."""
@@ -141,7 +173,8 @@ class Replica:
                 end, busy = self._inline(now, batch.tokens, batch.prefill_pairs,
                                          batch.prefill_ctx, batch.decode_kv, batch.sampled,
                                          batch.prefill_tokens, batch.n_decode,
-                                         batch.batch_size, batch.kv_blocks, self.record_step)
+                                         batch.batch_size, batch.kv_blocks, self.record_step,
+                                         batch.swap_blocks)
                 self._count(1, batch.tokens, busy)
                 extra = (stream.decode_run(self._run_len[s]) if self.fast and not batch.chunks
                          else 0)
@@ -150,8 +183,9 @@ class Replica:
                 else:
                     yield env.timeout(end - now)
             else:
-                if self.overhead:
-                    yield env.timeout(ticks(self.overhead))
+                lead = self.overhead + batch.swap_blocks * self.swap_s
+                if lead:
+                    yield env.timeout(ticks(lead))
                 mb = MicroBatch(batch, env.event(), s)
                 self.inboxes[0].put(mb)
                 yield mb.done
@@ -175,7 +209,6 @@ class Replica:
         needs = stream.run_needs(extra) if rec is not None else [0] * extra
         if extra >= VECTOR_MIN:
             ends, busy = self._decode_many(end, batch, needs, rec)
-            cut = ends.searchsorted  # numpy: first index whose end is past a time
         else:
             ends, busy = [end], []
             used, t = batch.kv_blocks, end
@@ -185,28 +218,35 @@ class Replica:
                                     rec)
                 ends.append(t)
                 busy.append(b)
-            cut = (lambda x, side: bisect.bisect_right(ends, x))  # noqa: E731
+            ends = np.array(ends)
         steps = extra
-        t = float(ends[-1])
+        self._runs[s] = (ends, extra)
         if self.next_arrival is not None:
             # The next arrival is known (open loop, one replica): stop at the step in progress
             # when it comes; nothing else can join earlier, so no interrupt is needed.
-            steps = min(int(cut(self.next_arrival(), "right")), steps)
+            steps = min(int(ends.searchsorted(self.next_arrival(), "right")), steps)
             yield env.timeout(float(ends[steps]) - env.now)
         else:
             self._running[s] = True
             try:
-                yield env.timeout(t - env.now)
+                yield env.timeout(float(ends[-1]) - env.now)
                 # Uncut: plan longer runs next time (any length gives identical results;
                 # planning far past the next interruption only wastes work).
                 self._run_len[s] = min(2 * self._run_len[s], MAX_RUN)
             except simpy.Interrupt:
-                steps = min(int(cut(env.now, "right")), steps)
+                steps = min(int(ends.searchsorted(env.now, "right")), steps)
                 self._run_len[s] = max(MIN_RUN, 2 * steps)
                 yield env.timeout(float(ends[steps]) - env.now)
             self._running[s] = False
-        stream.skip_decode_steps(steps)
-        self._count(steps, steps * n, float(sum(busy[:steps])))
+        self._runs[s] = None
+        stream.skip_decode_steps(steps, ends)
+        if isinstance(busy, np.ndarray):
+            applied = busy[..., :steps].sum(axis=-1)
+        elif self._one_stage:
+            applied = sum(busy[:steps])
+        else:
+            applied = [sum(b[i] for b in busy[:steps]) for i in range(len(self.stages))]
+        self._count(steps, steps * n, applied)
         if rec is not None:
             for row in rows[: steps * len(self.stages)]:
                 self.record_step(row)
@@ -215,7 +255,7 @@ class Replica:
                      rec: Callable[[tuple], None] | None) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_inline` for a run of decode steps, vectorized: the same operations in the
         same order per element, so ends and records are bit-identical. Returns the end of
-        each step (the scheduled one first) and each extra step's busy stage-seconds."""
+        each step (the scheduled one first) and the extra steps' busy time (per stage)."""
         n, k = batch.n_decode, len(needs)
         kv = np.arange(batch.decode_kv + n, batch.decode_kv + n * k + 1, n)
         if self._one_stage and rec is None:
@@ -229,13 +269,13 @@ class Replica:
             q[0] += end  # exact: every term is on the clock grid
             return np.concatenate(([end], q.cumsum())), busy
         off = np.full(k, self.overhead)
-        busy = np.zeros(k)
+        busy = []
         spans = []
         last = len(self.stages) - 1
         for i, cost in enumerate(self.stages):
             compute, comm = cost.decode_steps(n, kv)
             stage_end = off + compute + comm
-            busy = busy + (compute + comm)
+            busy.append(compute + comm)
             spans.append((off, stage_end, compute, comm))
             off = stage_end
             if i < last:
@@ -252,35 +292,45 @@ class Replica:
             for j in range(k):
                 for i, (s0, e0, c0, m0) in enumerate(cols):
                     rec((self.index, i, s0[j], e0[j], 0, n, n, c0[j], m0[j], used[j]))
+        busy = busy[0] if self._one_stage else np.vstack(busy)
         return np.concatenate(([end], ends)), busy
 
-    def _count(self, steps: int, tokens: int, busy: float) -> None:
-        """Aggregates of inline steps: their stage spans never overlap, so busy = union."""
+    def _count(self, steps: int, tokens: int, busy) -> None:
+        """Aggregates of inline steps (their stage spans never overlap, so the busy union
+        is the sum); ``busy`` is a float for one stage, else per stage."""
         self.steps += steps
         self.step_tokens += tokens
-        self.busy_s += busy
-        self.union_s += busy
+        if self._one_stage:
+            b = float(busy)
+            self.stage_busy_s[0] += b
+            self.union_s += b
+        else:
+            for i, b in enumerate(busy):
+                self.stage_busy_s[i] += float(b)
+                self.union_s += float(b)
 
     def _inline(self, start: float, tokens: int, pairs: float, ctx: int, decode_kv: int,
                 sampled: int, prefill_tokens: int, n_decode: int, batch_size: int,
-                kv_blocks: int, rec: Callable[[tuple], None] | None) -> tuple[float, float]:
-        """End time and busy stage-seconds of a step starting at ``start`` with nothing
-        overlapping; records each stage's span (overhead, stage, hand-off, stage, ...).
-        Times are on the clock's grid (``start`` is), so the end depends on the step alone,
-        not on when it runs."""
+                kv_blocks: int, rec: Callable[[tuple], None] | None,
+                swap_blocks: int = 0) -> tuple[float, object]:
+        """End time and busy time (a float for one stage, else per stage) of a step starting
+        at ``start`` with nothing overlapping; records each stage's span (overhead and swap,
+        stage, hand-off, stage, ...). Times are on the clock's grid (``start`` is), so the end
+        depends on the step alone, not on when it runs."""
+        off = self.overhead + swap_blocks * self.swap_s
         if self._one_stage:  # the loop below for a single stage, unrolled (hot path)
             compute, comm = self._stage0.step(tokens, pairs, ctx, decode_kv, sampled)
-            end = round((self.overhead + compute + comm) * SCALE) / SCALE
+            end = round((off + compute + comm) * SCALE) / SCALE
             if rec is not None:
-                rec((self.index, 0, start + self._overhead_ticks, start + end, prefill_tokens,
+                rec((self.index, 0, start + ticks(off), start + end, prefill_tokens,
                      n_decode, batch_size, compute, comm, kv_blocks))
             return start + end, compute + comm
-        off, busy = self.overhead, 0.0
+        busy = []
         last = len(self.stages) - 1
         for i, cost in enumerate(self.stages):
             compute, comm = cost.step(tokens, pairs, ctx, decode_kv, sampled)
             end = off + compute + comm
-            busy += compute + comm
+            busy.append(compute + comm)
             if rec is not None:
                 rec((self.index, i, start + ticks(off), start + ticks(end), prefill_tokens,
                      n_decode, batch_size, compute, comm, kv_blocks))
@@ -305,7 +355,7 @@ class Replica:
             self._active += 1
             yield env.timeout(ticks(compute + comm))
             self._active -= 1
-            self.busy_s += compute + comm
+            self.stage_busy_s[i] += compute + comm
             if self._active == 0:
                 self.union_s += env.now - self._active_since
             if i == 0:

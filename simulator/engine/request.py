@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
+WAITING, PREFILL, DECODE, DONE, SWAPPED = 0, 1, 2, 3, 4
 
 
 class Request:
@@ -17,7 +17,7 @@ class Request:
     __slots__ = ("id", "arrival_s", "prompt", "output", "replica", "state", "target",
                  "computed", "blocks", "generated", "k0", "kv0", "epoch", "admit_seq",
                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status",
-                 "client")
+                 "client", "last_token_s")
 
     def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, client: int = -1):
         self.id, self.arrival_s, self.prompt, self.output = rid, arrival_s, prompt, output
@@ -37,3 +37,4 @@ class Request:
         self.finish_s = float("nan")
         self.preemptions = 0
         self.status = ""
+        self.last_token_s = float("nan")  # set when preempted: time of its last token

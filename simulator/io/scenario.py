@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import ScenarioError
-from simulator.io.schema import LENGTH_DISTS, SECTIONS, TOP_LEVEL, Scenario
+from simulator.io.schema import (
+    LENGTH_DISTS,
+    SCHEDULER_PARAMS,
+    SECTIONS,
+    TOP_LEVEL,
+    Scenario,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -83,6 +89,11 @@ def _check_value(key: str, f: dataclasses.Field, value: Any, problems: list[str]
     kind = meta.get("kind")
     if kind == "length":
         _check_length(key, value, problems)
+        return value
+    if kind == "table":
+        if not isinstance(value, dict):
+            problems.append(f"{key}: expected a table, got {_type_name(value)} {value!r}")
+            return f.default
         return value
     base = f.type if isinstance(f.type, type) else str(f.type).split(" ")[0].split("|")[0]
     base = {"int": int, "float": float, "str": str, "bool": bool}.get(base, base)
@@ -229,6 +240,14 @@ def _workload_problems(s: Scenario) -> list[str]:
     if w.arrival != "trace" and w.num_requests is None and w.duration_s is None:
         p.append("workload.num_requests: set num_requests and/or duration_s")
     eng = s.engine
+    accepted = SCHEDULER_PARAMS.get(eng.scheduler, ())
+    for k, v in (eng.scheduler_args or {}).items():
+        if k not in accepted:
+            took = ", ".join(accepted) if accepted else "no parameters"
+            p.append(f"engine.scheduler_args.{k}: scheduler \"{eng.scheduler}\" does not take "
+                     f"it (accepted: {took})")
+        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            p.append(f"engine.scheduler_args.{k}: expected an integer >= 1, got {v!r}")
     if eng.max_num_batched_tokens < eng.max_num_seqs:
         p.append(f"engine.max_num_batched_tokens: must be >= engine.max_num_seqs "
                  f"({eng.max_num_seqs}), got {eng.max_num_batched_tokens}")

@@ -12,8 +12,13 @@ from typing import Any
 
 DTYPES = ("bf16", "fp16", "fp8")
 ARRIVALS = ("poisson", "gamma", "constant", "closed_loop", "trace")
-ROUTERS = ("round_robin", "least_outstanding")
-SCHEDULERS = ("vllm",)
+ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv", "least_tokens",
+           "power_of_two")
+SCHEDULERS = ("vllm", "vllm_v0", "sarathi", "orca", "static")
+#: Keyword parameters each scheduler takes in ``[engine] scheduler_args`` (all integers >= 1).
+SCHEDULER_PARAMS = {"vllm": (), "vllm_v0": (), "sarathi": ("chunk_size",),
+                    "orca": ("reserve_tokens",), "static": ("reserve_tokens",)}
+PREEMPTION = ("recompute", "swap")
 LENGTH_DISTS = ("constant", "uniform", "normal", "lognormal", "exponential")
 
 
@@ -44,6 +49,10 @@ class ParallelKeys:
 @dataclass(frozen=True)
 class EngineKeys:
     scheduler: str = _f("vllm", choices=SCHEDULERS)
+    scheduler_args: dict | None = _f(None, kind="table", optional=True)
+    # What a request that loses its KV blocks does: re-prefill, or copy them to CPU and back.
+    preemption: str = _f("recompute", choices=PREEMPTION)
+    swap_space_gib: float = _f(4.0, min=0.0)  # CPU memory for swapped KV, GiB per GPU
     max_num_seqs: int = _f(256, min=1)
     max_num_batched_tokens: int = _f(8192, min=1)
     block_size: int = _f(16, min=1)

@@ -15,9 +15,10 @@ import pandas as pd
 SUMMARY_KEYS = [
     "requests_total", "requests_completed", "requests_rejected",
     *[f"{m}_{s}_s" for m in ("ttft", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99")],
+    "itl_mean_s", "itl_p50_s", "itl_p99_s",
     "queue_mean_s", "queue_p99_s", "throughput_tok_per_s", "throughput_req_per_s",
     "goodput_req_per_s", "slo_attainment", "preemptions_total", "batch_efficiency_mean",
-    "pp_bubble_fraction", "steps_total", "simulated_time_s", "kv_blocks_per_replica",
+    "pp_bubble_fraction", "pp_stage_idle_s", "steps_total", "simulated_time_s", "kv_blocks_per_replica",
     "kv_tokens_per_replica", "max_model_len", "gpus", "simpy_events", "wall_time_s",
 ]
 
@@ -70,8 +71,9 @@ def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
               tpot_slo_s: float, max_num_batched_tokens: int, pp: int) -> dict:
     """Flat summary of a run (keys carry units).
 
-    ``engine`` holds the replicas' streaming totals: ``steps``, ``step_tokens``, ``busy_s``
-    and ``union_s`` (see :class:`simulator.engine.replica.Replica`).
+    ``engine`` holds the replicas' streaming totals: ``steps``, ``step_tokens``,
+    ``stage_busy_s`` (per stage) and ``union_s`` (see :class:`simulator.engine.replica.Replica`),
+    and ``gaps``, the inter-token gap histogram.
     """
     done = requests[requests["status"] == "completed"]
     out: dict = {"requests_total": int(len(requests)),
@@ -80,6 +82,10 @@ def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
     _stats("ttft", done["ttft_s"], out)
     _stats("tpot", done["tpot_s"], out)
     _stats("e2e", done["e2e_s"], out)
+    gaps = engine["gaps"]
+    out["itl_mean_s"] = gaps.mean
+    out["itl_p50_s"] = gaps.percentile(50)
+    out["itl_p99_s"] = gaps.percentile(99)
     queue = (done["first_scheduled_s"] - done["arrival_s"]).dropna()
     out["queue_mean_s"] = float(queue.mean()) if len(queue) else float("nan")
     out["queue_p99_s"] = float(np.percentile(queue, 99)) if len(queue) else float("nan")
@@ -98,7 +104,10 @@ def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
     steps = engine["steps"]
     out["batch_efficiency_mean"] = (engine["step_tokens"] / (steps * max_num_batched_tokens)
                                     if steps else float("nan"))
-    out["pp_bubble_fraction"] = bubble_from_totals(engine["busy_s"], engine["union_s"], pp)
+    busy = engine["stage_busy_s"]
+    out["pp_bubble_fraction"] = bubble_from_totals(sum(busy), engine["union_s"], pp)
+    # Per stage: time the replica was busy somewhere while this stage was idle.
+    out["pp_stage_idle_s"] = [max(0.0, engine["union_s"] - b) for b in busy]
     out["steps_total"] = int(steps)
     out["simulated_time_s"] = float(done["finish_s"].max()) if len(done) else 0.0
     return out
