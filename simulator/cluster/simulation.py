@@ -20,11 +20,11 @@ from tqdm import tqdm
 from simulator.cluster.build import ClusterPlan, build_plan
 from simulator.cluster.router import make_router
 from simulator.engine.batching import ContinuousBatcher
-from simulator.engine.schedulers import SCHEDULERS
 from simulator.engine.clock import SCALE, ticks
 from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
 from simulator.engine.request import Request
+from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, resolve_path
 from simulator.io.schema import Scenario

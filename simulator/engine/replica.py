@@ -17,7 +17,6 @@ decode-only steps go further: many steps in one event (see :meth:`Replica._decod
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable
 
 import numpy as np

@@ -18,8 +18,9 @@ SUMMARY_KEYS = [
     "itl_mean_s", "itl_p50_s", "itl_p99_s",
     "queue_mean_s", "queue_p99_s", "throughput_tok_per_s", "throughput_req_per_s",
     "goodput_req_per_s", "slo_attainment", "preemptions_total", "batch_efficiency_mean",
-    "pp_bubble_fraction", "pp_stage_idle_s", "steps_total", "simulated_time_s", "kv_blocks_per_replica",
-    "kv_tokens_per_replica", "max_model_len", "gpus", "simpy_events", "wall_time_s",
+    "pp_bubble_fraction", "pp_stage_idle_s", "steps_total", "simulated_time_s",
+    "kv_blocks_per_replica", "kv_tokens_per_replica", "max_model_len", "gpus",
+    "simpy_events", "wall_time_s",
 ]
 
 
