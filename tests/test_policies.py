@@ -242,3 +242,21 @@ def test_a_parameter_of_another_scheduler_lists_the_accepted_ones(tmp_path, caps
                                                        "scheduler_args": {"reserve_tokens": 9}})))
     assert main(["validate", str(path)]) == 2
     assert "accepted: chunk_size" in capsys.readouterr().err
+
+
+def test_chunking_shrinks_pipeline_bubbles_of_unequal_microbatches(tmp_path):
+    rng = np.random.default_rng(1)
+    n = 120
+    pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 4.0, n)),
+                  "prompt_tokens": np.where(rng.random(n) < 0.2, 8000, 300),
+                  "output_tokens": 100}).to_csv(tmp_path / "p.csv", index=False)
+    bubble = {}
+    for chunk in (8192, 256):
+        sc = {"name": "pipe", "model": {"name": "llama-3.1-70b"},
+              "cluster": {"topology": "dgx-h100", "nodes": 2}, "parallel": {"tp": 8, "pp": 2},
+              "engine": {"scheduler": "sarathi", "scheduler_args": {"chunk_size": chunk},
+                         "max_model_len": 16384},
+              "workload": {"arrival": "trace", "trace": str(tmp_path / "p.csv")},
+              "output": {"steps": False}}
+        bubble[chunk] = simulator.run(sc).summary["pp_bubble_fraction"]
+    assert bubble[256] < bubble[8192]
