@@ -6,12 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from simulator.cluster.simulation import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import write_result
 from simulator.model.memory import GIB
+from simulator.plotting import run_report, sweep_plot
 from simulator.sweep import BACKENDS, sweep
 
 ROWS = [("requests completed / total", "requests_completed", "{:.0f}", "requests_total"),
@@ -46,7 +49,7 @@ def cmd_run(args) -> int:
     keep = scenario.output.steps and not args.no_steps
     result = run(scenario, progress=not args.quiet and sys.stderr.isatty(), keep_steps=keep)
     out = Path(args.out) if args.out else Path("runs") / scenario.name
-    write_result(result, out, steps=keep)
+    write_result(result, out, steps=keep, trace=scenario.output.trace and not args.no_trace)
     print(format_summary(scenario.name, result.summary))
     print(f"  outputs in {out}/")
     return 0
@@ -95,6 +98,34 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_plot(args) -> int:
+    target = Path(args.target)
+    if target.is_dir():
+        if not (target / "requests.csv").exists():
+            raise ScenarioError(f"plot: {str(target)!r} has no requests.csv (not a run folder)")
+        files = run_report(target, args.out)
+    elif target.suffix == ".csv" and target.exists():
+        df = pd.read_csv(target)
+        missing = [k for k in (args.x, args.y, args.hue) if k and k not in df.columns]
+        if not args.x or not args.y or missing:
+            cols = ", ".join(c for c in df.columns if c not in ("run_id", "error"))
+            raise ScenarioError(f"plot: a sweep CSV needs --x and --y among its columns"
+                                f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}"
+                                f"; columns: {cols}")
+        out = Path(args.out) if args.out else target.parent
+        out.mkdir(parents=True, exist_ok=True)
+        ax = sweep_plot(df, args.x, args.y, args.hue)
+        path = out / f"{target.stem}_{args.y}_vs_{args.x}.png".replace("/", "_")
+        ax.figure.tight_layout()
+        ax.figure.savefig(path, dpi=110)
+        files = [path]
+    else:
+        raise ScenarioError(f"plot: {str(target)!r} is neither a run folder nor a sweep CSV")
+    for f in files:
+        print(f)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m simulator",
                                  description="Simulate an LLM inference cluster.")
@@ -105,7 +136,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
     r.add_argument("--seed", type=int, help="replace the scenario's seed")
-    r.add_argument("--no-steps", action="store_true", help="do not write steps.csv")
+    r.add_argument("--no-steps", action="store_true",
+                   help="keep no per-step records (no steps.csv, no trace.json)")
+    r.add_argument("--no-trace", action="store_true", help="do not write trace.json")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="check a scenario and explain it; runs nothing")
@@ -123,6 +156,13 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("plot", help="PNG plots of a run folder or of a sweep CSV")
+    p.add_argument("target", help="run folder (runs/<name>) or sweep results CSV")
+    p.add_argument("--out", help="folder for the PNGs (default: next to the input)")
+    p.add_argument("--x", help="sweep: swept key on the x axis")
+    p.add_argument("--y", help="sweep: metric on the y axis")
+    p.add_argument("--hue", help="sweep: one line per value of this key")
+    p.set_defaults(func=cmd_plot)
     return ap
 
 

@@ -28,9 +28,11 @@ from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, resolve_path
 from simulator.io.schema import Scenario
+from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import Recorder
 from simulator.metrics.summary import summarize
+from simulator.metrics.timeseries import timeseries
 from simulator.paths import ROOT
 from simulator.workload.arrivals import arrival_times, trace_window
 from simulator.workload.lengths import LengthStream, sample_lengths
@@ -39,13 +41,16 @@ from simulator.workload.trace import load_trace
 
 @dataclass
 class Result:
-    """What a run produced: the summary, per-request and per-step tables, the scenario."""
+    """What a run produced: the summary, the per-request and per-step tables, the windowed
+    time series and alert events, the scenario and its cluster plan."""
 
     summary: dict
     requests: pd.DataFrame
     steps: pd.DataFrame
     scenario: Scenario
     plan: ClusterPlan = field(repr=False)
+    timeseries: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    alerts: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
 
 
 def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.DataFrame:
@@ -229,8 +234,18 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     summary["max_model_len"] = plan.max_model_len
     summary["gpus"] = plan.gpus_used
     summary["simpy_events"] = events
+    eng = s.engine
+    kept = steps if not steps.empty else None
+    ts = timeseries(requests, kept, window_s=s.output.window_s,
+                    budget=eng.max_num_batched_tokens,
+                    kv_capacity={r: plan.memory.kv_blocks for r in range(s.parallel.dp)},
+                    streams=plan.streams_per_replica)
+    thresholds = {k: getattr(s.alerts, k) for k in ("ttft_p99_s", "e2e_p99_s",
+                                                    "batch_efficiency_min")}
+    events_df = alerts(requests, kept, ts, thresholds, window_s=s.output.window_s,
+                       budget=eng.max_num_batched_tokens)
     summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan)
+    return Result(summary, requests, steps, s, plan, ts, events_df)
 
 
 def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress: bool) -> int:

@@ -61,7 +61,7 @@ class Replica:
     on_finish : callable(Request)
         Called at each completion.
     record_step : callable(tuple) or None
-        Receives ``(replica, stage, start_s, end_s, prefill_tokens, decode_tokens,
+        Receives ``(replica, stage, stream, start_s, end_s, prefill_tokens, decode_tokens,
         batch_size, compute_s, comm_s, kv_blocks)`` for each stage step; None keeps no
         per-step records (the aggregates below are kept either way).
     fast : bool
@@ -290,7 +290,7 @@ class Replica:
                     for a, b, c, m in spans]
             for j in range(k):
                 for i, (s0, e0, c0, m0) in enumerate(cols):
-                    rec((self.index, i, s0[j], e0[j], 0, n, n, c0[j], m0[j], used[j]))
+                    rec((self.index, i, 0, s0[j], e0[j], 0, n, n, c0[j], m0[j], used[j]))
         busy = busy[0] if self._one_stage else np.vstack(busy)
         return np.concatenate(([end], ends)), busy
 
@@ -321,7 +321,7 @@ class Replica:
             compute, comm = self._stage0.step(tokens, pairs, ctx, decode_kv, sampled)
             end = round((off + compute + comm) * SCALE) / SCALE
             if rec is not None:
-                rec((self.index, 0, start + ticks(off), start + end, prefill_tokens,
+                rec((self.index, 0, 0, start + ticks(off), start + end, prefill_tokens,
                      n_decode, batch_size, compute, comm, kv_blocks))
             return start + end, compute + comm
         busy = []
@@ -331,7 +331,7 @@ class Replica:
             end = off + compute + comm
             busy.append(compute + comm)
             if rec is not None:
-                rec((self.index, i, start + ticks(off), start + ticks(end), prefill_tokens,
+                rec((self.index, i, 0, start + ticks(off), start + ticks(end), prefill_tokens,
                      n_decode, batch_size, compute, comm, kv_blocks))
             off = end
             if i < last:
@@ -361,7 +361,7 @@ class Replica:
                 self.steps += 1
                 self.step_tokens += b.tokens
             if self.record_step is not None:
-                self.record_step((self.index, i, start, env.now, b.prefill_tokens, b.n_decode,
+                self.record_step((self.index, i, mb.stream, start, env.now, b.prefill_tokens, b.n_decode,
                                   b.batch_size, compute, comm, b.kv_blocks))
             if last:
                 mb.done.succeed()

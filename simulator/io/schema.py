@@ -97,6 +97,17 @@ class SloKeys:
 @dataclass(frozen=True)
 class OutputKeys:
     steps: bool = _f(True)  # write steps.csv (one row per stage step); off for very long runs
+    trace: bool = _f(True)  # write trace.json (Perfetto); needs steps
+    window_s: float = _f(1.0, gt=0.0)  # timeseries.csv window
+
+
+@dataclass(frozen=True)
+class AlertKeys:
+    """Thresholds of the alert rules over each window; 0 disables a rule."""
+
+    ttft_p99_s: float = _f(2.0, min=0.0)
+    e2e_p99_s: float = _f(30.0, min=0.0)
+    batch_efficiency_min: float = _f(0.6, min=0.0, max=1.0)
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,7 @@ class Scenario:
     workload: WorkloadKeys = WorkloadKeys()
     slo: SloKeys = SloKeys()
     output: OutputKeys = OutputKeys()
+    alerts: AlertKeys = AlertKeys()
     base_dir: str = "."
     source: str | None = None
 
@@ -126,5 +138,6 @@ SECTIONS: dict[str, type] = {
     "workload": WorkloadKeys,
     "slo": SloKeys,
     "output": OutputKeys,
+    "alerts": AlertKeys,
 }
 TOP_LEVEL = {"name": str, "seed": int}

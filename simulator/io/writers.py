@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import tomli_w
 
+from simulator.io.chrome_trace import write_trace
 from simulator.io.scenario import to_dict
 
 
@@ -28,13 +29,21 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
                                                         quoting_style="none"))
 
 
-def write_result(result, out_dir: str | Path, steps: bool = True) -> Path:
-    """Write the files of a :class:`~simulator.Result` into ``out_dir`` (created)."""
+def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = True) -> Path:
+    """Write the files of a :class:`~simulator.Result` into ``out_dir`` (created):
+    requests.csv, steps.csv and trace.json (when steps were kept), timeseries.csv,
+    alerts.csv, summary.json and scenario.toml."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(result.requests, out / "requests.csv")
-    if steps:
+    has_steps = steps and not result.steps.empty
+    if has_steps:
         write_csv(result.steps, out / "steps.csv")
+    if has_steps and trace:
+        write_trace(out / "trace.json", result.requests, result.steps)
+    if not result.timeseries.empty:
+        write_csv(result.timeseries, out / "timeseries.csv")
+    result.alerts.to_csv(out / "alerts.csv", index=False)
     summary = {k: _clean(v) for k, v in result.summary.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "scenario.toml").write_text(tomli_w.dumps(to_dict(result.scenario)))
