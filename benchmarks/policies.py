@@ -70,10 +70,6 @@ def light_ttft() -> str:
     return _ms(rows)
 
 
-def label(name: str, args: dict) -> str:
-    return name + "".join(f", {k}={v}" for k, v in args.items())
-
-
 def routers() -> str:
     wl = {"arrival": "poisson", "rate_per_s": 30.0, "num_requests": 2000,
           "prompt_tokens": {"dist": "lognormal", "mean": 1500, "sigma": 1.2, "max": 30000},

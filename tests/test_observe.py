@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import toy_scenario
 
 import simulator
-from conftest import toy_scenario
 from simulator.cli import main
 
 

@@ -361,8 +361,8 @@ class Replica:
                 self.steps += 1
                 self.step_tokens += b.tokens
             if self.record_step is not None:
-                self.record_step((self.index, i, mb.stream, start, env.now, b.prefill_tokens, b.n_decode,
-                                  b.batch_size, compute, comm, b.kv_blocks))
+                self.record_step((self.index, i, mb.stream, start, env.now, b.prefill_tokens,
+                                  b.n_decode, b.batch_size, compute, comm, b.kv_blocks))
             if last:
                 mb.done.succeed()
                 continue

@@ -36,8 +36,8 @@ def events(requests: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
     cols = [steps[c].to_numpy().tolist() for c in
             ("replica", "stage", "start_s", "end_s", "prefill_tokens", "decode_tokens",
              "batch_size", "kv_blocks", "compute_s", "comm_s")]
-    for name, (r, st, s, e, p, d, b, kv, comp, comm) in zip(names.tolist(), zip(*cols),
-                                                           strict=True):
+    rows = zip(*cols, strict=True)
+    for name, (r, st, s, e, p, d, b, kv, comp, comm) in zip(names.tolist(), rows, strict=True):
         out.append({"ph": "X", "name": name, "cat": "step", "pid": r, "tid": st,
                     "ts": s * US, "dur": (e - s) * US,
                     "args": {"prefill_tokens": p, "decode_tokens": d, "batch_size": b,
