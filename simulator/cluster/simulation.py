@@ -84,7 +84,7 @@ class Cluster:
                     [self._scheduler() for _ in range(plan.streams_per_replica)],
                     list(rp.stages), list(rp.sends), eng.step_overhead_s,
                     self.finish, recorder.step, fast=eng.fast_forward,
-                    swap_s_per_block=rp.swap_s_per_block)
+                    swap_s_per_block=rp.swap_s_per_block, record_bulk=recorder.step_bulk)
             for rp in plan.replicas]
         self.max_len = plan.max_model_len
         self.completed = 0

@@ -386,17 +386,18 @@ class ContinuousBatcher:
         Over any ``block_size`` consecutive steps each residue class needs a block once, so
         whole periods cost one block per decoder; O(block_size) work, not O(steps).
         """
-        first = self.k + 2
-        total = 0
-        for step in range(first, first + min(steps, self.bs)):
-            total += self._decode_need(step) * ((first + steps - 1 - step) // self.bs + 1)
+        full, rem = divmod(steps, self.bs)
+        total = full * len(self.decoding)
+        residue, bs, first = self.residue, self.bs, self.k + 2
+        for step in range(first, first + rem):
+            total += residue[-step % bs]
         return total
 
     def run_needs(self, steps: int) -> list[int]:
         """Blocks allocated at each of the first ``steps`` decode steps after the scheduled
         one (for per-step records)."""
-        first = self.k + 2
-        return [self._decode_need(step) for step in range(first, first + steps)]
+        residue, bs, first = self.residue, self.bs, self.k + 2
+        return [residue[-step % bs] for step in range(first, first + steps)]
 
     def skip_decode_steps(self, steps: int, ends) -> None:
         """Apply decode-only steps counted by :meth:`decode_run` (all but the last step of

@@ -66,6 +66,8 @@ class Replica:
         per-step records (the aggregates below are kept either way).
     fast : bool
         Advance runs of decode-only steps in one event (identical results).
+    record_bulk : callable(dict) or None
+        Receives the records of a decode run as columns (same fields as ``record_step``).
     swap_s_per_block : float
         Seconds to copy one KV block between GPU and CPU memory (the slowest stage's PCIe).
 
@@ -83,7 +85,8 @@ class Replica:
                  stages: list[StageCost], sends: list[tuple[float, float]],
                  step_overhead_s: float, on_finish: Callable[[Request], None],
                  record_step: Callable[[tuple], None] | None, fast: bool = True,
-                 swap_s_per_block: float = 0.0):
+                 swap_s_per_block: float = 0.0,
+                 record_bulk: Callable[[dict], None] | None = None):
         self.env, self.index = env, index
         self.streams, self.stages, self.sends = streams, stages, sends
         self.overhead = step_overhead_s
@@ -91,6 +94,7 @@ class Replica:
         self._overhead_ticks = ticks(step_overhead_s)
         self._one_stage, self._stage0 = len(stages) == 1, stages[0]
         self.on_finish, self.record_step = on_finish, record_step
+        self.record_bulk = record_bulk
         self._idle: list[simpy.Event | None] = [None] * len(streams)
         self._running = [False] * len(streams)  # in a decode run that an arrival may cut
         self._run_len = [MIN_RUN] * len(streams)  # steps to plan in the next decode run
@@ -206,8 +210,9 @@ class Replica:
         rec = rows.append if self.record_step is not None else None
         # Blocks allocated per step: only the per-step records need them.
         needs = stream.run_needs(extra) if rec is not None else [0] * extra
+        bulk = None
         if extra >= VECTOR_MIN:
-            ends, busy = self._decode_many(end, batch, needs, rec)
+            ends, busy, bulk = self._decode_many(end, batch, needs, rec is not None)
         else:
             ends, busy = [end], []
             used, t = batch.kv_blocks, end
@@ -246,18 +251,21 @@ class Replica:
         else:
             applied = [sum(b[i] for b in busy[:steps]) for i in range(len(self.stages))]
         self._count(steps, steps * n, applied)
-        if rec is not None:
+        if bulk is not None:
+            self.record_bulk({k: v[: steps * len(self.stages)] for k, v in bulk.items()})
+        elif rec is not None:
             for row in rows[: steps * len(self.stages)]:
                 self.record_step(row)
 
-    def _decode_many(self, end: float, batch: Batch, needs: list[int],
-                     rec: Callable[[tuple], None] | None) -> tuple[np.ndarray, np.ndarray]:
+    def _decode_many(self, end: float, batch: Batch, needs: list[int], records: bool
+                     ) -> tuple[np.ndarray, np.ndarray, dict | None]:
         """:meth:`_inline` for a run of decode steps, vectorized: the same operations in the
         same order per element, so ends and records are bit-identical. Returns the end of
-        each step (the scheduled one first) and the extra steps' busy time (per stage)."""
+        each step (the scheduled one first), the extra steps' busy time (per stage), and,
+        if ``records``, the steps' records as columns (step-major, stage-minor order)."""
         n, k = batch.n_decode, len(needs)
         kv = np.arange(batch.decode_kv + n, batch.decode_kv + n * k + 1, n)
-        if self._one_stage and rec is None:
+        if self._one_stage and not records:
             compute, comm = self._stage0.decode_steps(n, kv)
             busy = compute + comm
             q = self.overhead + compute
@@ -266,7 +274,7 @@ class Replica:
             np.rint(q, out=q)
             q /= SCALE
             q[0] += end  # exact: every term is on the clock grid
-            return np.concatenate(([end], q.cumsum())), busy
+            return np.concatenate(([end], q.cumsum())), busy, None
         off = np.full(k, self.overhead)
         busy = []
         spans = []
@@ -282,17 +290,30 @@ class Replica:
                 off = off + (lat + n * per_token)
         ends = end + np.cumsum(np.rint(off * SCALE) / SCALE)
         starts = np.concatenate(([end], ends[:-1]))
-        if rec is not None:
-            used = (batch.kv_blocks + np.cumsum(needs)).tolist()
-            cols = [[x.tolist() for x in (np.rint(a * SCALE) / SCALE + starts,
-                                          np.rint(b * SCALE) / SCALE + starts,
-                                          np.broadcast_to(c, (k,)), np.broadcast_to(m, (k,)))]
-                    for a, b, c, m in spans]
-            for j in range(k):
-                for i, (s0, e0, c0, m0) in enumerate(cols):
-                    rec((self.index, i, 0, s0[j], e0[j], 0, n, n, c0[j], m0[j], used[j]))
+        bulk = None
+        if records:
+            p = len(self.stages)
+
+            def interleave(per_stage: list[np.ndarray]) -> np.ndarray:
+                if p == 1:
+                    return per_stage[0]
+                return np.stack(per_stage, axis=1).reshape(-1)  # step-major, stage-minor
+
+            used = batch.kv_blocks + np.cumsum(needs)
+            bulk = {
+                "replica": np.full(k * p, self.index),
+                "stage": np.tile(np.arange(p), k) if p > 1 else np.zeros(k, dtype=np.int64),
+                "stream": np.zeros(k * p, dtype=np.int64),
+                "start_s": interleave([np.rint(a * SCALE) / SCALE + starts for a, *_ in spans]),
+                "end_s": interleave([np.rint(b * SCALE) / SCALE + starts for _, b, *_ in spans]),
+                "prefill_tokens": np.zeros(k * p, dtype=np.int64),
+                "decode_tokens": np.full(k * p, n), "batch_size": np.full(k * p, n),
+                "compute_s": interleave([c for *_, c, _ in spans]),
+                "comm_s": interleave([np.full(k, m) for *_, m in spans]),
+                "kv_blocks": np.repeat(used, p) if p > 1 else used,
+            }
         busy = busy[0] if self._one_stage else np.vstack(busy)
-        return np.concatenate(([end], ends)), busy
+        return np.concatenate(([end], ends)), busy, bulk
 
     def _count(self, steps: int, tokens: int, busy) -> None:
         """Aggregates of inline steps (their stage spans never overlap, so the busy union

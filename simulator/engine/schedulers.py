@@ -59,6 +59,12 @@ class Reserving(ContinuousBatcher):
     def _decode_need(self, step: int) -> int:
         return 0
 
+    def run_blocks(self, steps: int) -> int:
+        return 0
+
+    def run_needs(self, steps: int) -> list[int]:
+        return [0] * steps
+
     def _admit_blocks(self, req: Request, tokens: int) -> int:
         return blocks_for(max(self.reserve, req.prompt + req.output), self.bs)
 

@@ -16,10 +16,15 @@ LO, HI, PER_DECADE = 1e-6, 1e3, 460
 class GapHistogram:
     """Weighted samples of gaps (s) in log-spaced bins."""
 
+    #: Run samples are buffered and binned in bulk once this many gaps wait.
+    FLUSH = 1 << 20
+
     def __init__(self) -> None:
+        self._runs: list[tuple[np.ndarray, int]] = []
+        self._pending = 0
         self.edges = np.logspace(np.log10(LO), np.log10(HI), 9 * PER_DECADE + 1)
         self.counts = np.zeros(len(self.edges) + 1, dtype=np.int64)
-        self.total = 0
+        self._total = 0
         self.sum_s = 0.0
         self._scale = PER_DECADE / np.log(10.0)
         self._log_lo = np.log(LO)
@@ -36,33 +41,48 @@ class GapHistogram:
         """``count`` gaps of ``gap`` seconds."""
         if count > 0:
             self.counts[self._bin(gap)] += count
-            self.total += count
+            self._total += count
             self.sum_s += gap * count
 
     def add_run(self, times, count: int) -> None:
         """``count`` sequences emitted a token at each of ``times``: the gaps between
-        consecutive times, ``count`` of each."""
-        gaps = np.diff(np.asarray(times, dtype=float))
-        if len(gaps) == 0 or count <= 0:
+        consecutive times, ``count`` of each (buffered; binned in bulk)."""
+        if len(times) < 2 or count <= 0:
             return
-        idx = np.clip(((np.log(np.maximum(gaps, LO)) - self._log_lo) * self._scale)
-                      .astype(np.int64) + 1, 1, len(self.edges) - 1)
-        idx[gaps < LO] = 0
-        idx[gaps >= HI] = len(self.edges)
-        np.add.at(self.counts, idx, count)
-        self.total += count * len(gaps)
-        self.sum_s += float(gaps.sum()) * count
+        self._runs.append((np.asarray(times, dtype=float), count))
+        self._pending += len(times)
+        if self._pending >= self.FLUSH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._runs:
+            return
+        gaps = np.concatenate([np.diff(t) for t, _ in self._runs])
+        weights = np.concatenate([np.full(len(t) - 1, c, dtype=np.int64)
+                                  for t, c in self._runs])
+        self._runs, self._pending = [], 0
+        with np.errstate(divide="ignore"):
+            idx = ((np.log(gaps) - self._log_lo) * self._scale).astype(np.int64) + 1
+        idx = np.where(gaps < LO, 0, np.where(gaps >= HI, len(self.edges),
+                                              np.clip(idx, 1, len(self.edges) - 1)))
+        self.counts += np.bincount(idx, weights=weights,
+                                   minlength=len(self.counts)).astype(np.int64)
+        self._total += int(weights.sum())
+        self.sum_s += float((gaps * weights).sum())
 
     def merge(self, other: GapHistogram) -> None:
+        self._flush()
+        other._flush()
         self.counts += other.counts
-        self.total += other.total
+        self._total += other._total
         self.sum_s += other.sum_s
 
     def percentile(self, p: float) -> float:
         """The p-th percentile (0-100): the geometric middle of the bin that holds it."""
-        if self.total == 0:
+        self._flush()
+        if self._total == 0:
             return float("nan")
-        rank = np.searchsorted(np.cumsum(self.counts), p / 100 * self.total, side="left")
+        rank = np.searchsorted(np.cumsum(self.counts), p / 100 * self._total, side="left")
         if rank == 0:
             return LO
         if rank >= len(self.edges):
@@ -70,5 +90,12 @@ class GapHistogram:
         return float(np.sqrt(self.edges[rank - 1] * self.edges[rank]))
 
     @property
+    def total(self) -> int:
+        """Gaps counted."""
+        self._flush()
+        return self._total
+
+    @property
     def mean(self) -> float:
-        return self.sum_s / self.total if self.total else float("nan")
+        self._flush()
+        return self.sum_s / self._total if self._total else float("nan")

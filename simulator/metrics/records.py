@@ -35,6 +35,7 @@ class Recorder:
     def __init__(self, keep_steps: bool = True, chunk: int = 65536) -> None:
         self.steps: list[tuple] = []
         self.step = self.steps.append if keep_steps else None
+        self._bulk: list[dict] = []  # decode runs' records, as columns
         self._rows: list[tuple] = []
         self._chunks: list[pd.DataFrame] = []
         self._chunk = chunk
@@ -72,7 +73,15 @@ class Recorder:
         df["e2e_s"] = df["finish_s"] - df["arrival_s"]
         return df[REQUEST_COLUMNS]
 
+    def step_bulk(self, columns: dict) -> None:
+        """Records of many steps at once, as equal-length column arrays."""
+        self._bulk.append(columns)
+
     def steps_frame(self) -> pd.DataFrame:
-        df = pd.DataFrame.from_records(self.steps, columns=STEP_COLUMNS)
+        parts = [pd.DataFrame.from_records(self.steps, columns=STEP_COLUMNS)]
+        if self._bulk:
+            parts.append(pd.DataFrame({c: np.concatenate([b[c] for b in self._bulk])
+                                       for c in STEP_COLUMNS}))
+        df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
         return df.sort_values(["start_s", "replica", "stage"], kind="stable",
                               ignore_index=True)
