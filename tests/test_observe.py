@@ -95,3 +95,21 @@ def test_plot_command_writes_nonempty_pngs(run_dir, tmp_path, capsys):
     assert png.stat().st_size > 5000
     assert main(["plot", str(tmp_path / "s.csv"), "--x", "nope", "--y", "ttft_p50_s"]) == 2
     assert "missing: nope" in capsys.readouterr().err
+
+
+def test_gpu_utilization_counts_the_model_flops_and_bytes(toy):
+    """One request on the toy GPU (tp=1): 100-token prefill, 2 decode steps."""
+    res = simulator.run(toy())
+    g = res.gpu_timeseries
+    assert set(g["gpu"]) == {0}
+    w = res.scenario.output.window_s
+    flops = (g["compute_util"] * 100e12 * w).sum()
+    linear = 2 * 16_777_216  # two layers of QKV, O, gate-up, down
+    attention = 2 * 4 * 8 * 128 * (100 * 101 / 2 + 101 + 102)
+    head = 3 * 2 * 1024 * 1024  # three sampled tokens
+    assert flops == pytest.approx(2 * linear * 102 + attention + head, rel=1e-9)
+    hbm = (g["hbm_util"] * 1e12 * w).sum()
+    assert hbm > 3 * 2 * linear  # every step reads all weights at least
+    assert (g["nvlink_util"] == 0).all() and (g["nic_util"] == 0).all()  # tp = pp = 1
+    tp2 = simulator.run(toy(parallel={"tp": 2})).gpu_timeseries
+    assert set(tp2["gpu"]) == {0, 1} and (tp2["nvlink_util"] > 0).any()

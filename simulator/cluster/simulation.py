@@ -32,8 +32,10 @@ from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import Recorder
 from simulator.metrics.summary import summarize
-from simulator.metrics.timeseries import timeseries
+from simulator.metrics.timeseries import timeseries, window_edges
+from simulator.metrics.utilization import StageHardware, gpu_windows
 from simulator.paths import ROOT
+from simulator.topology.graph import Paths
 from simulator.workload.arrivals import arrival_times, trace_window
 from simulator.workload.lengths import LengthStream, sample_lengths
 from simulator.workload.trace import load_trace
@@ -51,6 +53,7 @@ class Result:
     plan: ClusterPlan = field(repr=False)
     timeseries: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     alerts: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    gpu_timeseries: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
 
 
 def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.DataFrame:
@@ -244,8 +247,31 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
                                                     "batch_efficiency_min")}
     events_df = alerts(requests, kept, ts, thresholds, window_s=s.output.window_s,
                        budget=eng.max_num_batched_tokens)
+    gpu_ts = (gpu_windows(steps, stage_hardware(plan), window_edges(
+        float(ts["window_end_s"].iloc[-1]), s.output.window_s)) if kept is not None
+        else pd.DataFrame())
     summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan, ts, events_df)
+    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts)
+
+
+def stage_hardware(plan: ClusterPlan) -> list[StageHardware]:
+    """Capacities of every replica stage's GPUs, for utilization."""
+    g, node = plan.graph, plan.node
+    paths = Paths(g)
+    gpu = node.gpu
+    out = []
+    for rp in plan.replicas:
+        stages = rp.placement.stages
+        for i, group in enumerate(stages):
+            last = i == len(stages) - 1
+            path = () if last else paths.path(group[0], stages[i + 1][0])
+            over_nic = any(g.edges[a, b]["kind"] == "network"
+                           for a, b in zip(path, path[1:], strict=False))
+            out.append(StageHardware(rp.placement.replica, i, group, rp.stages[i],
+                                     gpu.peak(plan.scenario.model.weight_dtype),
+                                     gpu.hbm_bandwidth_Bps, node.scale_up.bandwidth_Bps,
+                                     node.nic.bandwidth_Bps, over_nic, last))
+    return out
 
 
 def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress: bool) -> int:

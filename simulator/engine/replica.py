@@ -62,7 +62,8 @@ class Replica:
         Called at each completion.
     record_step : callable(tuple) or None
         Receives ``(replica, stage, stream, start_s, end_s, prefill_tokens, decode_tokens,
-        batch_size, compute_s, comm_s, kv_blocks)`` for each stage step; None keeps no
+        batch_size, compute_s, comm_s, kv_blocks, prefill_pairs, prefill_ctx, decode_kv,
+        sampled)`` for each stage step; None keeps no
         per-step records (the aggregates below are kept either way).
     fast : bool
         Advance runs of decode-only steps in one event (identical results).
@@ -311,6 +312,9 @@ class Replica:
                 "compute_s": interleave([c for *_, c, _ in spans]),
                 "comm_s": interleave([np.full(k, m) for *_, m in spans]),
                 "kv_blocks": np.repeat(used, p) if p > 1 else used,
+                "prefill_pairs": np.zeros(k * p), "prefill_ctx": np.zeros(k * p, dtype=np.int64),
+                "decode_kv": np.repeat(kv, p) if p > 1 else kv,
+                "sampled": np.full(k * p, n),
             }
         busy = busy[0] if self._one_stage else np.vstack(busy)
         return np.concatenate(([end], ends)), busy, bulk
@@ -343,7 +347,8 @@ class Replica:
             end = round((off + compute + comm) * SCALE) / SCALE
             if rec is not None:
                 rec((self.index, 0, 0, start + ticks(off), start + end, prefill_tokens,
-                     n_decode, batch_size, compute, comm, kv_blocks))
+                     n_decode, batch_size, compute, comm, kv_blocks, pairs, ctx, decode_kv,
+                     sampled))
             return start + end, compute + comm
         busy = []
         last = len(self.stages) - 1
@@ -353,7 +358,8 @@ class Replica:
             busy.append(compute + comm)
             if rec is not None:
                 rec((self.index, i, 0, start + ticks(off), start + ticks(end), prefill_tokens,
-                     n_decode, batch_size, compute, comm, kv_blocks))
+                     n_decode, batch_size, compute, comm, kv_blocks, pairs, ctx, decode_kv,
+                     sampled))
             off = end
             if i < last:
                 lat, per_token = self.sends[i]
@@ -383,7 +389,8 @@ class Replica:
                 self.step_tokens += b.tokens
             if self.record_step is not None:
                 self.record_step((self.index, i, mb.stream, start, env.now, b.prefill_tokens,
-                                  b.n_decode, b.batch_size, compute, comm, b.kv_blocks))
+                                  b.n_decode, b.batch_size, compute, comm, b.kv_blocks,
+                                  b.prefill_pairs, b.prefill_ctx, b.decode_kv, b.sampled))
             if last:
                 mb.done.succeed()
                 continue

@@ -41,6 +41,8 @@ def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = 
         write_csv(result.steps, out / "steps.csv")
     if has_steps and trace:
         write_trace(out / "trace.json", result.requests, result.steps)
+    if has_steps and not result.gpu_timeseries.empty:
+        write_csv(result.gpu_timeseries, out / "gpu_timeseries.csv")
     if not result.timeseries.empty:
         write_csv(result.timeseries, out / "timeseries.csv")
     result.alerts.to_csv(out / "alerts.csv", index=False)

@@ -11,7 +11,8 @@ REQUEST_COLUMNS = ["request_id", "arrival_s", "replica", "prompt_tokens", "outpu
                    "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
                    "e2e_s", "preemptions", "status"]
 STEP_COLUMNS = ["replica", "stage", "stream", "start_s", "end_s", "prefill_tokens", "decode_tokens",
-                "batch_size", "compute_s", "comm_s", "kv_blocks"]
+                "batch_size", "compute_s", "comm_s", "kv_blocks", "prefill_pairs", "prefill_ctx",
+                "decode_kv", "sampled"]
 
 
 REQUEST_RECORD = ["request_id", "arrival_s", "replica", "prompt_tokens", "output_tokens",
