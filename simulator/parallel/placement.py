@@ -26,7 +26,8 @@ class ReplicaPlacement:
         return tuple(g for stage in self.stages for g in stage)
 
 
-def place(domains: list[list[str]], tp: int, pp: int, dp: int) -> list[ReplicaPlacement]:
+def place(domains: list[list[str]], tp: int, pp: int, dp: int,
+          policy: str = "spread") -> list[ReplicaPlacement]:
     """Assign GPUs to ``dp`` replicas of ``pp`` stages of ``tp`` GPUs each.
 
     Parameters
@@ -35,6 +36,10 @@ def place(domains: list[list[str]], tp: int, pp: int, dp: int) -> list[ReplicaPl
         NVLink domains, each a list of GPU names in index order.
     tp, pp, dp : int
         Tensor, pipeline and data parallel degrees.
+    policy : {"spread", "packed"}
+        ``spread`` puts each replica on the domain with the most free GPUs (replicas land
+        on different nodes: one node failure cannot take them all); ``packed`` fills
+        domains in order (fewest nodes used).
 
     Raises
     ------
@@ -51,10 +56,15 @@ def place(domains: list[list[str]], tp: int, pp: int, dp: int) -> list[ReplicaPl
                             f"GPUs); a TP group must stay inside one NVLink domain")
     free = [list(d) for d in domains]
     placements = []
+
+    def order() -> list[int]:
+        if policy == "packed":
+            return list(range(len(free)))
+        return sorted(range(len(free)), key=lambda i: -len(free[i]))  # ties: lower index
+
     for r in range(dp):
-        # Most free GPUs first; ties go to the lower domain index.
-        order = sorted(range(len(free)), key=lambda i: -len(free[i]))
-        whole = next((i for i in order if len(free[i]) >= tp * pp), None)
+        order_now = order()
+        whole = next((i for i in order_now if len(free[i]) >= tp * pp), None)
         stages = []
         if whole is not None:
             for _ in range(pp):
@@ -62,8 +72,7 @@ def place(domains: list[list[str]], tp: int, pp: int, dp: int) -> list[ReplicaPl
                 del free[whole][:tp]
         else:
             for _ in range(pp):
-                room = [i for i in sorted(range(len(free)), key=lambda i: -len(free[i]))
-                        if len(free[i]) >= tp]
+                room = [i for i in order() if len(free[i]) >= tp]
                 if not room:
                     raise ScenarioError(
                         f"parallel: cannot place replica {r}: no NVLink domain has {tp} free "
