@@ -90,7 +90,7 @@ def _build(s: Scenario) -> ClusterPlan:
             raise ScenarioError(f"model.{key}: fp8 is not supported on {node.gpu.name} "
                                 f"(allowed: {', '.join(node.gpu.peak_flops)})")
     graph = build_graph(node, s.cluster.nodes)
-    placements = place(nvlink_domains(graph), tp, pp, dp)
+    placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
     memory = plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,
                          s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,

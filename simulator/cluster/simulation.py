@@ -8,6 +8,7 @@ gaps, prompt lengths, output lengths, router.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,12 +19,19 @@ from simpy.core import EmptySchedule
 from tqdm import tqdm
 
 from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.cluster.faults import (
+    FaultState,
+    random_faults,
+    replica_hops,
+    resolve_target,
+    scheduled_faults,
+)
 from simulator.cluster.router import make_router
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import SCALE, ticks
 from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
-from simulator.engine.request import Request
+from simulator.engine.request import WAITING, Request
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, resolve_path
@@ -91,8 +99,18 @@ class Cluster:
             for rp in plan.replicas]
         self.max_len = plan.max_model_len
         self.completed = 0
+        self.expected: int | None = None  # requests the workload will send, when known
+        self.done = env.event()  # every expected request is accounted for
         self.next_arrival_s = float("inf")
         self.waiters: dict[int, simpy.Event] = {}
+        # Failures: what is down, which replicas are up, requests waiting for any replica.
+        self.fault_state = FaultState(plan.graph)
+        self.hops = [replica_hops(rp.placement.stages) for rp in plan.replicas]
+        self.pending: deque[Request] = deque()
+        self.downtime: list[list[list[float]]] = [[] for _ in self.replicas]  # [start, end]
+        self._restarting = [False] * len(self.replicas)
+        self.retries = 0
+        self.last_event_s = 0.0  # last arrival or completion: the end of the workload
 
     def _scheduler(self) -> ContinuousBatcher:
         """One stream's scheduler, as the scenario names it, with its parameters."""
@@ -107,19 +125,97 @@ class Cluster:
                    swap_blocks=plan.swap_blocks_per_stream, gaps=self.gaps, **kwargs)
 
     def submit(self, req: Request) -> None:
-        """Route a new request, or reject it if it cannot fit the model's context."""
+        """Route a new request to an up replica (or hold it until one is back), or reject
+        it if it cannot fit the model's context."""
+        self.last_event_s = self.env.now
         if req.prompt + req.output > self.max_len:
             req.status, req.finish_s = "rejected", self.env.now
             self.finish(req)
             return
-        self.replicas[self.router.choose(self.replicas, req)].submit(req)
+        up = [r for r in self.replicas if r.up] if self.down_count else self.replicas
+        if not up:
+            self.pending.append(req)
+            return
+        up[self.router.choose(up, req)].submit(req)
 
     def finish(self, req: Request) -> None:
+        self.last_event_s = self.env.now
         self.completed += 1
         self.recorder.request(req)
         ev = self.waiters.pop(req.id, None)
         if ev is not None:
             ev.succeed()
+        if self.completed == self.expected and not self.done.triggered:
+            self.done.succeed()
+
+    # -- failures ------------------------------------------------------------------------
+    @property
+    def down_count(self) -> int:
+        return sum(1 for r in self.replicas if not r.up)
+
+    def act(self, target: str, sign: int) -> None:
+        """A fault (sign 1) or its repair (sign -1) on ``target``; replicas follow."""
+        nodes, edges = resolve_target(self.plan.graph, target)
+        self.fault_state.apply(nodes, edges, sign)
+        view = self.fault_state.view()
+        rec = self.plan.scenario.recovery
+        for i, rep in enumerate(self.replicas):
+            ok = self.fault_state.healthy(self.plan.replicas[i].placement.gpus, self.hops[i],
+                                          view)
+            if rep.up and not ok:
+                self.downtime[i].append([self.env.now, float("inf")])
+                lost = rep.fail()
+                for req in lost:
+                    self._retry(req, f"replica {i} went down ({target})", rec)
+            elif not rep.up and ok and not self._restarting[i]:
+                self._restarting[i] = True
+                self.env.process(self._restart(i, rec.restart_s))
+
+    def _retry(self, req: Request, why: str, rec) -> None:
+        req.retries += 1
+        self.retries += 1
+        if rec.retry == "drop":
+            self._drop(req, "dropped", why)
+        elif req.retries > rec.max_retries:
+            self._drop(req, "failed_after_retries", why)
+        else:
+            req.state = WAITING
+            self.submit(req)
+
+    def _drop(self, req: Request, status: str, why: str) -> None:
+        req.status, req.reason, req.finish_s = status, why, self.env.now
+        self.finish(req)
+
+    def _restart(self, i: int, delay: float):
+        """Reload weights, then serve again if the replica is still healthy."""
+        yield self.env.timeout(ticks(delay))
+        self._restarting[i] = False
+        view = self.fault_state.view()
+        if self.replicas[i].up or not self.fault_state.healthy(
+                self.plan.replicas[i].placement.gpus, self.hops[i], view):
+            return
+        self.downtime[i][-1][1] = self.env.now
+        self.replicas[i].restart([self._scheduler()
+                                  for _ in range(self.plan.streams_per_replica)])
+        while self.pending and any(r.up for r in self.replicas):
+            self.submit(self.pending.popleft())
+
+    def close(self) -> None:
+        """End of the run: requests that never found an up replica are dropped, at the
+        time of the workload's last arrival or completion."""
+        end = self.last_event_s
+        while self.pending:
+            req = self.pending.popleft()
+            req.status, req.reason, req.finish_s = "dropped", "no replica was up", end
+            self.completed += 1
+            self.recorder.request(req)
+
+    def availability(self, end_s: float) -> list[float]:
+        """Fraction of [0, end_s] each replica was up."""
+        if end_s <= 0:
+            return [1.0] * len(self.replicas)
+        return [1.0 - sum(max(0.0, min(b, end_s) - min(a, end_s)) for a, b in spans) / end_s
+                for spans in self.downtime]
 
     # -- workload processes ----------------------------------------------------------------
     def arrive(self, df: pd.DataFrame):
@@ -163,8 +259,24 @@ class Cluster:
                 yield env.timeout(ticks(w.think_time_s))
 
 
+def _start_faults(env: simpy.Environment, cluster: Cluster, s: Scenario,
+                  rng: np.random.Generator) -> None:
+    """Scheduled and random fault processes (targets are checked first)."""
+    try:
+        for f in s.faults:
+            resolve_target(cluster.plan.graph, f.target)
+    except ScenarioError as exc:
+        raise exc.with_source(s.source) from None
+    if s.faults:
+        env.process(scheduled_faults(env, s.faults, cluster.act))
+    if s.random_faults is not None:
+        horizon = s.workload.duration_s if s.workload.arrival == "closed_loop" else None
+        env.process(random_faults(env, s.random_faults, cluster.plan.graph, rng, cluster.act,
+                                  cluster.done, horizon))
+
+
 def _rngs(seed: int) -> dict[str, np.random.Generator]:
-    names = ("arrivals", "prompts", "outputs", "router")
+    names = ("arrivals", "prompts", "outputs", "router", "faults")
     seqs = np.random.SeedSequence(seed).spawn(len(names))
     return {n: np.random.default_rng(q) for n, q in zip(names, seqs, strict=True)}
 
@@ -221,7 +333,10 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
                                 "start_s against the trace)", source=s.source)
         env.process(cluster.arrive(df))
         total = len(df)
+    cluster.expected = total
+    _start_faults(env, cluster, s, rngs["faults"])
     events = _drive(env, cluster, total, progress)
+    cluster.close()
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()
     engine = {k: sum(getattr(r, k) for r in cluster.replicas)
@@ -237,6 +352,10 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     summary["max_model_len"] = plan.max_model_len
     summary["gpus"] = plan.gpus_used
     summary["simpy_events"] = events
+    avail = cluster.availability(cluster.last_event_s)
+    summary["availability_mean"] = float(np.mean(avail))
+    summary["availability_min"] = float(np.min(avail))
+    summary["retries_total"] = cluster.retries
     eng = s.engine
     kept = steps if not steps.empty else None
     ts = timeseries(requests, kept, window_s=s.output.window_s,

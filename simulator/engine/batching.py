@@ -333,8 +333,8 @@ class ContinuousBatcher:
             req.generated += 1
             if req.generated == 1:
                 req.first_token_s = now
-            elif self.gaps is not None:  # re-prefill after recompute: gap since its last
-                self.gaps.add(now - req.last_token_s, 1)
+            elif self.gaps is not None and req.last_token_s == req.last_token_s:
+                self.gaps.add(now - req.last_token_s, 1)  # re-prefill: gap since its last
             if req.generated >= req.output:
                 self.kv.release(req.blocks)
                 req.blocks = 0

@@ -107,12 +107,55 @@ class Replica:
         self.steps = self.step_tokens = 0
         self.stage_busy_s = [0.0] * len(stages)
         self.union_s = 0.0
+        self.up = True
+        self.generation = 0  # bumped at each failure: older processes stop when they wake
+        self._start()
+
+    def _start(self) -> None:
+        env = self.env
         self._active, self._active_since = 0, 0.0
-        if len(streams) > 1:
-            self.inboxes = [simpy.Store(env) for _ in stages]
-            for i in range(len(stages)):
-                env.process(self.forward(i))
-        self.procs = [env.process(self.serve(s)) for s in range(len(streams))]
+        if len(self.streams) > 1:
+            self.inboxes = [simpy.Store(env) for _ in self.stages]
+            for i in range(len(self.stages)):
+                env.process(self.forward(i, self.generation))
+        self.procs = [env.process(self.serve(s, self.generation))
+                      for s in range(len(self.streams))]
+
+    # -- failures ------------------------------------------------------------------------
+    def fail(self) -> list[Request]:
+        """The replica goes down: its processes stop at their next wake-up, and every
+        request it held loses its KV. Returns them (with their progress so far) for the
+        cluster to reroute or drop."""
+        self.generation += 1
+        self.up = False
+        lost: list[Request] = []
+        for st in self.streams:
+            for req in st.decoding.values():
+                req.generated += st.k - req.k0  # tokens it had produced
+            lost += [*st.waiting, *st.prefilling, *st.decoding.values(), *st.swapped]
+        for req in lost:
+            req.blocks = req.computed = 0
+            req.target = req.prompt + req.generated
+            if req.generated:
+                req.last_token_s = self.env.now  # its gap runs at least from the failure
+        self._idle = [None] * len(self.streams)
+        self._running = [False] * len(self.streams)
+        self._runs = [None] * len(self.streams)
+        self.outstanding = 0
+        return lost
+
+    def restart(self, streams: list[ContinuousBatcher], stages: list[StageCost] | None = None,
+                sends: list[tuple[float, float]] | None = None) -> None:
+        """Back up with empty schedulers (weights reloaded, KV cache empty), and the stage
+        costs of the topology as it is now."""
+        self.streams = streams
+        if stages is not None:
+            self.stages, self._stage0 = stages, stages[0]
+        if sends is not None:
+            self.sends = sends
+        self.up = True
+        self.generation += 1
+        self._start()
 
     # -- load view for routers (exact at the current time, also during decode runs) --------
     def _run_progress(self, s: int) -> tuple[int, int]:
@@ -162,8 +205,9 @@ class Replica:
             idle.succeed()
 
     # -- processes -----------------------------------------------------------------------
-    def serve(self, s: int):
-        """Stream ``s``: form a batch, run it through the stages, apply the results."""
+    def serve(self, s: int, gen: int):
+        """Stream ``s``: form a batch, run it through the stages, apply the results. Stops
+        when the replica fails (its generation moves on)."""
         env, stream = self.env, self.streams[s]
         single = len(self.streams) == 1
         while True:
@@ -171,6 +215,8 @@ class Replica:
             if batch is None:
                 self._idle[s] = env.event()
                 yield self._idle[s]
+                if self.generation != gen:
+                    return
                 continue
             if single:
                 now = env.now
@@ -183,21 +229,25 @@ class Replica:
                 extra = (stream.decode_run(self._run_len[s]) if self.fast and not batch.chunks
                          else 0)
                 if extra:
-                    yield from self._decode_run(s, batch, end, extra)
+                    yield from self._decode_run(s, batch, end, extra, gen)
                 else:
                     yield env.timeout(end - now)
             else:
                 lead = self.overhead + batch.swap_blocks * self.swap_s
                 if lead:
                     yield env.timeout(ticks(lead))
+                    if self.generation != gen:
+                        return
                 mb = MicroBatch(batch, env.event(), s)
                 self.inboxes[0].put(mb)
                 yield mb.done
+            if self.generation != gen:
+                return
             for req in stream.complete(batch, env.now):
                 self.outstanding -= 1
                 self.on_finish(req)
 
-    def _decode_run(self, s: int, batch: Batch, end: float, extra: int):
+    def _decode_run(self, s: int, batch: Batch, end: float, extra: int, gen: int):
         """Run the scheduled decode step and the ``extra`` decode-only steps after it in
         one event, with the same times and records as stepping one by one.
 
@@ -243,6 +293,8 @@ class Replica:
                 self._run_len[s] = max(MIN_RUN, 2 * steps)
                 yield env.timeout(float(ends[steps]) - env.now)
             self._running[s] = False
+        if self.generation != gen:
+            return
         self._runs[s] = None
         stream.skip_decode_steps(steps, ends)
         if isinstance(busy, np.ndarray):
@@ -366,12 +418,14 @@ class Replica:
                 off += lat + tokens * per_token
         return start + ticks(off), busy
 
-    def forward(self, i: int):
+    def forward(self, i: int, gen: int):
         """Stage ``i``: run micro-batches one at a time, hand each to the next stage."""
         env, cost, inbox = self.env, self.stages[i], self.inboxes[i]
         last = i == len(self.stages) - 1
         while True:
             mb = yield inbox.get()
+            if self.generation != gen:
+                return
             b = mb.batch
             compute, comm = cost.step(b.tokens, b.prefill_pairs, b.prefill_ctx, b.decode_kv,
                                       b.sampled)
@@ -380,6 +434,8 @@ class Replica:
                 self._active_since = start
             self._active += 1
             yield env.timeout(ticks(compute + comm))
+            if self.generation != gen:
+                return
             self._active -= 1
             self.stage_busy_s[i] += compute + comm
             if self._active == 0:
@@ -398,6 +454,8 @@ class Replica:
             nxt = self.inboxes[i + 1]
             delay = ticks(lat + b.tokens * per_token)
             if delay > 0:
-                env.timeout(delay).callbacks.append(lambda _, mb=mb, nxt=nxt: nxt.put(mb))
+                env.timeout(delay).callbacks.append(
+                    lambda _, mb=mb, nxt=nxt, g=gen: nxt.put(mb) if self.generation == g
+                    else None)
             else:
                 nxt.put(mb)

@@ -17,7 +17,7 @@ class Request:
     __slots__ = ("id", "arrival_s", "prompt", "output", "replica", "state", "target",
                  "computed", "blocks", "generated", "k0", "kv0", "epoch", "admit_seq",
                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status",
-                 "client", "last_token_s")
+                 "client", "last_token_s", "retries", "reason")
 
     def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, client: int = -1):
         self.id, self.arrival_s, self.prompt, self.output = rid, arrival_s, prompt, output
@@ -38,3 +38,5 @@ class Request:
         self.preemptions = 0
         self.status = ""
         self.last_token_s = float("nan")  # set when preempted: time of its last token
+        self.retries = 0  # times its replica went down under it
+        self.reason = ""  # why it did not complete

@@ -21,6 +21,8 @@ from simulator.io.schema import (
     SCHEDULER_PARAMS,
     SECTIONS,
     TOP_LEVEL,
+    FaultSpec,
+    RandomFaults,
     Scenario,
 )
 
@@ -204,7 +206,10 @@ def load_scenario(source: str | Path | dict | Scenario,
     if seed is not None:
         data["seed"] = seed
     problems: list[str] = []
+    faults, random_faults = _faults(data.get("faults"), problems)
     for k in data:
+        if k == "faults":
+            continue
         if k not in SECTIONS and k not in TOP_LEVEL:
             problems.append(f"{k}: unknown key" + _did_you_mean(k, [*TOP_LEVEL, *SECTIONS]))
     top = {}
@@ -219,7 +224,8 @@ def load_scenario(source: str | Path | dict | Scenario,
                 top[k] = v
     sections = {name: _build_section(name, cls, data.get(name, {}), problems)
                 for name, cls in SECTIONS.items()}
-    scenario = Scenario(**top, **sections, base_dir=str(base_dir), source=origin)
+    scenario = Scenario(**top, **sections, faults=faults, random_faults=random_faults,
+                        base_dir=str(base_dir), source=origin)
     already = {p.split(":", 1)[0] for p in problems}
     if "workload.duration_s" in already:
         already.add("workload.num_requests")
@@ -227,6 +233,44 @@ def load_scenario(source: str | Path | dict | Scenario,
     if problems:
         raise ScenarioError(problems, source=origin)
     return scenario
+
+
+FAULT_KEYS = ("at_s", "target", "duration_s", "random")
+
+
+def _faults(raw: Any, problems: list[str]) -> tuple[tuple[FaultSpec, ...], RandomFaults | None]:
+    """``[[faults]]`` entries (at_s, target, duration_s) and one ``random`` table, which TOML
+    places inside the last ``[[faults]]`` entry (``[faults.random]``) or alone."""
+    if raw is None:
+        return (), None
+    entries = raw if isinstance(raw, list) else [raw]
+    scheduled, random = [], None
+    for i, e in enumerate(entries):
+        key = f"faults[{i}]" if isinstance(raw, list) else "faults"
+        if not isinstance(e, dict):
+            problems.append(f"{key}: expected a table, got {_type_name(e)}")
+            continue
+        for k in e:
+            if k not in FAULT_KEYS:
+                problems.append(f"{key}.{k}: unknown key" + _did_you_mean(k, FAULT_KEYS))
+        if "random" in e:
+            random = _build_section(f"{key}.random", RandomFaults, e["random"], problems)
+        if "at_s" in e or "target" in e:
+            at, target, dur = e.get("at_s"), e.get("target"), e.get("duration_s")
+            if isinstance(at, bool) or not isinstance(at, (int, float)) or at < 0:
+                problems.append(f"{key}.at_s: expected a time >= 0 in seconds, got {at!r}")
+            if not isinstance(target, str) or not target.startswith(("node:", "gpu:",
+                                                                     "link:")):
+                problems.append(f"{key}.target: expected node:N, gpu:N or link:A-B, got "
+                                f"{target!r}")
+            if dur is not None and (isinstance(dur, bool) or not isinstance(dur, (int, float))
+                                    or dur <= 0):
+                problems.append(f"{key}.duration_s: expected seconds > 0 (omit for a "
+                                f"permanent fault), got {dur!r}")
+            if not any(p.startswith(key + ".") for p in problems):
+                scheduled.append(FaultSpec(float(at), target,
+                                           None if dur is None else float(dur)))
+    return tuple(scheduled), random
 
 
 def _workload_problems(s: Scenario) -> list[str]:
@@ -266,4 +310,15 @@ def to_dict(scenario: Scenario) -> dict:
     for name in SECTIONS:
         sec = dataclasses.asdict(getattr(scenario, name))
         out[name] = {k: v for k, v in sec.items() if v is not None}
+    faults = [{k: v for k, v in dataclasses.asdict(f).items() if v is not None}
+              for f in scenario.faults]
+    if scenario.random_faults is not None:
+        rnd = {k: v for k, v in dataclasses.asdict(scenario.random_faults).items()
+               if v is not None}
+        if faults:
+            faults[-1]["random"] = rnd
+        else:
+            faults = [{"random": rnd}]
+    if faults:
+        out["faults"] = faults
     return out

@@ -44,6 +44,9 @@ class ParallelKeys:
     tp: int = _f(1, min=1)
     pp: int = _f(1, min=1)
     dp: int = _f(1, min=1)
+    # spread: replicas on the nodes with the most free GPUs (across failure domains);
+    # packed: fill nodes in order.
+    placement: str = _f("spread", choices=("spread", "packed"))
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,35 @@ class OutputKeys:
 
 
 @dataclass(frozen=True)
+class RecoveryKeys:
+    """What happens to requests on a replica that goes down, and how long it takes back."""
+
+    retry: str = _f("reroute", choices=("reroute", "drop"))
+    max_retries: int = _f(2, min=0)
+    restart_s: float = _f(90.0, min=0.0)  # reload weights once the replica's GPUs are back
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """A scheduled fault: ``target`` (node:N, gpu:N or link:A-B) fails at ``at_s`` for
+    ``duration_s`` seconds (None: for good)."""
+
+    at_s: float
+    target: str
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RandomFaults:
+    """Faults drawn at random: exponential times between failures per component."""
+
+    gpu_mtbf_h: float | None = _f(None, gt=0.0, optional=True)
+    node_mtbf_h: float | None = _f(None, gt=0.0, optional=True)
+    link_mtbf_h: float | None = _f(None, gt=0.0, optional=True)
+    repair_s: float = _f(600.0, gt=0.0)
+
+
+@dataclass(frozen=True)
 class AlertKeys:
     """Thresholds of the alert rules over each window; 0 disables a rule."""
 
@@ -125,6 +157,9 @@ class Scenario:
     slo: SloKeys = SloKeys()
     output: OutputKeys = OutputKeys()
     alerts: AlertKeys = AlertKeys()
+    recovery: RecoveryKeys = RecoveryKeys()
+    faults: tuple[FaultSpec, ...] = ()
+    random_faults: RandomFaults | None = None
     base_dir: str = "."
     source: str | None = None
 
@@ -139,5 +174,6 @@ SECTIONS: dict[str, type] = {
     "slo": SloKeys,
     "output": OutputKeys,
     "alerts": AlertKeys,
+    "recovery": RecoveryKeys,
 }
 TOP_LEVEL = {"name": str, "seed": int}

@@ -9,14 +9,15 @@ from simulator.engine.request import Request
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "replica", "prompt_tokens", "output_tokens",
                    "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
-                   "e2e_s", "preemptions", "status"]
+                   "e2e_s", "preemptions", "status", "retries", "reason"]
 STEP_COLUMNS = ["replica", "stage", "stream", "start_s", "end_s", "prefill_tokens", "decode_tokens",
                 "batch_size", "compute_s", "comm_s", "kv_blocks", "prefill_pairs", "prefill_ctx",
                 "decode_kv", "sampled"]
 
 
 REQUEST_RECORD = ["request_id", "arrival_s", "replica", "prompt_tokens", "output_tokens",
-                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status"]
+                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status",
+                  "retries", "reason"]
 
 
 class Recorder:
@@ -44,7 +45,7 @@ class Recorder:
     def request(self, r: Request) -> None:
         self._rows.append((r.id, r.arrival_s, r.replica, r.prompt, r.output,
                            r.first_scheduled_s, r.first_token_s, r.finish_s,
-                           r.preemptions, r.status))
+                           r.preemptions, r.status, r.retries, r.reason))
         if len(self._rows) >= self._chunk:
             self._pack()
 
@@ -52,6 +53,7 @@ class Recorder:
         if self._rows:
             df = pd.DataFrame.from_records(self._rows, columns=REQUEST_RECORD)
             df["status"] = df["status"].astype("category")
+            df["reason"] = df["reason"].astype("category")
             self._chunks.append(df)
             self._rows = []
 
@@ -67,6 +69,7 @@ class Recorder:
         else:
             df = pd.DataFrame(columns=REQUEST_RECORD)
         df["status"] = df["status"].astype(str)
+        df["reason"] = df["reason"].astype(str)
         df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
         df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
         decode_tokens = (df["output_tokens"] - 1).astype(float).replace(0, np.nan)

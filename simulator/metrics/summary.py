@@ -13,14 +13,16 @@ import pandas as pd
 
 #: Every key of a run's summary, in the order files show them (sweeps use it as columns).
 SUMMARY_KEYS = [
-    "requests_total", "requests_completed", "requests_rejected",
+    "requests_total", "requests_completed", "requests_rejected", "requests_dropped",
+    "requests_failed",
     *[f"{m}_{s}_s" for m in ("ttft", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99")],
     "itl_mean_s", "itl_p50_s", "itl_p99_s",
     "queue_mean_s", "queue_p99_s", "throughput_tok_per_s", "throughput_req_per_s",
     "goodput_req_per_s", "slo_attainment", "preemptions_total", "batch_efficiency_mean",
     "pp_bubble_fraction", "pp_stage_idle_s", "steps_total", "simulated_time_s",
     "kv_blocks_per_replica", "kv_tokens_per_replica", "max_model_len", "gpus",
-    "simpy_events", "wall_time_s",
+    "simpy_events", "availability_mean", "availability_min", "retries_total",
+    "wall_time_s",
 ]
 
 
@@ -79,7 +81,9 @@ def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
     done = requests[requests["status"] == "completed"]
     out: dict = {"requests_total": int(len(requests)),
                  "requests_completed": int(len(done)),
-                 "requests_rejected": int((requests["status"] == "rejected").sum())}
+                 "requests_rejected": int((requests["status"] == "rejected").sum()),
+                 "requests_dropped": int((requests["status"] == "dropped").sum()),
+                 "requests_failed": int((requests["status"] == "failed_after_retries").sum())}
     _stats("ttft", done["ttft_s"], out)
     _stats("tpot", done["tpot_s"], out)
     _stats("e2e", done["e2e_s"], out)

@@ -1,0 +1,155 @@
+"""Failures: replicas go down with their GPUs, nodes or links; requests are never lost."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DATA, toy_scenario
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import simulator
+from simulator.cli import main
+
+STATUSES = {"completed", "rejected", "dropped", "failed_after_retries"}
+
+
+def _accounted(res: simulator.Result, n: int) -> None:
+    req = res.requests
+    assert len(req) == n and sorted(req["request_id"]) == list(range(n))
+    assert set(req["status"]) <= STATUSES
+    not_done = req[req["status"] != "completed"]
+    assert (not_done["reason"] != "").all()
+
+
+def _two_nodes(placement: str, faults: list, **recovery) -> dict:
+    sc = toy_scenario(cluster={"nodes": 2}, parallel={"tp": 1, "dp": 2, "placement": placement},
+                      router={"policy": "least_outstanding"},
+                      workload={"arrival": "poisson", "rate_per_s": 20.0, "num_requests": 400,
+                                "prompt_tokens": 300, "output_tokens": 600},
+                      recovery={"restart_s": 1.0, **recovery})
+    sc["faults"] = faults
+    return sc
+
+
+def test_node_failure_spread_keeps_serving_packed_stops():
+    fault = [{"at_s": 5.0, "target": "node:0"}]  # permanent
+    spread = simulator.run(_two_nodes("spread", fault))
+    packed = simulator.run(_two_nodes("packed", fault))
+    for res in (spread, packed):
+        _accounted(res, 400)
+    # Spread: one replica per node; the survivor serves everything, the rerouted included.
+    assert (spread.requests["status"] == "completed").all()
+    assert (spread.requests.loc[spread.requests["finish_s"] > 5.1, "replica"] == 1).all()
+    span = spread.summary["simulated_time_s"]
+    assert spread.summary["availability_min"] == pytest.approx(5.0 / span, rel=1e-6)
+    # Packed: both replicas on node 0; nothing completes after the failure.
+    req = packed.requests
+    assert not ((req["status"] == "completed") & (req["finish_s"] > 5.0)).any()
+    assert (req.loc[req["arrival_s"] > 5.0, "status"] == "dropped").all()
+    assert packed.summary["availability_mean"] < 1.0
+    assert packed.summary["requests_dropped"] > 300
+
+
+def test_temporary_failure_reroutes_then_restarts_after_repair_and_reload():
+    sc = _two_nodes("spread", [{"at_s": 5.0, "target": "gpu:0", "duration_s": 2.0}],
+                    restart_s=3.0)
+    res = simulator.run(sc)
+    _accounted(res, 400)
+    req = res.requests
+    assert (req["status"] == "completed").all()
+    assert req["retries"].sum() > 0 and res.summary["retries_total"] == req["retries"].sum()
+    # Down from 5 s to repair (7 s) plus reload (3 s): no new work lands on replica 0.
+    on0 = req[req["replica"] == 0]
+    assert not on0["first_scheduled_s"].between(5.0, 10.0, inclusive="neither").any()
+    assert (on0["first_scheduled_s"] > 10.0).any()  # and it serves again afterwards
+    span = res.summary["simulated_time_s"]
+    assert res.summary["availability_min"] == pytest.approx(1 - 5.0 / span, rel=1e-6)
+
+
+def test_drop_and_retry_limits_give_their_statuses():
+    fault = [{"at_s": 5.0, "target": "gpu:0"}]
+    dropped = simulator.run(_two_nodes("spread", fault, retry="drop"))
+    _accounted(dropped, 400)
+    assert (dropped.requests["status"] == "dropped").sum() > 0
+    assert dropped.requests.loc[dropped.requests["status"] == "dropped", "reason"] \
+        .str.contains("gpu:0").all()
+    failed = simulator.run(_two_nodes("spread", fault, max_retries=0))
+    assert (failed.requests["status"] == "failed_after_retries").sum() > 0
+    assert failed.summary["requests_failed"] == (failed.requests["status"]
+                                                 == "failed_after_retries").sum()
+
+
+def _link_scenario(tmp_path, gpus_per_node: int, tp: int) -> dict:
+    node = (DATA / "toy_node.toml").read_text().replace("gpus_per_node = 2",
+                                                       f"gpus_per_node = {gpus_per_node}")
+    node = node.replace('gpu = "toy_gpu.toml"', f'gpu = "{DATA / "toy_gpu.toml"}"')
+    (tmp_path / "node.toml").write_text(node)
+    sc = toy_scenario(cluster={"topology": str(tmp_path / "node.toml"), "nodes": 2},
+                      parallel={"tp": tp, "pp": 2},
+                      engine={"max_inflight_microbatches": 1},
+                      workload={"arrival": "poisson", "rate_per_s": 20.0, "num_requests": 200,
+                                "prompt_tokens": 300, "output_tokens": 60})
+    sc["faults"] = [{"at_s": 3.0, "target": "link:nic0-switch"}]
+    return sc
+
+
+def test_link_failure_with_a_redundant_path_keeps_the_replica_up(tmp_path):
+    # Stage 0 on node 0 (gpu0, gpu1), stage 1 on node 1: gpu0's hand-off detours over
+    # NVLink to gpu1 and its NIC.
+    res = simulator.run(_link_scenario(tmp_path, gpus_per_node=2, tp=2))
+    _accounted(res, 200)
+    assert (res.requests["status"] == "completed").all()
+    assert res.summary["availability_min"] == 1.0
+
+
+def test_link_failure_without_a_redundant_path_takes_the_replica_down(tmp_path):
+    # One GPU per node: gpu0 reaches node 1 only through nic0.
+    res = simulator.run(_link_scenario(tmp_path, gpus_per_node=1, tp=1))
+    _accounted(res, 200)
+    req = res.requests
+    assert (req.loc[req["arrival_s"] > 3.0, "status"] == "dropped").all()
+    assert res.summary["availability_min"] < 1.0
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 10_000), mtbf_s=st.floats(2.0, 60.0),
+       repair_s=st.floats(0.1, 10.0), restart_s=st.floats(0.0, 5.0),
+       retry=st.sampled_from(["reroute", "drop"]), retries=st.integers(0, 3),
+       node_faults=st.booleans())
+def test_every_request_is_accounted_for_under_random_faults(seed, mtbf_s, repair_s, restart_s,
+                                                              retry, retries, node_faults):
+    rnd = {"repair_s": repair_s, ("node_mtbf_h" if node_faults else "gpu_mtbf_h"):
+           mtbf_s / 3600 * (2 if node_faults else 4)}
+    sc = toy_scenario(seed=seed, cluster={"nodes": 2}, parallel={"dp": 4},
+                      workload={"arrival": "poisson", "rate_per_s": 30.0, "num_requests": 150,
+                                "prompt_tokens": {"dist": "uniform", "min": 10, "max": 500},
+                                "output_tokens": {"dist": "uniform", "min": 1, "max": 100}},
+                      recovery={"retry": retry, "max_retries": retries,
+                                "restart_s": restart_s})
+    sc["faults"] = {"random": rnd}
+    res = simulator.run(sc)
+    _accounted(res, 150)
+    req = res.requests
+    done = req[req["status"] == "completed"]
+    assert (done["finish_s"] >= done["first_token_s"]).all()
+    if retry == "drop":
+        assert (req["status"] != "failed_after_retries").all()
+    assert 0.0 <= res.summary["availability_min"] <= res.summary["availability_mean"] <= 1.0
+    assert np.isfinite(res.summary["simulated_time_s"])
+
+
+def test_unknown_fault_targets_are_refused(tmp_path, capsys):
+    import tomli_w
+
+    sc = toy_scenario()
+    sc["faults"] = [{"at_s": 1.0, "target": "node:7"}]
+    path = tmp_path / "s.toml"
+    path.write_text(tomli_w.dumps(sc))
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "faults: target 'node:7': no such node (0..0)" in err
+    sc["faults"] = [{"at_s": 1.0, "target": "link:gpu0-gpu1"}]
+    path.write_text(tomli_w.dumps(sc))
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
+    assert "no link between 'gpu0' and 'gpu1'" in capsys.readouterr().err
