@@ -1,0 +1,249 @@
+"""Fitted parameters of one GPU's kernel families and collectives, as frozen data.
+
+Every dataclass default is *neutral*: it reduces its form to the plain roofline (efficiency
+1, no launch latency, no tiles, perfect overlap of compute and memory), so an empty
+``[calibration]`` table prices every kernel at its roofline. Parameters whose name ends in
+``_sm_s`` are SM-seconds: the time one SM spends per unit of work, divided by the GPU's SM
+count to give seconds of the whole GPU; they carry over between GPUs of similar SMs. Units
+are SI (s, bytes/s as fractions of the datasheet numbers).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from simulator.errors import ScenarioError
+
+INF = math.inf
+
+#: Ring all-reduce defaults of an uncalibrated fabric: NCCL call launch and synchronisation
+#: (fits the 2/4/8-GPU small-message points of H100 NVSwitch), no extra software latency per
+#: ring step, and the achieved fraction of link bandwidth for large messages.
+RING_LAUNCH_S = 5.2e-6
+RING_STEP_S = 0.0
+RING_BANDWIDTH_EFF = 0.75
+
+#: Weight dtypes whose GEMMs quantize their activations and run at the low-precision peak
+#: (W8A8, W4A4); ``int4`` is weight-only: dequantized in the kernel, 16-bit math.
+ACTIVATION_QUANTIZED = ("fp8", "int8", "fp4")
+#: Which fitted family prices a dtype that has no parameters of its own, in order.
+FALLBACK = {"fp16": ("bf16",), "int4": ("bf16",), "int8": ("fp8", "bf16"),
+            "fp4": ("fp8", "bf16"), "fp8": ("bf16",)}
+#: Dtype names of the measured CSVs and the scenario names they mean.
+CSV_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8",
+              "int8": "int8"}
+
+
+@dataclass(frozen=True)
+class GemmParams:
+    """One GEMM kernel family (one weight dtype); see ``forms.gemm_time``."""
+
+    launch_s: float = 0.0  # fixed latency of one kernel (launch, prologue, epilogue)
+    compute_eff: float = 1.0  # fraction of tensor peak reached by full waves of tiles
+    bandwidth_eff: float = 1.0  # fraction of HBM bandwidth reached streaming operands
+    overlap: float = INF  # p of the p-norm joining compute and memory time; inf = max
+    tile_m: int = 1  # output tile (rows = tokens) of the large-M kernel; 1 = no tiles
+    tile_n: int = 1
+    split_k_s: float = INF  # cost of a split-K reduction; inf = the library never splits K
+    quant_row_sm_s: float = 0.0  # activation quantization pass: SM-seconds per token row
+    quant_bandwidth_eff: float = 0.0  # its fraction of HBM bandwidth; 0 = no such pass
+
+
+@dataclass(frozen=True)
+class PrefillParams:
+    """Prefill (context) attention of one layer, one KV dtype; see ``forms.prefill_time``."""
+
+    floor_s: float = 0.0  # fixed latency of the kernel
+    seq_head_sm_s: float = 0.0  # per (sequence, KV head): block set-up
+    token_head_sm_s: float = 0.0  # per (query token, query head): Q load, O store, rescale
+    token_kv_head_sm_s: float = 0.0  # per (query token, KV head): K/V tile loads per q-tile
+    compute_eff: float = 1.0  # fraction of 16-bit tensor peak in QK^T and PV
+    exp_sm_s: float = 0.0  # per (query, key, head) score: the softmax exponential (SFU)
+    block_k: int = 0  # key tile: the causal diagonal tile is computed whole
+    block_q: int = 0  # query tile: the last tile's serial key loop; 0 = not modelled
+    serial_eff: float = 1.0  # fraction of one SM's tensor peak in that serial loop
+    bandwidth_eff: float = 1.0  # fraction of HBM bandwidth for Q, O and K/V traffic
+    kv_reuse: float = INF  # query tokens served by one load of a K/V entry; inf = read once
+    overlap: float = INF  # p of the p-norm joining compute, serial and memory time
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    """Decode (generation) attention of one layer, one KV dtype; see ``forms.decode_time``."""
+
+    floor_s: float = 0.0  # fixed latency of the kernel (per layer)
+    seq_sm_s: float = 0.0  # per sequence (metadata, split-KV combine)
+    seq_head_sm_s: float = 0.0  # per (sequence, KV head) block
+    seq_head_dim_sm_s: float = 0.0  # per (sequence, KV head, head-dim element): Q, O, rescale
+    bandwidth_eff: float = 1.0  # fraction of HBM bandwidth reading the KV cache
+    compute_eff: float = 1.0  # fraction of 16-bit tensor peak
+
+
+@dataclass(frozen=True)
+class CollectiveParams:
+    """NCCL and custom all-reduce algorithms, alpha-beta each (``forms.allreduce_times``),
+    and the ring all-gather / reduce-scatter and all-to-all (``forms.collective_time``).
+
+    An algorithm with an infinite launch latency is unavailable. Link bandwidth and wire
+    latency come from the topology, not from here.
+    """
+
+    ring_launch_s: float = RING_LAUNCH_S
+    ring_step_s: float = RING_STEP_S  # software latency per ring step, on top of the wire
+    ring_eff: float = RING_BANDWIDTH_EFF
+    tree_launch_s: float = INF
+    tree_step_s: float = 0.0
+    tree_eff: float = 1.0
+    nvls_launch_s: float = INF  # in-switch reduction (NVLink SHARP), 16/32-bit floats only
+    nvls_eff: float = 1.0
+    custom_launch_s: float = INF  # vLLM one-shot / two-shot all-reduce under CUDA graphs
+    custom_step_s: float = 0.0  # one barrier across the group
+    custom_eff: float = 1.0
+    custom_max_bytes: float = 8 * 2**20  # larger messages fall back to NCCL (vLLM default)
+    custom_eager_s: float = 0.0  # extra per call without CUDA graphs (copy into IPC buffer)
+    gather_launch_s: float = INF  # ring all-gather / reduce-scatter; inf: the ring's values
+    gather_step_s: float = 0.0
+    gather_eff: float = 1.0
+    alltoall_launch_s: float = INF  # pairwise all-to-all; inf: the ring's values
+    alltoall_step_s: float = 0.0
+    alltoall_eff: float = 1.0
+
+
+@dataclass(frozen=True)
+class ElementwiseParams:
+    """Norms, rotary, activation, residual adds and KV-cache writes: bandwidth-bound."""
+
+    launch_s: float = 0.0  # shortest kernel on this GPU (each elementwise kernel pays it)
+    bandwidth_eff: float = 1.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything fitted about one GPU. Kernel families are keyed by dtype (``bf16``...)."""
+
+    gemm: dict[str, GemmParams] = field(default_factory=dict)
+    prefill: dict[str, PrefillParams] = field(default_factory=dict)
+    decode: dict[str, DecodeParams] = field(default_factory=dict)
+    collectives: CollectiveParams = field(default_factory=CollectiveParams)
+    elementwise: ElementwiseParams = field(default_factory=ElementwiseParams)
+    source: str = ""  # provenance: data, date, command, or what it was carried over from
+
+    def gemm_for(self, dtype: str) -> GemmParams:
+        return _lookup(self.gemm, dtype, GemmParams)
+
+    def prefill_for(self, kv_dtype: str) -> PrefillParams:
+        return _lookup(self.prefill, kv_dtype, PrefillParams)
+
+    def decode_for(self, kv_dtype: str) -> DecodeParams:
+        return _lookup(self.decode, kv_dtype, DecodeParams)
+
+
+def _lookup(table: dict, dtype: str, cls: type):
+    for key in (dtype, *FALLBACK.get(dtype, ())):
+        if key in table:
+            return table[key]
+    return cls()
+
+
+SECTIONS = {"gemm": GemmParams, "prefill_attention": PrefillParams,
+            "decode_attention": DecodeParams}
+SINGLE = {"collectives": CollectiveParams, "elementwise": ElementwiseParams}
+ATTRS = {"gemm": "gemm", "prefill_attention": "prefill", "decode_attention": "decode"}
+
+
+def _params(cls: type, raw: Any, key: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{key}: expected a table, got {raw!r}")
+    names = {f.name: f for f in fields(cls)}
+    values = {}
+    for k, v in raw.items():
+        if k not in names:
+            raise ScenarioError(f"{key}.{k}: unknown key (allowed: {', '.join(names)})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
+            raise ScenarioError(f"{key}.{k}: expected a number >= 0 (or inf), got {v!r}")
+        values[k] = v
+    p = cls(**values)
+    for name in ("compute_eff", "bandwidth_eff", "serial_eff", "ring_eff", "tree_eff",
+                 "nvls_eff", "custom_eff", "quant_bandwidth_eff", "gather_eff", "alltoall_eff"):
+        v = getattr(p, name, None)
+        if v is not None and v > 1:
+            # An efficiency above 1 would let a kernel beat the roofline.
+            raise ScenarioError(f"{key}.{name}: an efficiency must be <= 1, got {v}")
+    return p
+
+
+def from_toml(raw: dict, key: str = "gpu.calibration") -> Calibration:
+    """Parse a ``[calibration]`` table; every problem names its dotted key."""
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{key}: expected a table")
+    out: dict[str, Any] = {"source": str(raw.get("source", ""))}
+    for k, v in raw.items():
+        if k == "source":
+            continue
+        if k in SECTIONS:
+            if not isinstance(v, dict):
+                raise ScenarioError(f"{key}.{k}: expected tables by dtype, got {v!r}")
+            out[ATTRS[k]] = {dt: _params(SECTIONS[k], t, f"{key}.{k}.{dt}")
+                             for dt, t in v.items()}
+        elif k in SINGLE:
+            out[k] = _params(SINGLE[k], v, f"{key}.{k}")
+        else:
+            allowed = ", ".join(["source", *SECTIONS, *SINGLE])
+            raise ScenarioError(f"{key}.{k}: unknown key (allowed: {allowed})")
+    return Calibration(**out)
+
+
+def from_legacy(eff: dict, key: str = "gpu.efficiency") -> Calibration:
+    """Map the old ``[efficiency]`` table (flat fractions and a decode floor) onto the forms."""
+    known = {"gemm_compute", "gemm_bandwidth", "attention_compute", "attention_bandwidth",
+             "elementwise_bandwidth", "attention_decode_floor_s"}
+    for k in eff:
+        if k not in known:
+            raise ScenarioError(f"{key}.{k}: unknown key (allowed: {', '.join(sorted(known))})")
+    g = _params(GemmParams, {"compute_eff": eff.get("gemm_compute", 1.0),
+                             "bandwidth_eff": eff.get("gemm_bandwidth", 1.0)}, key)
+    floor = eff.get("attention_decode_floor_s", 0.0)
+    ac, ab = eff.get("attention_compute", 1.0), eff.get("attention_bandwidth", 1.0)
+    pre = _params(PrefillParams, {"compute_eff": ac, "bandwidth_eff": ab, "floor_s": floor}, key)
+    dec = _params(DecodeParams, {"compute_eff": ac, "bandwidth_eff": ab, "floor_s": floor}, key)
+    ew = _params(ElementwiseParams, {"bandwidth_eff": eff.get("elementwise_bandwidth", 1.0)},
+                 key)
+    return Calibration(gemm={"bf16": g}, prefill={"bf16": pre}, decode={"bf16": dec},
+                       elementwise=ew, source="legacy [efficiency] table")
+
+
+def _fmt(v: float) -> str:
+    if v == INF:
+        return "inf"
+    if abs(v) < 1e-15:  # a fitted latency at its bound of 0
+        return "0"
+    if isinstance(v, int) or float(v).is_integer() and abs(v) >= 1:
+        return str(int(v))
+    return f"{v:.4g}"
+
+
+def to_toml(cal: Calibration, header: str = "") -> str:
+    """The ``[calibration]`` tables as TOML text, non-default values only, ``header`` first."""
+    lines = [header.rstrip()] if header else []
+    lines += ["[calibration]", f"source = {cal.source!r}".replace("'", '"'), ""]
+    for section, attr in ATTRS.items():
+        for dtype, p in sorted(getattr(cal, attr).items()):
+            lines.append(f"[calibration.{section}.{dtype}]")
+            lines += [f"{f.name} = {_fmt(getattr(p, f.name))}" for f in fields(p)]
+            lines.append("")
+    for section in SINGLE:
+        p = getattr(cal, section)
+        lines.append(f"[calibration.{section}]")
+        lines += [f"{f.name} = {_fmt(getattr(p, f.name))}" for f in fields(p)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def with_family(cal: Calibration, section: str, dtype: str | None, p: Any) -> Calibration:
+    """A copy of ``cal`` with one family's parameters replaced."""
+    if section in SINGLE:
+        return replace(cal, **{section: p})
+    attr = ATTRS[section]
+    return replace(cal, **{attr: {**getattr(cal, attr), dtype: p}})
