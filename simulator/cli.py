@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.calibration import commands as calibrate
 from simulator.cluster.simulation import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
@@ -126,6 +127,10 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    return calibrate.main(args.action, args.gpu, args.data, args.out)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m simulator",
                                  description="Simulate an LLM inference cluster.")
@@ -163,6 +168,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--y", help="sweep: metric on the y axis")
     p.add_argument("--hue", help="sweep: one line per value of this key")
     p.set_defaults(func=cmd_plot)
+    c = sub.add_parser("calibrate", help="check or fit a GPU's cost model on measured CSVs")
+    c.add_argument("action", choices=("check", "fit"),
+                   help="check: predict the CSVs and report errors; fit: refit the GPU")
+    c.add_argument("--gpu", required=True, help="GPU preset name or GPU TOML file")
+    c.add_argument("--data", required=True, help="folder with gemm.csv, attention_*.csv, ...")
+    c.add_argument("--out", help="check: report CSV; fit: GPU TOML to write "
+                                 "(default runs/calibration/<gpu>.toml)")
+    c.set_defaults(func=cmd_calibrate)
     return ap
 
 

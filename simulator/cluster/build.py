@@ -14,8 +14,8 @@ from simulator.hardware.specs import NodeSpec, load_node
 from simulator.io.schema import Scenario
 from simulator.model.cost import ACT_BYTES, StageCost
 from simulator.model.memory import GIB, MemoryPlan, plan_memory, split_layers
-from simulator.model.spec import ModelSpec, load_model
-from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, ring_allreduce
+from simulator.model.spec import KV_DTYPES, ModelSpec, load_model
+from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce
 from simulator.parallel.placement import ReplicaPlacement, place
 from simulator.topology.graph import Paths, build_graph, nvlink_domains
 
@@ -84,11 +84,11 @@ def _build(s: Scenario) -> ClusterPlan:
     problems = _check_heads(model, tp, pp)
     if problems:
         raise ScenarioError(problems)
-    for key in ("weight_dtype", "kv_dtype"):
+    for key, allowed in (("weight_dtype", node.gpu.weight_dtypes), ("kv_dtype", KV_DTYPES)):
         dtype = getattr(s.model, key)
-        if dtype == "fp8" and key == "weight_dtype" and "fp8" not in node.gpu.peak_flops:
-            raise ScenarioError(f"model.{key}: fp8 is not supported on {node.gpu.name} "
-                                f"(allowed: {', '.join(node.gpu.peak_flops)})")
+        if dtype not in allowed:
+            raise ScenarioError(f"model.{key}: {dtype} is not supported on {node.gpu.name} "
+                                f"(allowed: {', '.join(allowed)})")
     graph = build_graph(node, s.cluster.nodes)
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
@@ -124,9 +124,13 @@ def _build(s: Scenario) -> ClusterPlan:
     layers = split_layers(model.layers, pp)
     replicas = []
     for pl in placements:
+        # A TP group sits in one NVLink domain (placement), so its switch may reduce.
         stages = tuple(
             StageCost(model, node.gpu, tp, layers[i], i == 0, i == pp - 1,
-                      s.model.weight_dtype, s.model.kv_dtype, ring_allreduce(paths, group))
+                      s.model.weight_dtype, s.model.kv_dtype,
+                      allreduce(paths, group, node.gpu.calibration.collectives,
+                                node.scale_up.in_switch_reduction, eng.custom_allreduce),
+                      eng.layer_launch_s)
             for i, group in enumerate(pl.stages))
         sends = tuple(
             (paths.latency(a[0], b[0]),

@@ -1,4 +1,4 @@
-"""GPU and node presets as frozen data (datasheet numbers plus calibrated efficiencies).
+"""GPU and node presets as frozen data (datasheet numbers plus calibrated kernel parameters).
 
 GPUs live in ``topologies/gpus/<name>.toml``, node types in ``topologies/<name>.toml``; a
 scenario may also point at its own TOML file by path. Units are SI: bytes, bytes/s, FLOP/s, s.
@@ -7,9 +7,11 @@ scenario may also point at its own TOML file by path. Units are SI: bytes, bytes
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
+from simulator.calibration.params import Calibration, from_legacy, from_toml
 from simulator.errors import ScenarioError
 from simulator.paths import GPUS, TOPOLOGIES, catalog
 
@@ -19,16 +21,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-@dataclass(frozen=True)
-class Efficiency:
-    """Achieved fraction of peak per operator family, and fixed kernel floors."""
-
-    gemm_compute: float = 0.7
-    gemm_bandwidth: float = 0.8
-    attention_compute: float = 0.6
-    attention_bandwidth: float = 0.7
-    elementwise_bandwidth: float = 0.7
-    attention_decode_floor_s: float = 12e-6
+#: The GPU whose measured calibration other GPUs inherit when their file has none.
+REFERENCE_GPU = "h100_sxm"
 
 
 @dataclass(frozen=True)
@@ -37,12 +31,20 @@ class GPUSpec:
     memory_bytes: float
     hbm_bandwidth_Bps: float
     peak_flops: dict[str, float]
-    efficiency: Efficiency = field(default_factory=Efficiency)
+    calibration: Calibration = field(default_factory=Calibration)
+    sm_count: int = 1  # streaming multiprocessors (1: no wave quantization)
     description: str = ""
 
     def peak(self, dtype: str) -> float:
         """Dense tensor FLOP/s for ``dtype``; 16-bit math when the GPU lacks the dtype."""
         return self.peak_flops.get(dtype) or self.peak_flops["bf16"]
+
+    @property
+    def weight_dtypes(self) -> tuple[str, ...]:
+        """Weight dtypes this GPU runs: 16-bit, weight-only int4 (16-bit math), and each
+        low-precision dtype it has tensor cores for (fp8, int8, fp4)."""
+        low = tuple(d for d in ("fp8", "int8", "fp4") if d in self.peak_flops)
+        return ("bf16", "fp16", *low, "int4")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class LinkSpec:
     latency_s: float
     kind: str = ""
     link: str = ""
+    in_switch_reduction: bool = False  # the switch reduces all-reduce data (NVLS)
 
 
 @dataclass(frozen=True)
@@ -89,16 +92,39 @@ def _locate(name: str, folder: Path, key: str, base_dir: str | Path) -> Path:
                         f"(presets: {', '.join(catalog(folder, '.toml'))}; or a path to a .toml)")
 
 
+@lru_cache(maxsize=1)
+def _reference_calibration() -> Calibration:
+    data = _read(GPUS / f"{REFERENCE_GPU}.toml", "gpu")
+    cal = from_toml(data.get("calibration", {}), f"{REFERENCE_GPU}.calibration")
+    return replace(cal, source=f"carried over from {REFERENCE_GPU}: {cal.source}")
+
+
+def _calibration(data: dict, key: str) -> Calibration:
+    """The file's ``[calibration]``; else its legacy ``[efficiency]`` table; else the
+    reference GPU's calibration, which carries over by physics (docs/cost-model.md)."""
+    if "calibration" in data:
+        return from_toml(data["calibration"], f"{key}: calibration")
+    if "efficiency" in data:
+        return from_legacy(data["efficiency"], f"{key}: efficiency")
+    return _reference_calibration()
+
+
+def read_gpu_file(name: str, base_dir: str | Path = ".", key: str = "--gpu") -> dict:
+    """The raw TOML table of a GPU preset or file (for writing a refitted copy)."""
+    return _read(_locate(name, GPUS, key, base_dir), key)
+
+
 def load_gpu(name: str, base_dir: str | Path = ".", key: str = "gpu") -> GPUSpec:
     """A GPU preset by name or a GPU TOML file by path."""
     data = _read(_locate(name, GPUS, key, base_dir), key)
     try:
-        eff = Efficiency(**data.get("efficiency", {}))
         return GPUSpec(name=data["name"], memory_bytes=float(data["memory_bytes"]),
                        hbm_bandwidth_Bps=float(data["hbm_bandwidth_Bps"]),
                        peak_flops={k: float(v) for k, v in data["peak_flops"].items()},
-                       efficiency=eff, description=data.get("description", ""))
-    except (KeyError, TypeError) as exc:
+                       calibration=_calibration(data, key),
+                       sm_count=int(data.get("sm_count", 1)),
+                       description=data.get("description", ""))
+    except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"{key}: GPU file for {name!r} is missing or has a bad field "
                             f"({exc})") from None
 
@@ -106,7 +132,7 @@ def load_gpu(name: str, base_dir: str | Path = ".", key: str = "gpu") -> GPUSpec
 def _link(data: dict, section: str) -> LinkSpec:
     d = data[section]
     return LinkSpec(float(d["bandwidth_Bps"]), float(d["latency_s"]), d.get("kind", section),
-                    d.get("link", ""))
+                    d.get("link", ""), bool(d.get("in_switch_reduction", False)))
 
 
 def load_node(name: str, base_dir: str | Path = ".") -> NodeSpec:

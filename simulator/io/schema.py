@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-DTYPES = ("bf16", "fp16", "fp8")
+#: Weight dtypes (int4: weight-only; fp8, int8, fp4: weights and activations) and KV dtypes
+#: (bf16, fp16, fp8). What a GPU supports is checked when the cluster is built.
+DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
 ARRIVALS = ("poisson", "gamma", "constant", "closed_loop", "trace")
 ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv", "least_tokens",
            "power_of_two")
@@ -68,6 +70,12 @@ class EngineKeys:
     runtime_reserve_gib: float = _f(1.0, min=0.0)
     # Advance runs of decode-only steps in one event; results are identical either way.
     fast_forward: bool = _f(True)
+    # vLLM's custom all-reduce for TP groups of 2, 4, 6 or 8 GPUs on one NVLink domain
+    # (messages up to 8 MiB); false: NCCL only.
+    custom_allreduce: bool = _f(True)
+    # CPU time to launch one layer's kernels without CUDA graphs (eager mode), seconds;
+    # 0 with CUDA graphs. A stage takes at least layers x this.
+    layer_launch_s: float = _f(0.0, min=0.0)
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,31 @@
-"""Step cost of one pipeline stage: a roofline per operator, scaled by achieved efficiency.
+"""Step cost of one pipeline stage from the calibrated operator forms (docs/cost-model.md).
 
-Each operator's time is ``max(FLOPs / (peak * eta_c), bytes / (HBM_BW * eta_b))`` on one GPU
-of the stage's TP group (REFERENCE.md section 1). Per layer: four GEMMs (QKV, output, gate-up,
-down), one attention kernel over the mixed batch (causal prefill chunks plus decode KV reads,
-with a per-kernel floor), elementwise ops (norms, rotary, activation, residuals), and two TP
-all-reduces of ``T * h * b_act`` bytes. The first stage adds the embedding lookup, the last
-the LM head over the sequences that sample. All efficiencies are <= 1 and all extras >= 0,
-so no step beats :func:`roofline_time`.
+Per layer, on one GPU of the stage's TP group: four GEMMs (QKV, output, gate-up, down), each
+priced by :func:`simulator.calibration.forms.gemm_time` (roofline with tile and wave
+quantization, launch latency, activation quantization for W8A8 dtypes); the attention
+kernels over the mixed batch (prefill chunks and decodes run as separate kernels, as in
+vLLM 0.6); the elementwise kernels (norms, rotary, activation, residual adds, KV writes);
+and two TP all-reduces of ``T * h * b_act`` bytes. The first stage adds the embedding
+lookup, the last the LM head over the sequences that sample. Every efficiency is <= 1 and
+every added latency >= 0, so no step beats :func:`roofline_time`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.calibration.forms import ACT_BYTES, AttentionShape, gemm_time
+from simulator.calibration.params import ACTIVATION_QUANTIZED
 from simulator.hardware.specs import GPUSpec
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, kv_heads_per_gpu
 from simulator.parallel.collective import AllReduceCost
 
-ACT_BYTES = 2  # activations stay in 16-bit
+#: Elementwise kernels per layer in vLLM: fused residual-add + RMSNorm (x2), rotary, KV-cache
+#: write, SiLU-and-mul. Each pays at least the GPU's shortest kernel time.
+ELEMENTWISE_KERNELS = 5
 
 
 @dataclass(frozen=True)
@@ -33,9 +39,9 @@ class Work:
         return Work(self.flops + other.flops, self.bytes + other.bytes)
 
 
-def gemm_work(m: int, n: int, k: int, w_bytes: float) -> Work:
-    """[m,k] x [k,n]: 2mnk FLOPs; activations in, weights, activations out."""
-    return Work(2.0 * m * n * k, m * k * ACT_BYTES + k * n * w_bytes + m * n * ACT_BYTES)
+def gemm_work(m: int, n: int, k: int, w_bytes: float, in_bytes: float = ACT_BYTES) -> Work:
+    """[m,k] x [k,n]: 2mnk FLOPs; activations in, weights, activations out (16-bit)."""
+    return Work(2.0 * m * n * k, m * k * in_bytes + k * n * w_bytes + m * n * ACT_BYTES)
 
 
 class LayerShapes:
@@ -45,6 +51,9 @@ class LayerShapes:
         self.model, self.tp = model, tp
         self.w_bytes = BYTES_PER_DTYPE[weight_dtype]
         self.kv_bytes = BYTES_PER_DTYPE[kv_dtype]
+        # W8A8 / W4A4 GEMMs read quantized activations; weight-only int4 reads 16-bit ones.
+        self.quantized = weight_dtype in ACTIVATION_QUANTIZED
+        self.in_bytes = self.w_bytes if self.quantized else ACT_BYTES
         d, h = model.head_dim, model.hidden
         self.q_heads = model.q_heads // tp
         self.kv_heads = kv_heads_per_gpu(model.kv_heads, tp)
@@ -63,7 +72,7 @@ class LayerShapes:
         self.attn_flops_per_pair = 4.0 * self.q_heads * d  # QK^T and PV per (query, key)
 
     def gemm_works(self, tokens: int) -> list[Work]:
-        return [gemm_work(tokens, n, k, self.w_bytes) for n, k in self.gemms]
+        return [gemm_work(tokens, n, k, self.w_bytes, self.in_bytes) for n, k in self.gemms]
 
     def attention_work(self, tokens: int, prefill_pairs: float, prefill_ctx: float,
                        decode_kv: float) -> Work:
@@ -82,8 +91,12 @@ class LayerShapes:
         return Work(flops, qo + kv_read + kv_write)
 
 
-def roofline(work: Work, peak: float, bandwidth: float) -> float:
-    return max(work.flops / peak, work.bytes / bandwidth)
+def _pnorm(p: float, a: float, b: float, c: float) -> float:
+    """Scalar :func:`simulator.calibration.forms.combine` of three times (hot path)."""
+    top = max(a, b, c)
+    if p == math.inf or top <= 0.0:
+        return top
+    return top * ((a / top) ** p + (b / top) ** p + (c / top) ** p) ** (1.0 / p)
 
 
 class StageCost:
@@ -98,39 +111,54 @@ class StageCost:
         Transformer layers held by the stage.
     first, last : bool
         Whether the stage embeds tokens / runs the LM head.
+    weight_dtype, kv_dtype : str
     allreduce : AllReduceCost
         Cost of one all-reduce over the stage's TP group.
+    layer_launch_s : float
+        CPU time to launch one layer's kernels when the engine runs without CUDA graphs;
+        the stage then takes at least ``layers * layer_launch_s`` (launches are
+        asynchronous, so CPU and GPU time overlap). 0 with CUDA graphs.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, layers: int, first: bool,
-                 last: bool, weight_dtype: str, kv_dtype: str, allreduce: AllReduceCost):
-        self.shapes = LayerShapes(model, tp, weight_dtype, kv_dtype)
+                 last: bool, weight_dtype: str, kv_dtype: str, allreduce: AllReduceCost,
+                 layer_launch_s: float = 0.0):
+        self.shapes = sh = LayerShapes(model, tp, weight_dtype, kv_dtype)
+        self.gpu, self.weight_dtype = gpu, weight_dtype
         self.layers, self.first, self.last = layers, first, last
         self.allreduce = allreduce
-        eff = gpu.efficiency
-        self.eff = eff
-        self.gemm_peak = gpu.peak(weight_dtype) * eff.gemm_compute
-        self.gemm_bw = gpu.hbm_bandwidth_Bps * eff.gemm_bandwidth
-        self.attn_peak = gpu.peak("bf16") * eff.attention_compute
-        self.attn_bw = gpu.hbm_bandwidth_Bps * eff.attention_bandwidth
-        self.elem_bw = gpu.hbm_bandwidth_Bps * eff.elementwise_bandwidth
+        cal = gpu.calibration
+        self.gemm_params, self.head_params = cal.gemm_for(weight_dtype), cal.gemm_for("bf16")
+        self.gemm_peak, self.bf16_peak = gpu.peak(weight_dtype), gpu.peak("bf16")
+        elem = cal.elementwise
+        self.elem_bw = gpu.hbm_bandwidth_Bps * elem.bandwidth_eff
+        self.elem_launch = ELEMENTWISE_KERNELS * elem.launch_s
         self.hidden_bytes = model.hidden * ACT_BYTES
         self.vocab_shard = model.vocab // tp
+        self._launch = layers * layer_launch_s
         self._head: dict[int, tuple[float, float]] = {}
-
-        # Attention seconds per unit: (query, key) pair, Q/O byte per token, KV entry.
-        sh = self.shapes
-        self._pair_s = sh.attn_flops_per_pair / self.attn_peak
-        self._qo_s = 2 * sh.q_heads * model.head_dim * ACT_BYTES / self.attn_bw
-        self._kv_s = sh.kv_bytes_per_token / self.attn_bw
-        self._floor = eff.attention_decode_floor_s
         self._fixed: dict[int, tuple[float, float]] = {}
+        # Attention: seconds per unit of each step aggregate (forms.prefill/decode_time).
+        shape = AttentionShape(sh.q_heads, sh.kv_heads, model.head_dim, sh.kv_bytes,
+                               self.bf16_peak, gpu.hbm_bandwidth_Bps, gpu.sm_count)
+        (self._pfloor, self._pseq, self._ptok, self._ppair, self._pwaste, self._pserial,
+         self._pqo, self._pkv, self._preuse, self._pp) = shape.prefill_coeffs(
+            cal.prefill_for(kv_dtype))
+        self._dfloor, self._dseq, self._dflop, self._dkv, self._dtok = shape.decode_coeffs(
+            cal.decode_for(kv_dtype))
+
+    def gemm_time(self, tokens: int, n: int, k: int) -> float:
+        """One of the layer's GEMMs at ``tokens`` rows, in the weight dtype."""
+        sh, gpu = self.shapes, self.gpu
+        return float(gemm_time(tokens, n, k, self.gemm_params, self.gemm_peak,
+                               gpu.hbm_bandwidth_Bps, gpu.sm_count, sh.w_bytes, sh.in_bytes,
+                               sh.quantized))
 
     def dense_layer_time(self, tokens: int) -> float:
-        """GEMMs and elementwise ops of one layer for ``tokens`` tokens."""
+        """GEMMs and elementwise kernels of one layer for ``tokens`` tokens."""
         s = self.shapes
-        t = sum(roofline(w, self.gemm_peak, self.gemm_bw) for w in s.gemm_works(tokens))
-        return t + tokens * s.elementwise_bytes_per_token / self.elem_bw
+        t = sum(self.gemm_time(tokens, n, k) for n, k in s.gemms)
+        return t + self.elem_launch + tokens * s.elementwise_bytes_per_token / self.elem_bw
 
     def _fixed_time(self, tokens: int) -> tuple[float, float]:
         """Parts that depend on the token count only (cached): dense layers, embedding, and
@@ -143,17 +171,26 @@ class StageCost:
         return compute, comm
 
     def head_time(self, sampled: int) -> tuple[float, float]:
-        """LM head GEMM and final norm (compute), logits gather to the driver (comm)."""
+        """LM head GEMM (16-bit) and final norm (compute), logits gather to the driver."""
         t = self._head.get(sampled)
         if t is None:
-            w = gemm_work(sampled, self.vocab_shard, self.shapes.model.hidden,
-                          self.shapes.w_bytes)
-            compute = roofline(w, self.gemm_peak, self.gemm_bw)
+            gpu = self.gpu
+            compute = float(gemm_time(sampled, self.vocab_shard, self.shapes.model.hidden,
+                                      self.head_params, self.bf16_peak, gpu.hbm_bandwidth_Bps,
+                                      gpu.sm_count, ACT_BYTES))
             compute += sampled * 2 * self.hidden_bytes / self.elem_bw
             gather = 0.5 * self.allreduce.time(sampled * self.vocab_shard * ACT_BYTES)
             t = (compute, gather)
             self._head[sampled] = t
         return t
+
+    def prefill_attention(self, tokens: int, pairs: float, ctx: float, seqs: int) -> float:
+        """:func:`simulator.calibration.forms.prefill_time` of one layer (scalar)."""
+        compute = (pairs + tokens * self._pwaste) * self._ppair
+        serial = self._pserial * pairs / tokens
+        memory = self._pqo * tokens + self._pkv * (ctx + tokens + pairs * self._preuse)
+        return (self._pfloor + self._pseq * seqs + self._ptok * tokens
+                + _pnorm(self._pp, compute, serial, memory))
 
     def step(self, tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
              sampled: int) -> tuple[float, float]:
@@ -173,22 +210,33 @@ class StageCost:
 
         Notes
         -----
-        The attention kernel is ``max(floor, FLOPs / peak, bytes / bandwidth)`` with the
-        FLOPs and bytes of ``LayerShapes.attention_work``, expanded here because this runs
-        once per simulated step.
+        Prefill chunks and decodes run as separate attention kernels. The prefill kernel
+        moves every token's Q, O and new K/V; in a mixed step it counts one sequence (its
+        per-sequence cost is tens of ns) and the decode kernel the ``sampled`` ones. The
+        decode kernel is :func:`~simulator.calibration.forms.decode_time` written out,
+        in the order :meth:`decode_steps` evaluates it.
         """
         if tokens <= 0:
             return 0.0, 0.0
         fixed = self._fixed.get(tokens) or self._fixed_time(tokens)
-        attn = max(self._floor, self._pair_s * (prefill_pairs + decode_kv),
-                   self._qo_s * tokens + self._kv_s * (decode_kv + prefill_ctx + tokens))
+        if prefill_pairs:
+            attn = self.prefill_attention(tokens, prefill_pairs, prefill_ctx,
+                                          1 if decode_kv or not sampled else sampled)
+            if decode_kv:
+                attn += (self._dfloor + self._dseq * sampled) + max(
+                    self._dkv * decode_kv, self._dflop * decode_kv)
+        else:
+            attn = (self._dfloor + self._dseq * sampled) + max(
+                self._dkv * decode_kv + self._dtok * tokens, self._dflop * decode_kv)
         compute = fixed[0] + self.layers * attn
         comm = fixed[1]
         if self.last and sampled:
             c, g = self._head.get(sampled) or self.head_time(sampled)
-            return compute + c, comm + g
+            compute += c
+            comm += g
+        if self._launch:
+            compute = max(compute, self._launch)
         return compute, comm
-
 
     def decode_steps(self, n: int, decode_kv: np.ndarray) -> tuple[np.ndarray, float]:
         """:meth:`step` for many decode-only steps of ``n`` sequences at once.
@@ -199,20 +247,20 @@ class StageCost:
         """
         fixed = self._fixed.get(n) or self._fixed_time(n)
         # In place, in step()'s order (x + y == y + x exactly; int KV counts convert exactly).
-        attn = self._pair_s * decode_kv
-        np.maximum(attn, self._floor, out=attn)
-        mem = self._kv_s * (decode_kv + n)
-        mem += self._qo_s * n
-        np.maximum(attn, mem, out=attn)
+        attn = self._dkv * decode_kv
+        attn += self._dtok * n
+        np.maximum(attn, self._dflop * decode_kv, out=attn)
+        attn += self._dfloor + self._dseq * n
         attn *= self.layers
         attn += fixed[0]
         comm = fixed[1]
         if self.last and n:
             c, g = self._head.get(n) or self.head_time(n)
             attn += c
-            return attn, comm + g
+            comm += g
+        if self._launch:
+            np.maximum(attn, self._launch, out=attn)
         return attn, comm
-
 
 def roofline_time(model: ModelSpec, gpu: GPUSpec, tp: int, weight_dtype: str, kv_dtype: str,
                   tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
@@ -228,6 +276,6 @@ def roofline_time(model: ModelSpec, gpu: GPUSpec, tp: int, weight_dtype: str, kv
         per_layer = per_layer + w
     per_layer = per_layer + s.attention_work(tokens, prefill_pairs, prefill_ctx, decode_kv)
     total = Work(per_layer.flops * model.layers, per_layer.bytes * model.layers)
-    if sampled:
-        total = total + gemm_work(sampled, model.vocab // tp, model.hidden, s.w_bytes)
+    if sampled:  # the LM head stays 16-bit
+        total = total + gemm_work(sampled, model.vocab // tp, model.hidden, ACT_BYTES)
     return max(total.flops / gpu.peak(weight_dtype), total.bytes / gpu.hbm_bandwidth_Bps)

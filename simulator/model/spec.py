@@ -14,7 +14,10 @@ from pathlib import Path
 from simulator.errors import ScenarioError
 from simulator.paths import MODEL_CONFIGS, catalog
 
-BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp8": 1}
+#: Bytes per element. int4 and fp4 pack two weights per byte (scales are ignored: < 1%).
+BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5, "fp4": 0.5}
+#: Dtypes the KV cache can be stored in.
+KV_DTYPES = ("bf16", "fp16", "fp8")
 GATED_ACTIVATIONS = {"silu", "swiglu", "gelu_pytorch_tanh", "geglu"}
 
 
