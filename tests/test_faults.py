@@ -153,3 +153,22 @@ def test_unknown_fault_targets_are_refused(tmp_path, capsys):
     path.write_text(tomli_w.dumps(sc))
     assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
     assert "no link between 'gpu0' and 'gpu1'" in capsys.readouterr().err
+
+
+def test_a_detour_is_priced_from_the_fault_on(toy):
+    """TP2 on the toy node: when gpu0's NVLink fails, the ring detours over PCIe (10 GB/s
+    instead of 100 GB/s): the replica stays up and its all-reduces get slower."""
+    sc = toy(parallel={"tp": 2}, engine={"custom_allreduce": False},
+             workload={"arrival": "poisson", "rate_per_s": 20.0, "num_requests": 200,
+                       "prompt_tokens": 2000, "output_tokens": 20})
+    sc["faults"] = [{"at_s": 4.0, "target": "link:gpu0-nvswitch0", "duration_s": 3.0}]
+    res = simulator.run(sc)
+    _accounted(res, 200)
+    assert (res.requests["status"] == "completed").all()
+    assert res.summary["availability_min"] == 1.0
+    steps = res.steps[res.steps["prefill_tokens"] == 2000]
+    before = steps[steps["end_s"] < 4.0]["comm_s"].median()
+    during = steps[steps["start_s"].between(4.0, 7.0)]["comm_s"].median()
+    after = steps[steps["start_s"] > 7.0]["comm_s"].median()
+    assert during > 3 * before
+    assert after == pytest.approx(before)

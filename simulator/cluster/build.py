@@ -77,6 +77,27 @@ def build_plan(scenario: Scenario) -> ClusterPlan:
         raise exc.with_source(scenario.source) from None
 
 
+def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlacement,
+                  paths: Paths) -> tuple[tuple[StageCost, ...], tuple[tuple[float, float], ...]]:
+    """Stage costs and stage-to-stage hand-off costs of a placed replica, priced on the
+    graph's paths (the whole graph, or what is left of it after failures)."""
+    eng, tp, pp = s.engine, s.parallel.tp, s.parallel.pp
+    layers = split_layers(model.layers, pp)
+    # A TP group sits in one NVLink domain (placement), so its switch may reduce.
+    stages = tuple(
+        StageCost(model, node.gpu, tp, layers[i], i == 0, i == pp - 1,
+                  s.model.weight_dtype, s.model.kv_dtype,
+                  allreduce(paths, group, node.gpu.calibration.collectives,
+                            node.scale_up.in_switch_reduction, eng.custom_allreduce),
+                  eng.layer_launch_s)
+        for i, group in enumerate(pl.stages))
+    sends = tuple(
+        (paths.latency(a[0], b[0]),
+         model.hidden * ACT_BYTES / (paths.bandwidth(a[0], b[0]) * BANDWIDTH_EFFICIENCY))
+        for a, b in zip(pl.stages, pl.stages[1:], strict=False))
+    return stages, sends
+
+
 def _build(s: Scenario) -> ClusterPlan:
     model = load_model(s.model.name, s.base_dir)
     node = load_node(s.cluster.topology, s.base_dir)
@@ -121,21 +142,9 @@ def _build(s: Scenario) -> ClusterPlan:
         raise ScenarioError(f"engine.max_inflight_microbatches: {streams} streams leave no KV "
                             f"block per stream ({memory.kv_blocks} blocks per replica)")
     paths = Paths(graph)
-    layers = split_layers(model.layers, pp)
     replicas = []
     for pl in placements:
-        # A TP group sits in one NVLink domain (placement), so its switch may reduce.
-        stages = tuple(
-            StageCost(model, node.gpu, tp, layers[i], i == 0, i == pp - 1,
-                      s.model.weight_dtype, s.model.kv_dtype,
-                      allreduce(paths, group, node.gpu.calibration.collectives,
-                                node.scale_up.in_switch_reduction, eng.custom_allreduce),
-                      eng.layer_launch_s)
-            for i, group in enumerate(pl.stages))
-        sends = tuple(
-            (paths.latency(a[0], b[0]),
-             model.hidden * ACT_BYTES / (paths.bandwidth(a[0], b[0]) * BANDWIDTH_EFFICIENCY))
-            for a, b in zip(pl.stages, pl.stages[1:], strict=False))
+        stages, sends = replica_costs(s, model, node, pl, paths)
         host = [paths.transfer_time(g[0], f"host{graph.nodes[g[0]]['node']}",
                                     memory.block_bytes_per_gpu[i])
                 for i, g in enumerate(pl.stages)]

@@ -18,7 +18,7 @@ import simpy
 from simpy.core import EmptySchedule
 from tqdm import tqdm
 
-from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.cluster.build import ClusterPlan, build_plan, replica_costs
 from simulator.cluster.faults import (
     FaultState,
     random_faults,
@@ -153,8 +153,17 @@ class Cluster:
     def down_count(self) -> int:
         return sum(1 for r in self.replicas if not r.up)
 
+    def _costs(self, i: int, view) -> tuple[list, list]:
+        """Replica i's stage and hand-off costs on the graph as it is now."""
+        p = self.plan
+        stages, sends = replica_costs(p.scenario, p.model, p.node, p.replicas[i].placement,
+                                      Paths(view))
+        return list(stages), list(sends)
+
     def act(self, target: str, sign: int) -> None:
-        """A fault (sign 1) or its repair (sign -1) on ``target``; replicas follow."""
+        """A fault (sign 1) or its repair (sign -1) on ``target``; replicas follow: those
+        that lose a GPU or every path they need go down, those whose traffic can detour
+        price the detour from now on."""
         nodes, edges = resolve_target(self.plan.graph, target)
         self.fault_state.apply(nodes, edges, sign)
         view = self.fault_state.view()
@@ -162,6 +171,9 @@ class Cluster:
         for i, rep in enumerate(self.replicas):
             ok = self.fault_state.healthy(self.plan.replicas[i].placement.gpus, self.hops[i],
                                           view)
+            if rep.up and ok and edges:
+                rep.stages, rep.sends = self._costs(i, view)
+                rep._stage0 = rep.stages[0]
             if rep.up and not ok:
                 self.downtime[i].append([self.env.now, float("inf")])
                 lost = rep.fail()
@@ -196,7 +208,8 @@ class Cluster:
             return
         self.downtime[i][-1][1] = self.env.now
         self.replicas[i].restart([self._scheduler()
-                                  for _ in range(self.plan.streams_per_replica)])
+                                  for _ in range(self.plan.streams_per_replica)],
+                                 *self._costs(i, view))
         while self.pending and any(r.up for r in self.replicas):
             self.submit(self.pending.popleft())
 
