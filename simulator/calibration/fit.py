@@ -58,7 +58,7 @@ ATTN_BLOCK = 128
 
 
 #: Starting points for parameters that are still unset (infinite) before a fit.
-START = {"split_k_s": 3 * US, "kv_reuse": 500.0, "overlap": 2.0, "tree_launch_s": 10 * US,
+START = {"split_k_s": 3 * US, "overlap": 2.0, "tree_launch_s": 10 * US,
          "tree_step_s": 1 * US, "tree_eff": 0.5, "nvls_launch_s": 15 * US, "nvls_eff": 0.5,
          "custom_launch_s": 3 * US, "custom_eff": 0.5, "gather_launch_s": 5 * US,
          "gather_eff": 0.7, "alltoall_launch_s": 5 * US, "alltoall_eff": 0.7}

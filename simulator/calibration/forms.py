@@ -119,8 +119,7 @@ class AttentionShape:
                   if p.block_q else 0.0)
         token = (self.hq * p.token_head_sm_s + self.hk * p.token_kv_head_sm_s) / s
         return (p.floor_s, self.hk * p.seq_head_sm_s / s, token, pair, p.block_k / 2.0,
-                serial, self.qo_token_bytes / bw, self.kv_token_bytes / bw, 1.0 / p.kv_reuse,
-                p.overlap)
+                serial, self.qo_token_bytes / bw, self.kv_token_bytes / bw, p.overlap)
 
     def decode_coeffs(self, p: DecodeParams) -> tuple:
         """Seconds per unit of each aggregate, for :func:`decode_time` and the engine."""
@@ -150,13 +149,13 @@ def prefill_time(shape: AttentionShape, p: PrefillParams, tokens, pairs, ctx, se
     ``t = floor + seqs n_kv c_s + tokens (n_q c_t + n_kv c_tk) + ||(T_c, T_serial, T_m)||_p``
     ``T_c = (pairs + tokens b_k / 2) n_q (4d / (peak eta_c) + c_exp)``,
     ``T_serial = (2 pairs / tokens) 4 b_q d / (peak / SMs * eta_s)`` and ``T_m = (tokens
-    (Q + O) + (ctx + tokens + pairs / reuse) KV) / (BW * eta_b)``.
+    (Q + O) + (ctx + tokens) KV) / (BW * eta_b)``.
     """
-    floor, seq, tok, pair, waste, serial, qo, kv, reuse, ov = shape.prefill_coeffs(p)
+    floor, seq, tok, pair, waste, serial, qo, kv, ov = shape.prefill_coeffs(p)
     tokens, pairs, ctx, seqs = (np.asarray(x, dtype=float) for x in (tokens, pairs, ctx, seqs))
     compute = (pairs + tokens * waste) * pair
     crit = serial * pairs / np.maximum(tokens, 1.0)
-    memory = qo * tokens + kv * (ctx + tokens + pairs * reuse)
+    memory = qo * tokens + kv * (ctx + tokens)
     return floor + seq * seqs + tok * tokens + combine(ov, compute, crit, memory)
 
 

@@ -65,7 +65,6 @@ class PrefillParams:
     block_q: int = 0  # query tile: the last tile's serial key loop; 0 = not modelled
     serial_eff: float = 1.0  # fraction of one SM's tensor peak in that serial loop
     bandwidth_eff: float = 1.0  # fraction of HBM bandwidth for Q, O and K/V traffic
-    kv_reuse: float = INF  # query tokens served by one load of a K/V entry; inf = read once
     overlap: float = INF  # p of the p-norm joining compute, serial and memory time
 
 

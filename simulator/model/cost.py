@@ -142,7 +142,7 @@ class StageCost:
         shape = AttentionShape(sh.q_heads, sh.kv_heads, model.head_dim, sh.kv_bytes,
                                self.bf16_peak, gpu.hbm_bandwidth_Bps, gpu.sm_count)
         (self._pfloor, self._pseq, self._ptok, self._ppair, self._pwaste, self._pserial,
-         self._pqo, self._pkv, self._preuse, self._pp) = shape.prefill_coeffs(
+         self._pqo, self._pkv, self._pp) = shape.prefill_coeffs(
             cal.prefill_for(kv_dtype))
         self._dfloor, self._dseq, self._dflop, self._dkv, self._dtok = shape.decode_coeffs(
             cal.decode_for(kv_dtype))
@@ -188,7 +188,7 @@ class StageCost:
         """:func:`simulator.calibration.forms.prefill_time` of one layer (scalar)."""
         compute = (pairs + tokens * self._pwaste) * self._ppair
         serial = self._pserial * pairs / tokens
-        memory = self._pqo * tokens + self._pkv * (ctx + tokens + pairs * self._preuse)
+        memory = self._pqo * tokens + self._pkv * (ctx + tokens)
         return (self._pfloor + self._pseq * seqs + self._ptok * tokens
                 + _pnorm(self._pp, compute, serial, memory))
 
