@@ -25,9 +25,9 @@ DATA = ROOT / "simulator" / "calibration" / "data" / "h100_sxm"
 H100 = load_gpu("h100_sxm")
 #: Stated tolerances on the H100 data (docs/cost-model.md): median and p90 of |error| %.
 #: The attention families sit at the issue's 10% / 25% targets on the full data (8.8 / 24.8
-#: and 10.0 / 25.1); a subsample gets one point of slack.
+#: and 9.5 / 24.7); a subsample gets one point of slack on the p90.
 TOLERANCE = {"gemm bfloat16": (10, 25), "gemm fp8": (10, 25),
-             "attention_context": (10, 26), "attention_generation": (11, 26),
+             "attention_context": (10, 26), "attention_generation": (10, 26),
              "nccl all_reduce": (10, 25)}
 
 

@@ -43,7 +43,7 @@ PREFILL_FREE = [("floor_s", 0, 100, US), ("seq_head_sm_s", 0, 100, US),
                 ("bandwidth_eff", 0.02, 1, 1), ("overlap", 1, 30, 1)]
 DECODE_FREE = [("floor_s", 0, 100, US), ("seq_sm_s", 0, 100, US),
                ("seq_head_sm_s", 0, 100, US), ("seq_head_dim_sm_s", 0, 1, US),
-               ("bandwidth_eff", 0.02, 1, 1)]
+               ("bandwidth_eff", 0.02, 1, 1), ("exposed", 0, 1, 1)]
 NCCL_FREE = [("ring_launch_s", 0, 100, US), ("ring_step_s", 0, 20, US), ("ring_eff", 0.02, 1, 1),
              ("tree_launch_s", 0, 100, US), ("tree_step_s", 0, 20, US), ("tree_eff", 0.02, 1, 1),
              ("nvls_launch_s", 0, 100, US), ("nvls_eff", 0.02, 1, 1)]
@@ -58,7 +58,7 @@ ATTN_BLOCK = 128
 
 
 #: Starting points for parameters that are still unset (infinite) before a fit.
-START = {"split_k_s": 3 * US, "overlap": 2.0, "tree_launch_s": 10 * US,
+START = {"split_k_s": 3 * US, "overlap": 2.0, "exposed": 0.5, "tree_launch_s": 10 * US,
          "tree_step_s": 1 * US, "tree_eff": 0.5, "nvls_launch_s": 15 * US, "nvls_eff": 0.5,
          "custom_launch_s": 3 * US, "custom_eff": 0.5, "gather_launch_s": 5 * US,
          "gather_eff": 0.7, "alltoall_launch_s": 5 * US, "alltoall_eff": 0.7}

@@ -127,7 +127,8 @@ class AttentionShape:
         seq = p.seq_sm_s + self.hk * (p.seq_head_sm_s + self.d * p.seq_head_dim_sm_s)
         return (p.floor_s, seq / self.sms,
                 4.0 * self.hq * self.d / (self.peak * p.compute_eff),
-                self.kv_token_bytes / bw, (self.qo_token_bytes + self.kv_token_bytes) / bw)
+                self.kv_token_bytes / bw, (self.qo_token_bytes + self.kv_token_bytes) / bw,
+                p.exposed)
 
 
 def prefill_time(shape: AttentionShape, p: PrefillParams, tokens, pairs, ctx, seqs):
@@ -163,13 +164,18 @@ def decode_time(shape: AttentionShape, p: DecodeParams, seqs, decode_kv, io_toke
     """Decode attention of one layer: ``seqs`` sequences reading ``decode_kv`` KV entries.
 
     ``io_tokens`` (default ``seqs``) are the tokens whose Q, O and new K/V this kernel
-    moves. ``t = floor + seqs (c_seq + n_kv (c_head + d c_dim)) + max(4 n_q d kv / (peak eta_c),
-    (io (Q + O + KV) + kv KV) / (BW eta_b))``.
+    moves. ``t = floor + max(T_seq, T_kv) + x min(T_seq, T_kv)`` with per-sequence work
+    ``T_seq = seqs (c_seq + n_kv (c_head + d c_dim)) / SMs``, the KV stream ``T_kv =
+    max(4 n_q d kv / (peak eta_c), (io (Q + O + KV) + kv KV) / (BW eta_b))`` and ``x`` the
+    exposed share of the shorter one (no powers: the engine's vectorized decode runs
+    evaluate the same operations bit for bit).
     """
-    floor, seq, flop, kv_s, tok = shape.decode_coeffs(p)
+    floor, seq, flop, kv_s, tok, exposed = shape.decode_coeffs(p)
     seqs, decode_kv = np.asarray(seqs, dtype=float), np.asarray(decode_kv, dtype=float)
     io = seqs if io_tokens is None else np.asarray(io_tokens, dtype=float)
-    return floor + seq * seqs + np.maximum(kv_s * decode_kv + tok * io, flop * decode_kv)
+    per = seq * seqs
+    stream = np.maximum(kv_s * decode_kv + tok * io, flop * decode_kv)
+    return floor + np.maximum(per, stream) + exposed * np.minimum(per, stream)
 
 
 def allreduce_times(p: CollectiveParams, ranks: int, bandwidth: float, latency: float,

@@ -78,6 +78,8 @@ class DecodeParams:
     seq_head_dim_sm_s: float = 0.0  # per (sequence, KV head, head-dim element): Q, O, rescale
     bandwidth_eff: float = 1.0  # fraction of HBM bandwidth reading the KV cache
     compute_eff: float = 1.0  # fraction of 16-bit tensor peak
+    exposed: float = 1.0  # share of the shorter of per-sequence work and KV stream not
+    #                       hidden behind the longer: 1 = they add up, 0 = full overlap
 
 
 @dataclass(frozen=True)
@@ -165,11 +167,12 @@ def _params(cls: type, raw: Any, key: str) -> Any:
         values[k] = v
     p = cls(**values)
     for name in ("compute_eff", "bandwidth_eff", "serial_eff", "ring_eff", "tree_eff",
-                 "nvls_eff", "custom_eff", "quant_bandwidth_eff", "gather_eff", "alltoall_eff"):
+                 "nvls_eff", "custom_eff", "quant_bandwidth_eff", "gather_eff", "alltoall_eff",
+                 "exposed"):
         v = getattr(p, name, None)
         if v is not None and v > 1:
             # An efficiency above 1 would let a kernel beat the roofline.
-            raise ScenarioError(f"{key}.{name}: an efficiency must be <= 1, got {v}")
+            raise ScenarioError(f"{key}.{name}: a fraction; must be <= 1, got {v}")
     return p
 
 

@@ -144,7 +144,8 @@ class StageCost:
         (self._pfloor, self._pseq, self._ptok, self._ppair, self._pwaste, self._pserial,
          self._pqo, self._pkv, self._pp) = shape.prefill_coeffs(
             cal.prefill_for(kv_dtype))
-        self._dfloor, self._dseq, self._dflop, self._dkv, self._dtok = shape.decode_coeffs(
+        (self._dfloor, self._dseq, self._dflop, self._dkv, self._dtok,
+         self._dexp) = shape.decode_coeffs(
             cal.decode_for(kv_dtype))
 
     def gemm_time(self, tokens: int, n: int, k: int) -> float:
@@ -192,6 +193,11 @@ class StageCost:
         return (self._pfloor + self._pseq * seqs + self._ptok * tokens
                 + _pnorm(self._pp, compute, serial, memory))
 
+    def _decode(self, seqs: int, stream: float) -> float:
+        """Decode kernel of one layer from its KV-stream time (forms.decode_time)."""
+        per = self._dseq * seqs
+        return (self._dfloor + max(per, stream)) + self._dexp * min(per, stream)
+
     def step(self, tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
              sampled: int) -> tuple[float, float]:
         """Compute and communication seconds of this stage for one micro-batch.
@@ -223,11 +229,11 @@ class StageCost:
             attn = self.prefill_attention(tokens, prefill_pairs, prefill_ctx,
                                           1 if decode_kv or not sampled else sampled)
             if decode_kv:
-                attn += (self._dfloor + self._dseq * sampled) + max(
-                    self._dkv * decode_kv, self._dflop * decode_kv)
+                attn += self._decode(sampled, max(self._dkv * decode_kv,
+                                                  self._dflop * decode_kv))
         else:
-            attn = (self._dfloor + self._dseq * sampled) + max(
-                self._dkv * decode_kv + self._dtok * tokens, self._dflop * decode_kv)
+            attn = self._decode(sampled, max(self._dkv * decode_kv + self._dtok * tokens,
+                                             self._dflop * decode_kv))
         compute = fixed[0] + self.layers * attn
         comm = fixed[1]
         if self.last and sampled:
@@ -247,10 +253,15 @@ class StageCost:
         """
         fixed = self._fixed.get(n) or self._fixed_time(n)
         # In place, in step()'s order (x + y == y + x exactly; int KV counts convert exactly).
-        attn = self._dkv * decode_kv
-        attn += self._dtok * n
-        np.maximum(attn, self._dflop * decode_kv, out=attn)
-        attn += self._dfloor + self._dseq * n
+        stream = self._dkv * decode_kv
+        stream += self._dtok * n
+        np.maximum(stream, self._dflop * decode_kv, out=stream)
+        per = self._dseq * n
+        attn = np.maximum(stream, per)
+        attn += self._dfloor
+        np.minimum(stream, per, out=stream)
+        stream *= self._dexp
+        attn += stream
         attn *= self.layers
         attn += fixed[0]
         comm = fixed[1]
