@@ -15,6 +15,8 @@ import argparse
 import resource
 import time
 
+from report import print_run
+
 import simulator
 
 
@@ -43,20 +45,10 @@ def main() -> None:
     t0 = time.perf_counter()
     result = simulator.run(scenario(args.requests, args.replicas), progress=True)
     wall = time.perf_counter() - t0
-    s = result.summary
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"requests            {s['requests_total']:,} ({s['requests_completed']:,} completed)")
-    print(f"replicas / GPUs     {args.replicas} / {s['gpus']}")
-    print(f"replica steps       {s['steps_total']:,}")
-    print(f"simpy events        {s['simpy_events']:,}")
-    print(f"simulated time      {s['simulated_time_s']:,.0f} s")
-    print(f"wall time           {wall:.1f} s")
-    print(f"steps per wall-s    {s['steps_total'] / wall:,.0f}")
-    print(f"requests per wall-s {s['requests_total'] / wall:,.0f}")
-    print(f"peak RSS            {rss:,.0f} MiB")
-    print(f"TTFT p50/p99        {s['ttft_p50_s']:.3f} / {s['ttft_p99_s']:.3f} s")
-    print(f"TPOT p50/p99        {s['tpot_p50_s']:.4f} / {s['tpot_p99_s']:.4f} s")
-
+    print_run(result.summary, wall, {"replicas / GPUs": f"{args.replicas} / "
+                                                      f"{result.summary['gpus']}",
+                                     "peak RSS": f"{rss:,.0f} MiB"})
 
 if __name__ == "__main__":
     main()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from report import print_run
+
 import simulator
 
 
@@ -37,16 +39,7 @@ def main() -> None:
     t0 = time.perf_counter()
     result = simulator.run(scenario(args.requests))
     wall = time.perf_counter() - t0
-    s = result.summary
-    print(f"requests            {s['requests_total']:,} ({s['requests_completed']:,} completed)")
-    print(f"replica steps       {s['steps_total']:,}")
-    print(f"simulated time      {s['simulated_time_s']:,.1f} s")
-    print(f"wall time           {wall:.2f} s")
-    print(f"requests per wall-s {s['requests_total'] / wall:,.0f}")
-    print(f"steps per wall-s    {s['steps_total'] / wall:,.0f}")
-    print(f"TTFT p50/p99        {s['ttft_p50_s']:.3f} / {s['ttft_p99_s']:.3f} s")
-    print(f"TPOT p50/p99        {s['tpot_p50_s']:.4f} / {s['tpot_p99_s']:.4f} s")
-
+    print_run(result.summary, wall)
 
 if __name__ == "__main__":
     main()
