@@ -264,3 +264,26 @@ def test_allreduce_picks_the_fastest_algorithm_and_matches_measurements():
     ring = allreduce(a100_paths, tuple(f"gpu{i}" for i in range(8)),
                      a100.gpu.calibration.collectives, a100.scale_up.in_switch_reduction)
     assert ring.algorithm(2**28) == "ring"
+
+
+def test_the_engine_and_the_check_evaluate_the_same_forms():
+    """StageCost's scalar hot path and the vectorized forms the fit and check use agree."""
+    for kv in ("bf16", "fp8"):
+        cost = _h100_cost(tp=4, kv=kv)
+        sh = cost.shapes
+        shape = forms.AttentionShape(sh.q_heads, sh.kv_heads, sh.model.head_dim, sh.kv_bytes,
+                                     H100.peak("bf16"), H100.hbm_bandwidth_Bps, H100.sm_count)
+        for tokens, ctx, seqs in ((1, 0, 1), (512, 0, 1), (3000, 9000, 2), (8192, 0, 16)):
+            pairs = tokens * (ctx / seqs + (tokens / seqs + 1) / 2)
+            expect = forms.prefill_time(shape, H100.calibration.prefill_for(kv), tokens, pairs,
+                                        ctx, seqs)
+            assert cost.prefill_attention(tokens, pairs, ctx, seqs) == pytest.approx(
+                float(expect), rel=1e-12)
+        for n, kvlen in ((1, 10), (64, 2000), (256, 30000)):
+            expect = forms.decode_time(shape, H100.calibration.decode_for(kv), n, n * kvlen)
+            stream = max(cost._dkv * n * kvlen + cost._dtok * n, cost._dflop * n * kvlen)
+            assert cost._decode(n, stream) == pytest.approx(float(expect), rel=1e-12)
+        for n, k in sh.gemms:
+            p = H100.calibration.gemm_for("bf16")
+            assert cost.gemm_time(100, n, k) == forms.gemm_time(100, n, k, p, 989e12, 3.35e12,
+                                                                132, 2)
