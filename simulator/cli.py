@@ -8,14 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.calibration import commands as calibrate
 from simulator.cluster.simulation import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import write_result
 from simulator.model.memory import GIB
-from simulator.plotting import run_report, sweep_plot
 from simulator.sweep import BACKENDS, sweep
 
 ROWS = [("requests completed / total", "requests_completed", "{:.0f}", "requests_total"),
@@ -100,6 +98,9 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_plot(args) -> int:
+    # Imported on use: matplotlib (and scipy below) would add ~2 s to every start.
+    from simulator.plotting import run_report, sweep_plot  # noqa: PLC0415
+
     target = Path(args.target)
     if target.is_dir():
         if not (target / "requests.csv").exists():
@@ -128,6 +129,8 @@ def cmd_plot(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    from simulator.calibration import commands as calibrate  # noqa: PLC0415 - scipy on use
+
     return calibrate.main(args.action, args.gpu, args.data, args.out)
 
 

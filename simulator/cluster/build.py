@@ -83,19 +83,34 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
     graph's paths (the whole graph, or what is left of it after failures)."""
     eng, tp, pp = s.engine, s.parallel.tp, s.parallel.pp
     layers = split_layers(model.layers, pp)
-    # A TP group sits in one NVLink domain (placement), so its switch may reduce.
-    stages = tuple(
-        StageCost(model, node.gpu, tp, layers[i], i == 0, i == pp - 1,
-                  s.model.weight_dtype, s.model.kv_dtype,
-                  allreduce(paths, group, node.gpu.calibration.collectives,
-                            node.scale_up.in_switch_reduction, eng.custom_allreduce),
-                  eng.layer_launch_s)
-        for i, group in enumerate(pl.stages))
+    stages = []
+    for i, group in enumerate(pl.stages):
+        # A TP group placed in one NVLink domain may use its switch (NVLS) and vLLM's
+        # custom all-reduce, as long as every ring hop still runs over NVLink only (a
+        # failed link can send a hop around through PCIe).
+        nvlink = _nvlink_ring(paths, group)
+        stages.append(StageCost(
+            model, node.gpu, tp, layers[i], i == 0, i == pp - 1, s.model.weight_dtype,
+            s.model.kv_dtype,
+            allreduce(paths, group, node.gpu.calibration.collectives,
+                      node.scale_up.in_switch_reduction and nvlink,
+                      eng.custom_allreduce and nvlink),
+            eng.layer_launch_s))
     sends = tuple(
         (paths.latency(a[0], b[0]),
          model.hidden * ACT_BYTES / (paths.bandwidth(a[0], b[0]) * BANDWIDTH_EFFICIENCY))
         for a, b in zip(pl.stages, pl.stages[1:], strict=False))
-    return stages, sends
+    return tuple(stages), sends
+
+
+def _nvlink_ring(paths: Paths, group: tuple[str, ...]) -> bool:
+    """Whether every hop around the group's ring runs over NVLink edges only."""
+    g, n = paths.g, len(group)
+    for i in range(n):
+        path = paths.path(group[i], group[(i + 1) % n])
+        if any(g.edges[a, b]["kind"] != "nvlink" for a, b in zip(path, path[1:], strict=False)):
+            return False
+    return True
 
 
 def _build(s: Scenario) -> ClusterPlan:

@@ -17,6 +17,7 @@ decode-only steps go further: many steps in one event (see :meth:`Replica._decod
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
 import numpy as np
@@ -27,8 +28,10 @@ from simulator.engine.clock import SCALE, ticks
 from simulator.engine.request import Request
 from simulator.model.cost import StageCost
 
-#: Runs at least this long are computed with numpy rather than step by step.
+#: Runs at least this long are computed with numpy rather than step by step (longer when
+#: per-step records are kept: building their columns costs more than a short Python loop).
 VECTOR_MIN = 8
+VECTOR_MIN_RECORDS = 48
 #: Fewest steps planned for a decode run that arrivals keep cutting short.
 MIN_RUN = 16
 #: Most decode steps advanced in one event (bounds the records held for an interruptible run).
@@ -262,24 +265,33 @@ class Replica:
         # Blocks allocated per step: only the per-step records need them.
         needs = stream.run_needs(extra) if rec is not None else [0] * extra
         bulk = None
-        if extra >= VECTOR_MIN:
+        horizon = self.next_arrival() if self.next_arrival is not None else float("inf")
+        if extra >= (VECTOR_MIN if rec is None else VECTOR_MIN_RECORDS):
             ends, busy, bulk = self._decode_many(end, batch, needs, rec is not None)
+            cut = ends.searchsorted  # first index whose end is past a time
         else:
             ends, busy = [end], []
             used, t = batch.kv_blocks, end
             for j, need in enumerate(needs, 1):
+                if t > horizon:  # the arrival comes during an earlier step: stop planning
+                    break
                 used += need
                 t, b = self._inline(t, n, 0.0, 0, batch.decode_kv + j * n, n, 0, n, n, used,
                                     rec)
                 ends.append(t)
                 busy.append(b)
-            ends = np.array(ends)
+            extra = len(ends) - 1
+
+            def cut(x: float, side: str) -> int:
+                return bisect.bisect_right(ends, x)
         steps = extra
         self._runs[s] = (ends, extra)
         if self.next_arrival is not None:
             # The next arrival is known (open loop, one replica): stop at the step in progress
             # when it comes; nothing else can join earlier, so no interrupt is needed.
-            steps = min(int(ends.searchsorted(self.next_arrival(), "right")), steps)
+            steps = min(int(cut(horizon, "right")), steps)
+            self._run_len[s] = (min(2 * self._run_len[s], MAX_RUN) if steps == extra
+                                else max(MIN_RUN, 2 * steps))
             yield env.timeout(float(ends[steps]) - env.now)
         else:
             self._running[s] = True
@@ -289,7 +301,7 @@ class Replica:
                 # planning far past the next interruption only wastes work).
                 self._run_len[s] = min(2 * self._run_len[s], MAX_RUN)
             except simpy.Interrupt:
-                steps = min(int(ends.searchsorted(env.now, "right")), steps)
+                steps = min(int(cut(env.now, "right")), steps)
                 self._run_len[s] = max(MIN_RUN, 2 * steps)
                 yield env.timeout(float(ends[steps]) - env.now)
             self._running[s] = False

@@ -8,6 +8,8 @@ bin's geometric middle); the mean is exact.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 LO, HI, PER_DECADE = 1e-6, 1e3, 460
@@ -22,27 +24,22 @@ class GapHistogram:
     def __init__(self) -> None:
         self._runs: list[tuple[np.ndarray, int]] = []
         self._pending = 0
+        self._gaps: list[float] = []  # single gaps waiting to be binned, with their counts
+        self._counts: list[int] = []
         self.edges = np.logspace(np.log10(LO), np.log10(HI), 9 * PER_DECADE + 1)
         self.counts = np.zeros(len(self.edges) + 1, dtype=np.int64)
         self._total = 0
         self.sum_s = 0.0
         self._scale = PER_DECADE / np.log(10.0)
-        self._log_lo = np.log(LO)
-
-    def _bin(self, gap: float) -> int:
-        if gap < LO:
-            return 0
-        if gap >= HI:
-            return len(self.edges)
-        i = int((np.log(gap) - self._log_lo) * self._scale) + 1
-        return min(max(i, 1), len(self.edges) - 1)
+        self._log_lo = math.log(LO)
 
     def add(self, gap: float, count: int = 1) -> None:
-        """``count`` gaps of ``gap`` seconds."""
+        """``count`` gaps of ``gap`` seconds (buffered; binned in bulk)."""
         if count > 0:
-            self.counts[self._bin(gap)] += count
-            self._total += count
-            self.sum_s += gap * count
+            self._gaps.append(gap)
+            self._counts.append(count)
+            if len(self._gaps) >= self.FLUSH:
+                self._flush()
 
     def add_run(self, times, count: int) -> None:
         """``count`` sequences emitted a token at each of ``times``: the gaps between
@@ -55,12 +52,14 @@ class GapHistogram:
             self._flush()
 
     def _flush(self) -> None:
-        if not self._runs:
+        if not self._runs and not self._gaps:
             return
-        gaps = np.concatenate([np.diff(t) for t, _ in self._runs])
-        weights = np.concatenate([np.full(len(t) - 1, c, dtype=np.int64)
-                                  for t, c in self._runs])
-        self._runs, self._pending = [], 0
+        gaps = np.concatenate([np.asarray(self._gaps, dtype=float),
+                               *(np.diff(t) for t, _ in self._runs)])
+        weights = np.concatenate([np.asarray(self._counts, dtype=np.int64),
+                                  *(np.full(len(t) - 1, c, dtype=np.int64)
+                                    for t, c in self._runs)])
+        self._runs, self._pending, self._gaps, self._counts = [], 0, [], []
         with np.errstate(divide="ignore"):
             idx = ((np.log(gaps) - self._log_lo) * self._scale).astype(np.int64) + 1
         idx = np.where(gaps < LO, 0, np.where(gaps >= HI, len(self.edges),

@@ -59,7 +59,7 @@ def stage_work(st: StageHardware, g: pd.DataFrame) -> tuple[np.ndarray, ...]:
         hbm += tokens * h * ACT_BYTES
     sampled = g["sampled"].to_numpy(float)
     if st.last:
-        head = gemm_work(sampled, sh.model.vocab // sh.tp, h, sh.w_bytes)
+        head = gemm_work(sampled, sh.model.vocab // sh.tp, h, ACT_BYTES)  # LM head: 16-bit
         flops += head.flops
         hbm += np.where(sampled > 0, head.bytes, 0.0)
     n = sh.tp
