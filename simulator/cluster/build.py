@@ -78,9 +78,15 @@ def build_plan(scenario: Scenario) -> ClusterPlan:
 
 
 def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlacement,
-                  paths: Paths) -> tuple[tuple[StageCost, ...], tuple[tuple[float, float], ...]]:
+                  paths: Paths, shared: dict | None = None
+                  ) -> tuple[tuple[StageCost, ...], tuple[tuple[float, float], ...]]:
     """Stage costs and stage-to-stage hand-off costs of a placed replica, priced on the
-    graph's paths (the whole graph, or what is left of it after failures)."""
+    graph's paths (the whole graph, or what is left of it after failures).
+
+    ``shared`` maps (stage, all-reduce cost) to a StageCost already built: replicas placed
+    alike then share one object and its per-token-count cache (with 128 replicas, one
+    evaluation of the calibrated GEMM forms per token count instead of 128).
+    """
     eng, tp, pp = s.engine, s.parallel.tp, s.parallel.pp
     layers = split_layers(model.layers, pp)
     stages = []
@@ -89,13 +95,17 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
         # custom all-reduce, as long as every ring hop still runs over NVLink only (a
         # failed link can send a hop around through PCIe).
         nvlink = _nvlink_ring(paths, group)
-        stages.append(StageCost(
-            model, node.gpu, tp, layers[i], i == 0, i == pp - 1, s.model.weight_dtype,
-            s.model.kv_dtype,
-            allreduce(paths, group, node.gpu.calibration.collectives,
-                      node.scale_up.in_switch_reduction and nvlink,
-                      eng.custom_allreduce and nvlink),
-            eng.layer_launch_s))
+        ar = allreduce(paths, group, node.gpu.calibration.collectives,
+                       node.scale_up.in_switch_reduction and nvlink,
+                       eng.custom_allreduce and nvlink)
+        key = (i, ar)
+        cost = shared.get(key) if shared is not None else None
+        if cost is None:
+            cost = StageCost(model, node.gpu, tp, layers[i], i == 0, i == pp - 1,
+                             s.model.weight_dtype, s.model.kv_dtype, ar, eng.layer_launch_s)
+            if shared is not None:
+                shared[key] = cost
+        stages.append(cost)
     sends = tuple(
         (paths.latency(a[0], b[0]),
          model.hidden * ACT_BYTES / (paths.bandwidth(a[0], b[0]) * BANDWIDTH_EFFICIENCY))
@@ -158,8 +168,9 @@ def _build(s: Scenario) -> ClusterPlan:
                             f"block per stream ({memory.kv_blocks} blocks per replica)")
     paths = Paths(graph)
     replicas = []
+    shared: dict = {}
     for pl in placements:
-        stages, sends = replica_costs(s, model, node, pl, paths)
+        stages, sends = replica_costs(s, model, node, pl, paths, shared)
         host = [paths.transfer_time(g[0], f"host{graph.nodes[g[0]]['node']}",
                                     memory.block_bytes_per_gpu[i])
                 for i, g in enumerate(pl.stages)]

@@ -132,7 +132,7 @@ class Cluster:
             req.status, req.finish_s = "rejected", self.env.now
             self.finish(req)
             return
-        up = [r for r in self.replicas if r.up] if self.down_count else self.replicas
+        up = [r for r in self.replicas if r.up] if self.any_down else self.replicas
         if not up:
             self.pending.append(req)
             return
@@ -150,8 +150,10 @@ class Cluster:
 
     # -- failures ------------------------------------------------------------------------
     @property
-    def down_count(self) -> int:
-        return sum(1 for r in self.replicas if not r.up)
+    def any_down(self) -> bool:
+        """Whether some replica is down (only faults change this)."""
+        return bool(self.fault_state.nodes or self.fault_state.edges) and not all(
+            r.up for r in self.replicas)
 
     def _costs(self, i: int, view) -> tuple[list, list]:
         """Replica i's stage and hand-off costs on the graph as it is now."""
