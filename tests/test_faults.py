@@ -153,6 +153,8 @@ def test_unknown_fault_targets_are_refused(tmp_path, capsys):
     path.write_text(tomli_w.dumps(sc))
     assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
     assert "no link between 'gpu0' and 'gpu1'" in capsys.readouterr().err
+    assert main(["validate", str(path)]) == 2  # validate checks the targets too
+    assert "no link between" in capsys.readouterr().err
 
 
 def test_a_detour_is_priced_from_the_fault_on(toy):

@@ -307,6 +307,11 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     plan = build_plan(s)
+    try:
+        for f in s.faults:
+            resolve_target(plan.graph, f.target)
+    except ScenarioError as exc:
+        raise exc.with_source(s.source) from None
     if s.workload.arrival == "closed_loop":
         return plan, None
     return plan, open_loop_workload(s, _rngs(s.seed))
