@@ -128,6 +128,32 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_topology(args) -> int:
+    from simulator.hardware.specs import load_node  # noqa: PLC0415 - light, on use
+    from simulator.paths import TOPOLOGIES  # noqa: PLC0415
+    from simulator.topology.graph import build_graph  # noqa: PLC0415
+    from simulator.topology.summary import draw, format_summary, summary  # noqa: PLC0415
+
+    target = args.target
+    is_preset = (TOPOLOGIES / f"{target}.toml").exists() or (
+        target.endswith(".toml") and Path(target).exists()
+        and "gpus_per_node" in Path(target).read_text())
+    if is_preset:
+        node = load_node(target)
+        g = build_graph(node, args.nodes or 1, args.fabric, args.oversubscription or 1.0)
+    else:
+        sc = load_scenario(target, overrides=args.set)
+        c = sc.cluster
+        node = load_node(c.topology, sc.base_dir)
+        g = build_graph(node, args.nodes or c.nodes, args.fabric or c.fabric,
+                        args.oversubscription or c.oversubscription, c.spines)
+    print(format_summary(summary(g)))
+    if args.png:
+        draw(g, args.png)
+        print(f"  drawing in {args.png}")
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from simulator.calibration import commands as calibrate  # noqa: PLC0415 - scipy on use
 
@@ -164,6 +190,15 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.set_defaults(func=cmd_sweep)
+    t = sub.add_parser("topology", help="describe a cluster's graph")
+    t.add_argument("action", choices=("show",))
+    t.add_argument("target", help="node preset (dgx-h100, ...) or scenario TOML")
+    t.add_argument("--nodes", type=int, help="nodes (default: the scenario's, or 1)")
+    t.add_argument("--fabric", choices=("single_switch", "leaf_spine"))
+    t.add_argument("--oversubscription", type=float, help="leaf_spine downlink/uplink ratio")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE")
+    t.add_argument("--png", help="draw the graph to this PNG")
+    t.set_defaults(func=cmd_topology)
     p = sub.add_parser("plot", help="PNG plots of a run folder or of a sweep CSV")
     p.add_argument("target", help="run folder (runs/<name>) or sweep results CSV")
     p.add_argument("--out", help="folder for the PNGs (default: next to the input)")

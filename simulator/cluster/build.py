@@ -135,7 +135,8 @@ def _build(s: Scenario) -> ClusterPlan:
         if dtype not in allowed:
             raise ScenarioError(f"model.{key}: {dtype} is not supported on {node.gpu.name} "
                                 f"(allowed: {', '.join(allowed)})")
-    graph = build_graph(node, s.cluster.nodes)
+    graph = build_graph(node, s.cluster.nodes, s.cluster.fabric, s.cluster.oversubscription,
+                        s.cluster.spines)
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
     memory = plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,

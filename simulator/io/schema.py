@@ -39,6 +39,10 @@ class ModelSpecKeys:
 class ClusterKeys:
     topology: str = _f("dgx-h100", kind="topology")
     nodes: int = _f(1, min=1)
+    # How nodes are joined: the preset's own fabric unless set.
+    fabric: str | None = _f(None, choices=("single_switch", "leaf_spine"), optional=True)
+    oversubscription: float = _f(1.0, min=1.0)  # leaf_spine: downlink / uplink bandwidth
+    spines: int | None = _f(None, min=1, optional=True)  # leaf_spine: spine switches
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,12 @@ def gpu_name(index: int) -> str:
     return f"gpu{index}"
 
 
-def build_graph(node: NodeSpec, nodes: int) -> nx.DiGraph:
-    """The graph of ``nodes`` copies of ``node`` joined by one switch (when nodes > 1).
+FABRICS = ("single_switch", "leaf_spine")
+
+
+def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
+                oversubscription: float = 1.0, spines: int | None = None) -> nx.DiGraph:
+    """The graph of ``nodes`` copies of ``node`` joined by a fabric (when nodes > 1).
 
     Parameters
     ----------
@@ -34,11 +38,20 @@ def build_graph(node: NodeSpec, nodes: int) -> nx.DiGraph:
         The node type (GPUs, NVSwitch bandwidth, host PCIe, NICs).
     nodes : int
         Number of nodes.
+    fabric : {"single_switch", "leaf_spine"}, optional
+        ``single_switch``: every NIC on one switch. ``leaf_spine``: rail-optimized two
+        tiers, NIC r of every node on leaf r (same-rail traffic stays on the leaf), every
+        leaf wired to every spine; default: the node preset's fabric.
+    oversubscription : float
+        Leaf downlink over uplink bandwidth (1 = non-blocking; 4 = 4:1).
+    spines : int, optional
+        Spine switches (default: half the rails, at least 1).
     """
-    g = nx.DiGraph(name=f"{nodes} x {node.name}", node_type=node.name)
+    fabric = fabric or node.fabric_kind
+    g = nx.DiGraph(name=f"{nodes} x {node.name}", node_type=node.name, fabric=fabric)
     g.graph["gpu"] = node.gpu
     per = node.gpus_per_node
-    if nodes > 1:
+    if nodes > 1 and fabric == "single_switch":
         g.add_node("switch", kind="switch")
     for n in range(nodes):
         nvsw, host = f"nvswitch{n}", f"host{n}"
@@ -54,8 +67,18 @@ def build_graph(node: NodeSpec, nodes: int) -> nx.DiGraph:
             # GPUDirect RDMA: the GPU reaches its NIC through the PCIe switch.
             _link(g, gpu, nic, node.host.bandwidth_Bps, node.host.latency_s / 2, "pcie")
             if nodes > 1:
-                _link(g, nic, "switch", node.nic.bandwidth_Bps,
+                edge = "switch" if fabric == "single_switch" else f"leaf{local}"
+                _link(g, nic, edge, node.nic.bandwidth_Bps,
                       node.nic.latency_s + node.switch_latency_s / 2, "network")
+    if nodes > 1 and fabric == "leaf_spine":
+        n_spines = spines or max(1, per // 2)
+        # Each leaf has ``nodes`` NIC ports down; its uplinks carry that over the ratio.
+        up = nodes * node.nic.bandwidth_Bps / oversubscription / n_spines
+        for r in range(per):
+            g.add_node(f"leaf{r}", kind="switch", tier="leaf")
+            for k in range(n_spines):
+                g.add_node(f"spine{k}", kind="switch", tier="spine")
+                _link(g, f"leaf{r}", f"spine{k}", up, node.switch_latency_s, "network")
     return g
 
 
