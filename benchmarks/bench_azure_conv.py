@@ -1,7 +1,7 @@
 """Benchmark: the full one-hour Azure conversation trace on Llama-3.1-70B, 2 x DGX H100,
 TP4 x DP4 (19,366 requests). Prints wall time, simulated time and rates.
 
-Run: python benchmarks/bench_azure_conv.py [--no-steps]
+Run: python benchmarks/bench_azure_conv.py [--steps] [--profile]
 """
 
 from __future__ import annotations
@@ -27,17 +27,20 @@ SCENARIO = {
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", action="store_true", help="print a cProfile of the run")
+    ap.add_argument("--steps", action="store_true",
+                    help="keep per-step records (off, as in workloads/azure-conv-70b.toml)")
     args = ap.parse_args()
+    scenario = {**SCENARIO, "output": {"steps": args.steps}}
     t0 = time.perf_counter()
     if args.profile:
         import cProfile
         import pstats
 
         with cProfile.Profile() as prof:
-            result = simulator.run(SCENARIO)
+            result = simulator.run(scenario)
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
     else:
-        result = simulator.run(SCENARIO)
+        result = simulator.run(scenario)
     wall = time.perf_counter() - t0
     print_run(result.summary, wall)
 
