@@ -138,6 +138,11 @@ def cmd_topology(args) -> int:
     is_preset = (TOPOLOGIES / f"{target}.toml").exists() or (
         target.endswith(".toml") and Path(target).exists()
         and "gpus_per_node" in Path(target).read_text())
+    if not is_preset and not Path(target).exists():
+        from simulator.paths import catalog  # noqa: PLC0415
+
+        raise ScenarioError(f"topology show: {target!r} is neither a node preset "
+                            f"({', '.join(catalog(TOPOLOGIES, '.toml'))}) nor a scenario file")
     if is_preset:
         node = load_node(target)
         g = build_graph(node, args.nodes or 1, args.fabric, args.oversubscription or 1.0)
