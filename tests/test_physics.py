@@ -9,6 +9,7 @@ from conftest import DATA, toy_scenario
 
 import simulator
 from simulator.hardware.specs import load_gpu, load_node
+from simulator.metrics.summary import bubble_fraction
 from simulator.model.cost import roofline_time
 from simulator.model.memory import plan_memory, weight_bytes_per_gpu
 from simulator.model.spec import load_model
@@ -132,6 +133,9 @@ def test_equal_microbatches_follow_the_gpipe_bubble(tmp_path, pp, m):
     """M equal micro-batches through P stages: bubble = (P-1)/(M+P-1) of the busy span."""
     res = simulator.run(_pipeline_scenario(tmp_path, pp, streams=m, n=m))
     expect = (pp - 1) / (m + pp - 1)
+    # The streaming totals give the bubble that the step table's intervals give.
+    assert res.summary["pp_bubble_fraction"] == pytest.approx(bubble_fraction(res.steps, pp),
+                                                              rel=1e-6)
     # Stage 0 embeds and the last stage runs the LM head, and hand-offs take ~1% of a stage:
     # the stages are equal to about 2%.
     assert res.summary["pp_bubble_fraction"] == pytest.approx(expect, abs=0.02)

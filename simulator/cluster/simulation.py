@@ -174,8 +174,7 @@ class Cluster:
             ok = self.fault_state.healthy(self.plan.replicas[i].placement.gpus, self.hops[i],
                                           view)
             if rep.up and ok and edges:
-                rep.stages, rep.sends = self._costs(i, view)
-                rep._stage0 = rep.stages[0]
+                rep.reprice(*self._costs(i, view))
             if rep.up and not ok:
                 self.downtime[i].append([self.env.now, float("inf")])
                 lost = rep.fail()
@@ -274,14 +273,19 @@ class Cluster:
                 yield env.timeout(ticks(w.think_time_s))
 
 
+def _check_faults(s: Scenario, plan: ClusterPlan) -> None:
+    """Every scheduled fault names a node, GPU or link of the cluster's graph."""
+    try:
+        for f in s.faults:
+            resolve_target(plan.graph, f.target)
+    except ScenarioError as exc:
+        raise exc.with_source(s.source) from None
+
+
 def _start_faults(env: simpy.Environment, cluster: Cluster, s: Scenario,
                   rng: np.random.Generator) -> None:
     """Scheduled and random fault processes (targets are checked first)."""
-    try:
-        for f in s.faults:
-            resolve_target(cluster.plan.graph, f.target)
-    except ScenarioError as exc:
-        raise exc.with_source(s.source) from None
+    _check_faults(s, cluster.plan)
     if s.faults:
         env.process(scheduled_faults(env, s.faults, cluster.act))
     if s.random_faults is not None:
@@ -307,11 +311,7 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     plan = build_plan(s)
-    try:
-        for f in s.faults:
-            resolve_target(plan.graph, f.target)
-    except ScenarioError as exc:
-        raise exc.with_source(s.source) from None
+    _check_faults(s, plan)
     if s.workload.arrival == "closed_loop":
         return plan, None
     return plan, open_loop_workload(s, _rngs(s.seed))
@@ -380,8 +380,7 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     kept = steps if not steps.empty else None
     ts = timeseries(requests, kept, window_s=s.output.window_s,
                     budget=eng.max_num_batched_tokens,
-                    kv_capacity={r: plan.memory.kv_blocks for r in range(s.parallel.dp)},
-                    streams=plan.streams_per_replica)
+                    kv_capacity={r: plan.memory.kv_blocks for r in range(s.parallel.dp)})
     thresholds = {k: getattr(s.alerts, k) for k in ("ttft_p99_s", "e2e_p99_s",
                                                     "batch_efficiency_min")}
     events_df = alerts(requests, kept, ts, thresholds, window_s=s.output.window_s,

@@ -99,9 +99,6 @@ class ContinuousBatcher:
     def running(self) -> int:
         return len(self.decoding) + len(self.prefilling)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.decoding or self.swapped)
-
     # -- arrivals ------------------------------------------------------------------------
     def add(self, req: Request) -> None:
         req.state = WAITING

@@ -147,15 +147,18 @@ class Replica:
         self.outstanding = 0
         return lost
 
+    def reprice(self, stages: list[StageCost], sends: list[tuple[float, float]]) -> None:
+        """Price the steps that start from now on with new stage and hand-off costs (the
+        graph changed under the replica)."""
+        self.stages, self._stage0, self.sends = stages, stages[0], sends
+
     def restart(self, streams: list[ContinuousBatcher], stages: list[StageCost] | None = None,
                 sends: list[tuple[float, float]] | None = None) -> None:
         """Back up with empty schedulers (weights reloaded, KV cache empty), and the stage
         costs of the topology as it is now."""
         self.streams = streams
         if stages is not None:
-            self.stages, self._stage0 = stages, stages[0]
-        if sends is not None:
-            self.sends = sends
+            self.reprice(stages, sends if sends is not None else self.sends)
         self.up = True
         self.generation += 1
         self._start()

@@ -52,7 +52,7 @@ def alerts(requests: pd.DataFrame, steps: pd.DataFrame | None, cluster_ts: pd.Da
     for r, g in requests[requests["replica"] >= 0].groupby("replica"):
         ts = request_windows(g, edges)
         if steps is not None and not steps.empty:
-            eff = step_windows(steps[steps["replica"] == r], edges, budget, {}, 1)
+            eff = step_windows(steps[steps["replica"] == r], edges, budget, {})
             ts["batch_efficiency"] = eff["batch_efficiency"].to_numpy()
         rows += transitions(ts, thresholds, str(r))
     df = pd.DataFrame(rows, columns=ALERT_COLUMNS)

@@ -71,7 +71,7 @@ def request_windows(requests: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
 
 
 def step_windows(steps: pd.DataFrame, edges: np.ndarray, budget: int,
-                 kv_capacity: dict[int, int], streams: int) -> pd.DataFrame:
+                 kv_capacity: dict[int, int]) -> pd.DataFrame:
     """Batching efficiency and KV utilization per replica, per window."""
     n = len(edges) - 1
     out = pd.DataFrame(index=range(n))
@@ -98,7 +98,7 @@ def step_windows(steps: pd.DataFrame, edges: np.ndarray, budget: int,
 
 
 def timeseries(requests: pd.DataFrame, steps: pd.DataFrame | None, *, window_s: float,
-               budget: int, kv_capacity: dict[int, int], streams: int,
+               budget: int, kv_capacity: dict[int, int],
                gpu: pd.DataFrame | None = None) -> pd.DataFrame:
     """The full per-window table: request metrics, then step metrics when steps exist,
     then per-GPU utilization columns when ``gpu`` (window x GPU table) is given."""
@@ -106,6 +106,6 @@ def timeseries(requests: pd.DataFrame, steps: pd.DataFrame | None, *, window_s: 
     edges = window_edges(end, window_s)
     out = request_windows(requests, edges)
     if steps is not None and not steps.empty:
-        out = pd.concat([out, step_windows(steps, edges, budget, kv_capacity, streams)],
+        out = pd.concat([out, step_windows(steps, edges, budget, kv_capacity)],
                         axis=1)
     return out
