@@ -54,11 +54,20 @@ class GapHistogram:
     def _flush(self) -> None:
         if not self._runs and not self._gaps:
             return
-        gaps = np.concatenate([np.asarray(self._gaps, dtype=float),
-                               *(np.diff(t) for t, _ in self._runs)])
-        weights = np.concatenate([np.asarray(self._counts, dtype=np.int64),
-                                  *(np.full(len(t) - 1, c, dtype=np.int64)
-                                    for t, c in self._runs)])
+        gaps, weights = [np.asarray(self._gaps, dtype=float)], [np.asarray(self._counts,
+                                                                           dtype=np.int64)]
+        if self._runs:
+            # All runs' times end to end, differenced once; the differences across two runs'
+            # boundary are dropped.
+            times = np.concatenate([t for t, _ in self._runs])
+            lens = np.fromiter((len(t) for t, _ in self._runs), dtype=np.int64,
+                               count=len(self._runs))
+            keep = np.ones(len(times) - 1, dtype=bool)
+            keep[np.cumsum(lens)[:-1] - 1] = False
+            gaps.append(np.diff(times)[keep])
+            weights.append(np.repeat(np.fromiter((c for _, c in self._runs), dtype=np.int64,
+                                                 count=len(self._runs)), lens - 1))
+        gaps, weights = np.concatenate(gaps), np.concatenate(weights)
         self._runs, self._pending, self._gaps, self._counts = [], 0, [], []
         with np.errstate(divide="ignore"):
             idx = ((np.log(gaps) - self._log_lo) * self._scale).astype(np.int64) + 1

@@ -14,6 +14,8 @@ STEP_COLUMNS = ["replica", "stage", "stream", "start_s", "end_s", "prefill_token
                 "batch_size", "compute_s", "comm_s", "kv_blocks", "prefill_pairs", "prefill_ctx",
                 "decode_kv", "sampled"]
 
+_FLOAT_STEP = {"start_s", "end_s", "compute_s", "comm_s", "prefill_pairs"}
+STEP_DTYPE = np.dtype([(c, np.float64 if c in _FLOAT_STEP else np.int64) for c in STEP_COLUMNS])
 
 REQUEST_RECORD = ["request_id", "arrival_s", "replica", "prompt_tokens", "output_tokens",
                   "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status",
@@ -82,7 +84,10 @@ class Recorder:
         self._bulk.append(columns)
 
     def steps_frame(self) -> pd.DataFrame:
-        parts = [pd.DataFrame.from_records(self.steps, columns=STEP_COLUMNS)]
+        # A structured array reads the tuples in one C loop: half the time of from_records,
+        # which goes through object columns (a second per 200k steps).
+        packed = np.array(self.steps, dtype=STEP_DTYPE)
+        parts = [pd.DataFrame({c: packed[c] for c in STEP_COLUMNS})]
         if self._bulk:
             parts.append(pd.DataFrame({c: np.concatenate([b[c] for b in self._bulk])
                                        for c in STEP_COLUMNS}))
