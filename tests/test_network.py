@@ -7,6 +7,8 @@ import pytest
 import simulator
 from simulator.cli import main
 from simulator.hardware.specs import load_node
+from simulator.parallel.collective import _phase_terms, allreduce, run_collectives, schedules
+from simulator.topology.flows import Flow, finish_times, max_min_rates
 from simulator.topology.graph import Paths, build_graph, nvlink_domains
 from simulator.topology.summary import bisection_bandwidth
 
@@ -53,3 +55,92 @@ def test_topology_show_prints_a_summary_and_draws(tmp_path, capsys):
     assert png.stat().st_size > 10_000
     assert main(["topology", "show", "workloads/llama70b-2xdgx.toml"]) == 0
     assert "2 x dgx-h100" in capsys.readouterr().out
+
+
+# --- Max-min fair flows ---------------------------------------------------------------------
+
+def test_two_flows_sharing_one_link_each_get_half():
+    assert list(max_min_rates([("l",), ("l",)], {"l": 10.0})) == pytest.approx([5.0, 5.0])
+    # 10 and 20 bytes at 5 B/s each; once the first ends at 2 s the second runs at 10 B/s.
+    done = finish_times([Flow(("l",), 10.0), Flow(("l",), 20.0)], {"l": 10.0})
+    assert list(done) == pytest.approx([2.0, 3.0])
+
+
+def test_a_flow_gets_what_a_slower_shared_bottleneck_leaves():
+    # f0 crosses a (10 B/s) and b (4 B/s), f1 only a, f2 only b. b is the bottleneck: f0
+    # and f2 get 2 each; f1 gets what f0 leaves of a: 10 - 2 = 8.
+    cap = {"a": 10.0, "b": 4.0}
+    rates = max_min_rates([("a", "b"), ("a",), ("b",)], cap)
+    assert list(rates) == pytest.approx([2.0, 8.0, 2.0])
+
+
+def test_a_late_flow_slows_the_first_from_its_start():
+    # f0 alone for 0.5 s at 10 B/s (5 B), then 5 B/s each: f0 ends at 1.5 s, f1 has moved
+    # 5 B by then and finishes its last 5 B alone at 10 B/s: 2.0 s.
+    done = finish_times([Flow(("l",), 10.0), Flow(("l",), 10.0, start_s=0.5)], {"l": 10.0})
+    assert list(done) == pytest.approx([1.5, 2.0])
+    assert list(finish_times([Flow((), 5.0), Flow(("l",), 0.0, 1.0)], {"l": 1.0})) == [0.0, 1.0]
+
+
+# --- Collectives over any group -------------------------------------------------------------
+
+def _dgx(nodes: int, **kw) -> tuple[Paths, object]:
+    node = load_node("dgx-h100")
+    return Paths(build_graph(node, nodes, **kw)), node.gpu.calibration.collectives
+
+
+def _gpus(a: int, b: int) -> tuple[str, ...]:
+    return tuple(f"gpu{i}" for i in range(a, b))
+
+
+def test_flow_schedules_in_one_node_equal_the_calibrated_closed_forms():
+    paths, cal = _dgx(1)
+    closed = {name: (a, b) for name, a, b in allreduce(paths, _gpus(0, 8), cal, True).nccl}
+    for name, sched in schedules(paths, "all_reduce", _gpus(0, 8), cal).items():
+        assert _phase_terms(paths, [sched]) == pytest.approx(closed[name], rel=1e-9)
+
+
+def test_8_vs_16_gpu_all_reduce_ratio_follows_the_link_speeds():
+    paths, cal = _dgx(2)
+    S = 2**30
+    nv, nic, eff = 450e9, 50e9, cal.ring_eff
+    t8 = run_collectives(paths, "all_reduce", [_gpus(0, 8)], S, cal, "ring").time_s
+    ring16 = run_collectives(paths, "all_reduce", [_gpus(0, 16)], S, cal, "ring").time_s
+    hier16 = run_collectives(paths, "all_reduce", [_gpus(0, 16)], S, cal, "hierarchical").time_s
+    # Hand formulas: 8 channels (one per rail) of a 16-rank ring; the bottleneck of each step
+    # is the NIC crossing, S/(16*8) at 50 GB/s; in one node, S/8 per step over NVLink.
+    beta8 = 2 * 7 / 8 / (nv * eff)
+    beta_ring16 = 2 * 15 / 16 / (8 * nic * eff)
+    beta_hier16 = 2 * 7 / 8 / (nv * eff) + 2 * (1 / 2) / 8 / (nic * eff)
+    assert ring16 / t8 == pytest.approx(beta_ring16 / beta8, rel=0.03)
+    assert hier16 / t8 == pytest.approx(beta_hier16 / beta8, rel=0.03)
+    best = run_collectives(paths, "all_reduce", [_gpus(0, 16)], S, cal)
+    assert best.algorithm == "ring" and best.time_s == pytest.approx(ring16)
+    # Small messages: latency decides, and the 16-rank ring's 30 cross-node steps lose.
+    assert run_collectives(paths, "all_reduce", [_gpus(0, 16)], 8192, cal).algorithm != "ring"
+
+
+def test_collectives_sharing_nics_take_twice_as_long_disjoint_ones_as_long():
+    paths, cal = _dgx(4)
+    S = 2**30
+    one = run_collectives(paths, "all_reduce", [_gpus(0, 16)], S, cal).time_s
+    disjoint = run_collectives(paths, "all_reduce", [_gpus(0, 16), _gpus(16, 32)], S, cal)
+    shared = run_collectives(paths, "all_reduce", [_gpus(0, 16), _gpus(0, 16)], S, cal)
+    assert disjoint.time_s == pytest.approx(one, rel=0.01)
+    assert shared.time_s / one == pytest.approx(2.0, rel=0.05)
+
+
+def test_spine_oversubscription_slows_cross_spine_traffic_not_intra_node():
+    S = 2**28
+    # Not rail-optimized: every NIC of a node on its ToR leaf, one node per leaf, so node 0
+    # -> node 1 traffic crosses the spines.
+    times = {}
+    for ratio in (1.0, 4.0):
+        paths, cal = _dgx(2, fabric="leaf_spine", oversubscription=ratio,
+                          rail_optimized=False, nodes_per_leaf=1)
+        cross = [(f"gpu{i}", f"gpu{8 + i}") for i in range(8)]
+        intra = [(f"gpu{i}", f"gpu{(i + 1) % 8}") for i in range(8)]
+        times[ratio] = (run_collectives(paths, "send_recv", cross, S, cal).time_s,
+                        run_collectives(paths, "send_recv", intra, S, cal).time_s)
+    assert times[4.0][0] / times[1.0][0] == pytest.approx(4.0, rel=0.05)
+    assert times[4.0][1] == pytest.approx(times[1.0][1])

@@ -16,9 +16,10 @@ import networkx as nx
 from simulator.hardware.specs import NodeSpec
 
 
-def _link(g: nx.DiGraph, a: str, b: str, bw: float, lat: float, kind: str) -> None:
-    g.add_edge(a, b, bandwidth_Bps=bw, latency_s=lat, kind=kind)
-    g.add_edge(b, a, bandwidth_Bps=bw, latency_s=lat, kind=kind)
+def _link(g: nx.DiGraph, a: str, b: str, bw: float, lat: float, kind: str,
+          scale_up: bool = False) -> None:
+    g.add_edge(a, b, bandwidth_Bps=bw, latency_s=lat, kind=kind, scale_up=scale_up)
+    g.add_edge(b, a, bandwidth_Bps=bw, latency_s=lat, kind=kind, scale_up=scale_up)
 
 
 def gpu_name(index: int) -> str:
@@ -29,7 +30,8 @@ FABRICS = ("single_switch", "leaf_spine")
 
 
 def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
-                oversubscription: float = 1.0, spines: int | None = None) -> nx.DiGraph:
+                oversubscription: float = 1.0, spines: int | None = None,
+                rail_optimized: bool = True, nodes_per_leaf: int = 1) -> nx.DiGraph:
     """The graph of ``nodes`` copies of ``node`` joined by a fabric (when nodes > 1).
 
     Parameters
@@ -46,35 +48,54 @@ def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
         Leaf downlink over uplink bandwidth (1 = non-blocking; 4 = 4:1).
     spines : int, optional
         Spine switches (default: half the rails, at least 1).
+    rail_optimized : bool
+        ``leaf_spine`` only. False: every NIC of a node on the node's top-of-rack leaf,
+        ``nodes_per_leaf`` nodes per leaf, so traffic between racks crosses the spines.
+    nodes_per_leaf : int
+        Nodes under one leaf when not rail-optimized.
+
+    Notes
+    -----
+    A leaf's uplinks carry its downlinks' bandwidth over the ratio:
+    ``per spine = ports * nic_bandwidth / oversubscription / spines``, with ``ports`` the
+    NICs under the leaf (``nodes`` when rail-optimized, ``nodes_per_leaf * gpus_per_node``
+    otherwise).
     """
     fabric = fabric or node.fabric_kind
     g = nx.DiGraph(name=f"{nodes} x {node.name}", node_type=node.name, fabric=fabric)
     g.graph["gpu"] = node.gpu
+    # NVSwitch nodes join their GPUs over NVLink; a PCIe node (scale_up.kind = "pcie_switch")
+    # joins them over PCIe: the same scale-up domain, priced on PCIe links, no NVLS.
+    pcie = node.scale_up.kind == "pcie_switch"
+    g.graph["in_switch_reduction"] = node.scale_up.in_switch_reduction and not pcie
     per = node.gpus_per_node
     if nodes > 1 and fabric == "single_switch":
         g.add_node("switch", kind="switch")
     for n in range(nodes):
-        nvsw, host = f"nvswitch{n}", f"host{n}"
-        g.add_node(nvsw, kind="nvswitch", node=n)
+        nvsw, host = (f"pcieswitch{n}" if pcie else f"nvswitch{n}"), f"host{n}"
+        g.add_node(nvsw, kind="pcie_switch" if pcie else "nvswitch", node=n)
         g.add_node(host, kind="host", node=n)
         for local in range(per):
             i = n * per + local
             gpu, nic = gpu_name(i), f"nic{i}"
             g.add_node(gpu, kind="gpu", node=n, index=i)
             g.add_node(nic, kind="nic", node=n)
-            _link(g, gpu, nvsw, node.scale_up.bandwidth_Bps, node.scale_up.latency_s, "nvlink")
+            _link(g, gpu, nvsw, node.scale_up.bandwidth_Bps, node.scale_up.latency_s,
+                  "pcie" if pcie else "nvlink", scale_up=True)
             _link(g, gpu, host, node.host.bandwidth_Bps, node.host.latency_s, "pcie")
             # GPUDirect RDMA: the GPU reaches its NIC through the PCIe switch.
             _link(g, gpu, nic, node.host.bandwidth_Bps, node.host.latency_s / 2, "pcie")
             if nodes > 1:
-                edge = "switch" if fabric == "single_switch" else f"leaf{local}"
+                edge = ("switch" if fabric == "single_switch" else
+                        f"leaf{local}" if rail_optimized else f"leaf{n // nodes_per_leaf}")
                 _link(g, nic, edge, node.nic.bandwidth_Bps,
                       node.nic.latency_s + node.switch_latency_s / 2, "network")
     if nodes > 1 and fabric == "leaf_spine":
         n_spines = spines or max(1, per // 2)
-        # Each leaf has ``nodes`` NIC ports down; its uplinks carry that over the ratio.
-        up = nodes * node.nic.bandwidth_Bps / oversubscription / n_spines
-        for r in range(per):
+        leaves = per if rail_optimized else -(-nodes // nodes_per_leaf)
+        ports = nodes if rail_optimized else nodes_per_leaf * per
+        up = ports * node.nic.bandwidth_Bps / oversubscription / n_spines
+        for r in range(leaves):
             g.add_node(f"leaf{r}", kind="switch", tier="leaf")
             for k in range(n_spines):
                 g.add_node(f"spine{k}", kind="switch", tier="spine")
@@ -89,10 +110,11 @@ def gpus(g: nx.DiGraph) -> list[str]:
 
 
 def nvlink_domains(g: nx.DiGraph) -> list[list[str]]:
-    """GPUs that reach each other over NVLink only, as lists ordered by GPU index."""
+    """Scale-up domains: GPUs that reach each other over their node's GPU switch (NVSwitch,
+    or the PCIe switches of a node without NVLink), as lists ordered by GPU index."""
     nv = nx.Graph()
     nv.add_nodes_from(n for n in gpus(g))
-    nv.add_edges_from((a, b) for a, b, k in g.edges(data="kind") if k == "nvlink")
+    nv.add_edges_from((a, b) for a, b, k in g.edges(data="scale_up") if k)
     index = nx.get_node_attributes(g, "index")
     domains = []
     for comp in nx.connected_components(nv):
