@@ -159,6 +159,19 @@ def cmd_topology(args) -> int:
     return 0
 
 
+def cmd_collective(args) -> int:
+    import json  # noqa: PLC0415 - light, on use
+
+    from simulator.topology.measure import format_report, measure, report  # noqa: PLC0415
+
+    res, sets = measure(args.topology, args.nodes, args.op, args.gpus, args.bytes,
+                        args.concurrent, args.groups, args.algorithm, args.fabric,
+                        args.oversubscription, not args.no_rail_optimized, args.nodes_per_leaf)
+    info = report(res, sets)
+    print(json.dumps(info) if args.json else format_report(info))
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from simulator.calibration import commands as calibrate  # noqa: PLC0415 - scipy on use
 
@@ -204,6 +217,24 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", metavar="KEY=VALUE")
     t.add_argument("--png", help="draw the graph to this PNG")
     t.set_defaults(func=cmd_topology)
+    k = sub.add_parser("collective", help="time collectives over a cluster's links")
+    k.add_argument("--topology", default="dgx-h100", help="node preset (default dgx-h100)")
+    k.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    k.add_argument("--fabric", help="single_switch or leaf_spine (default: the preset's)")
+    k.add_argument("--oversubscription", type=float, default=1.0, help="leaf_spine ratio")
+    k.add_argument("--no-rail-optimized", action="store_true",
+                   help="leaf_spine: a node's NICs on its own leaf (traffic crosses spines)")
+    k.add_argument("--nodes-per-leaf", type=int, default=1, help="with --no-rail-optimized")
+    k.add_argument("--op", default="all_reduce",
+                   help="all_reduce, all_gather, reduce_scatter or send_recv")
+    k.add_argument("--gpus", help="GPU indices: ranges and lists, e.g. 0-15, 0,8, 0-3,8-11")
+    k.add_argument("--bytes", default="64MiB", help="buffer size: 64MiB, 1GB, 1e6 (default 64MiB)")
+    k.add_argument("--concurrent", type=int, default=1,
+                   help="K identical collectives at once (next disjoint groups, or --groups)")
+    k.add_argument("--groups", help="one GPU list per collective, e.g. '0-7;8-15'")
+    k.add_argument("--algorithm", help="force ring, tree, nvls or hierarchical")
+    k.add_argument("--json", action="store_true", help="print one JSON object")
+    k.set_defaults(func=cmd_collective)
     p = sub.add_parser("plot", help="PNG plots of a run folder or of a sweep CSV")
     p.add_argument("target", help="run folder (runs/<name>) or sweep results CSV")
     p.add_argument("--out", help="folder for the PNGs (default: next to the input)")

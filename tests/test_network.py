@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import simulator
@@ -144,3 +146,34 @@ def test_spine_oversubscription_slows_cross_spine_traffic_not_intra_node():
                         run_collectives(paths, "send_recv", intra, S, cal).time_s)
     assert times[4.0][0] / times[1.0][0] == pytest.approx(4.0, rel=0.05)
     assert times[4.0][1] == pytest.approx(times[1.0][1])
+
+
+def test_collective_cli_json_and_bad_input(capsys):
+    assert main(["collective", "--topology", "dgx-h100", "--nodes", "2", "--op", "all_reduce",
+                 "--gpus", "0-3,8-11", "--bytes", "64MiB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["op"] == "all_reduce" and out["bytes"] == 64 * 2**20 and out["ranks"] == 8
+    assert out["gpus"] == [[0, 1, 2, 3, 8, 9, 10, 11]] and out["concurrent"] == 1
+    assert out["busbw_bytes_per_s"] == pytest.approx(out["bytes"] / out["time_s"] * 2 * 7 / 8)
+    paths, cal = _dgx(2)
+    expect = run_collectives(paths, "all_reduce", [tuple(f"gpu{i}" for i in (0, 1, 2, 3, 8, 9,
+                                                                             10, 11))],
+                             64 * 2**20, cal)
+    assert out["time_s"] == pytest.approx(expect.time_s) and out["algorithm"] == expect.algorithm
+    assert main(["collective", "--nodes", "2", "--op", "send_recv", "--gpus", "0,8",
+                 "--bytes", "1e6", "--json"]) == 0
+    p2p = json.loads(capsys.readouterr().out)
+    assert p2p["busbw_bytes_per_s"] == pytest.approx(p2p["algbw_bytes_per_s"])
+    for argv, words in [
+        (["--gpus", "0-8"], ["--gpus", "GPU 8", "0-7"]),
+        (["--gpus", "0-7", "--bytes", "12XB"], ["--bytes", "'12XB'", "64MiB"]),
+        (["--gpus", "0-7", "--op", "bcast"], ["--op", "'bcast'", "all_gather"]),
+        (["--gpus", "0-7", "--algorithm", "hierarchical"], ["--algorithm", "available"]),
+        (["--gpus", "0-7", "--concurrent", "2"], ["--concurrent", "GPU 15", "--nodes"]),
+        (["--gpus", "a-b"], ["--gpus", "'a-b'"]),
+        (["--groups", "0-3;4-5"], ["--groups", "differ"]),
+        (["--gpus", "0-2", "--op", "send_recv"], ["send_recv", "2 GPUs"]),
+    ]:
+        assert main(["collective", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and all(w in err for w in words), err
