@@ -69,6 +69,11 @@ def cmd_validate(args) -> int:
         stages = " | ".join(",".join(g.removeprefix("gpu") for g in st)
                             for st in rp.placement.stages)
         print(f"  replica {rp.placement.replica}  GPUs {stages}")
+    st, tp0 = plan.replicas[0].stages[0], plan.replicas[0].placement.stages[0]
+    if p.tp > 1:  # one all-reduce of a 64-token decode step, as the stage cost prices it
+        nbytes, span = 64 * st.hidden_bytes, len({plan.graph.nodes[g]["node"] for g in tp0})
+        print(f"  tp all-reduce  {span} node(s) per group: 64 tokens take "
+              f"{st.allreduce.time(nbytes) * 1e6:.1f} us ({st.allreduce.algorithm(nbytes)})")
     mem = plan.memory
     print(f"  memory     weights {max(mem.weights_per_gpu) / GIB:.1f} GiB per GPU, KV cache "
           f"{mem.kv_blocks} blocks = {mem.kv_tokens} tokens per replica")

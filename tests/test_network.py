@@ -10,6 +10,7 @@ import simulator
 from simulator.cli import main
 from simulator.hardware.specs import load_node
 from simulator.parallel.collective import _phase_terms, allreduce, run_collectives, schedules
+from simulator.parallel.placement import place
 from simulator.topology.flows import Flow, finish_times, max_min_rates
 from simulator.topology.graph import Paths, build_graph, nvlink_domains
 from simulator.topology.summary import bisection_bandwidth
@@ -177,3 +178,35 @@ def test_collective_cli_json_and_bad_input(capsys):
         assert main(["collective", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and all(w in err for w in words), err
+
+
+def test_tp_larger_than_a_node_takes_whole_nodes_and_its_all_reduce_crosses_them():
+    domains = nvlink_domains(build_graph(load_node("dgx-h100"), 4))
+    reps = place(domains, tp=16, pp=1, dp=2)
+    assert [r.stages[0] for r in reps] == [_gpus(0, 16), _gpus(16, 32)]
+    with pytest.raises(simulator.ScenarioError, match="needs 2 whole NVLink domains"):
+        place([list(_gpus(0, 8)), list(_gpus(8, 12)), list(_gpus(12, 16))], tp=16, pp=1, dp=1)
+    paths, cal = _dgx(2)
+    cross = allreduce(paths, _gpus(0, 16), cal, True, True)
+    inside = allreduce(paths, _gpus(0, 8), cal, True, True)
+    # No NVLS and no custom all-reduce across nodes; the algorithms of the flow schedules.
+    assert {name for name, _, _ in cross.nccl} == {"ring", "tree", "hierarchical"}
+    assert not cross.custom
+    assert cross.time(64 * 8192 * 2) > 2 * inside.time(64 * 8192 * 2)
+
+
+def test_tp16_across_two_nodes_is_slower_per_token_than_tp8_pp2_or_two_tp8_replicas():
+    base = {"model": {"name": "llama-3.1-70b"}, "cluster": {"topology": "dgx-h100", "nodes": 2},
+            "workload": {"rate_per_s": 2.0, "num_requests": 40,
+                         "prompt_tokens": {"dist": "constant", "value": 128},
+                         "output_tokens": {"dist": "constant", "value": 256}},
+            "output": {"steps": False}}
+    tpot = {}
+    for tp, pp, dp in ((16, 1, 1), (8, 2, 1), (8, 1, 2)):
+        res = simulator.run(dict(base, parallel={"tp": tp, "pp": pp, "dp": dp}))
+        assert res.summary["requests_completed"] == 40
+        tpot[(tp, pp, dp)] = res.summary["tpot_mean_s"]
+    # Half the weights per GPU saves ~2.6 ms of HBM reads per step, but 160 all-reduces per
+    # step over the NICs cost more (hierarchical, ~47 us each at 64 tokens vs ~15 us inside).
+    assert tpot[(16, 1, 1)] > 1.1 * tpot[(8, 2, 1)]
+    assert tpot[(16, 1, 1)] > 1.1 * tpot[(8, 1, 2)]

@@ -1,10 +1,12 @@
 """Place replicas on GPUs: TP groups inside one NVLink domain, PP stages over groups, DP
 replicas spread over nodes.
 
-Rules (REFERENCE.md section 2, placement rules from practice): a TP group never leaves its
-NVLink domain; a replica whose stages fit in one domain stays there; otherwise each stage
-takes the next domain with room, so PP crosses nodes; replicas go to the domain with the
-most free GPUs, which spreads DP over nodes and keeps fragmentation low.
+Rules (REFERENCE.md section 2, placement rules from practice): a TP group no larger than a
+domain never leaves its NVLink domain; a replica whose stages fit in one domain stays there;
+otherwise each stage takes the next domain with room, so PP crosses nodes; replicas go to
+the domain with the most free GPUs, which spreads DP over nodes and keeps fragmentation low.
+A TP group larger than a domain (tp = 16 on 8-GPU nodes) takes whole free domains, and its
+all-reduces cross the network (priced by the multi-node collectives).
 """
 
 from __future__ import annotations
@@ -52,8 +54,7 @@ def place(domains: list[list[str]], tp: int, pp: int, dp: int,
                             f"but the cluster has {total}")
     largest = max(len(d) for d in domains)
     if tp > largest:
-        raise ScenarioError(f"parallel.tp: {tp} exceeds the largest NVLink domain ({largest} "
-                            f"GPUs); a TP group must stay inside one NVLink domain")
+        return _place_spanning(domains, tp, pp, dp, largest)
     free = [list(d) for d in domains]
     placements = []
 
@@ -80,5 +81,27 @@ def place(domains: list[list[str]], tp: int, pp: int, dp: int,
                         f"{largest} GPUs)")
                 stages.append(tuple(free[room[0]][:tp]))
                 del free[room[0]][:tp]
+        placements.append(ReplicaPlacement(r, tuple(stages)))
+    return placements
+
+
+def _place_spanning(domains: list[list[str]], tp: int, pp: int, dp: int,
+                    size: int) -> list[ReplicaPlacement]:
+    """TP groups of ``tp / size`` whole domains each, domains taken in index order."""
+    if tp % size:
+        raise ScenarioError(f"parallel.tp: {tp} exceeds the largest NVLink domain ({size} "
+                            f"GPUs) and is not a multiple of it; a TP group larger than a "
+                            f"domain takes whole domains (tp = {size}, {2 * size}, ...)")
+    whole = [d for d in domains if len(d) == size]
+    per = tp // size
+    if per * pp * dp > len(whole):
+        raise ScenarioError(f"parallel: tp={tp}, pp={pp}, dp={dp} needs {per * pp * dp} whole "
+                            f"NVLink domains of {size} GPUs; the cluster has {len(whole)}")
+    placements, k = [], 0
+    for r in range(dp):
+        stages = []
+        for _ in range(pp):
+            stages.append(tuple(g for d in whole[k:k + per] for g in d))
+            k += per
         placements.append(ReplicaPlacement(r, tuple(stages)))
     return placements
