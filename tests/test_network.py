@@ -210,3 +210,22 @@ def test_tp16_across_two_nodes_is_slower_per_token_than_tp8_pp2_or_two_tp8_repli
     # step over the NICs cost more (hierarchical, ~47 us each at 64 tokens vs ~15 us inside).
     assert tpot[(16, 1, 1)] > 1.1 * tpot[(8, 2, 1)]
     assert tpot[(16, 1, 1)] > 1.1 * tpot[(8, 1, 2)]
+
+
+def test_l40s_pcie_preset_runs_tp_over_pcie_without_nvls_or_custom_all_reduce():
+    node = load_node("l40s-pcie")
+    assert node.gpu.peak("bf16") == pytest.approx(362.05e12)  # datasheet, dense
+    g = build_graph(node, 1)
+    assert [len(d) for d in nvlink_domains(g)] == [8]  # one PCIe scale-up domain
+    paths, cal = Paths(g), node.gpu.calibration.collectives
+    ar = allreduce(paths, _gpus(0, 8), cal, node.scale_up.in_switch_reduction, True)
+    ring = dict((n, (a, b)) for n, a, b in ar.nccl)["ring"]
+    assert "nvls" not in dict((n, a) for n, a, _ in ar.nccl)
+    assert ring[1] == pytest.approx(2 * 7 / 8 / (32e9 * cal.ring_eff))
+    sc = {"model": {"name": "llama-3.1-8b"}, "cluster": {"topology": "l40s-pcie"},
+          "parallel": {"tp": 2, "dp": 4}, "output": {"steps": False},
+          "workload": {"rate_per_s": 2.0, "num_requests": 20}}
+    res = simulator.run(sc)
+    assert res.summary["requests_completed"] == 20 and res.summary["gpus"] == 8
+    stage = simulator.build_plan(simulator.load_scenario(sc)).replicas[0].stages[0]
+    assert not stage.allreduce.custom  # vLLM's custom all-reduce needs NVLink

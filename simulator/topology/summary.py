@@ -40,6 +40,7 @@ def summary(g: nx.DiGraph) -> dict:
     return {"name": g.graph.get("name", ""), "fabric": g.graph.get("fabric", ""),
             "gpus": len(gpus(g)), "switches": kinds.get("switch", 0),
             "nvlink_domains": dict(domains), "links": dict(links),
+            "scale_up": "PCIe" if kinds.get("pcie_switch") else "NVLink",
             "bisection_Bps": bisection_bandwidth(g)}
 
 
@@ -47,7 +48,7 @@ def format_summary(info: dict) -> str:
     lines = [f"{info['name']} ({info['fabric']} fabric): {info['gpus']} GPUs, "
              f"{info['switches']} fabric switches"]
     doms = ", ".join(f"{n} x {size} GPUs" for size, n in sorted(info["nvlink_domains"].items()))
-    lines.append(f"  NVLink domains   {doms}")
+    lines.append(f"  {info.get('scale_up', 'NVLink') + ' domains':<16} {doms}")
     for (kind, bw), n in sorted(info["links"].items()):
         lines.append(f"  {kind:<8} links  {n:>6} x {bw / GB:,.0f} GB/s per direction")
     lines.append(f"  bisection        {info['bisection_Bps'] / GB:,.0f} GB/s (first half of the "
@@ -62,7 +63,7 @@ def draw(g: nx.DiGraph, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    layer = {"switch": 0, "nic": 1, "gpu": 2, "nvswitch": 3, "host": 4}
+    layer = {"switch": 0, "nic": 1, "gpu": 2, "nvswitch": 3, "pcie_switch": 3, "host": 4}
     u = nx.Graph(g)
     for _, d in u.nodes(data=True):
         d["layer"] = layer.get(d.get("kind"), 5) if d.get("tier") != "spine" else -1
