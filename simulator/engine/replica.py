@@ -226,14 +226,24 @@ class Replica:
                 continue
             if single:
                 now = env.now
+                extra = (stream.decode_run(self._run_len[s]) if self.fast and not batch.chunks
+                         else 0)
+                if extra and self._one_stage and not batch.swap_blocks and extra < (
+                        VECTOR_MIN if self.record_step is None else VECTOR_MIN_RECORDS):
+                    # A short run: the scheduled step is its first, in the same loop.
+                    yield from self._decode_run(s, batch, None, extra, gen)
+                    if self.generation != gen:
+                        return
+                    for req in stream.complete(batch, env.now):
+                        self.outstanding -= 1
+                        self.on_finish(req)
+                    continue
                 end, busy = self._inline(now, batch.tokens, batch.prefill_pairs,
                                          batch.prefill_ctx, batch.decode_kv, batch.sampled,
                                          batch.prefill_tokens, batch.n_decode,
                                          batch.batch_size, batch.kv_blocks, self.record_step,
                                          batch.swap_blocks)
                 self._count(1, batch.tokens, busy)
-                extra = (stream.decode_run(self._run_len[s]) if self.fast and not batch.chunks
-                         else 0)
                 if extra:
                     yield from self._decode_run(s, batch, end, extra, gen)
                 else:
@@ -253,9 +263,11 @@ class Replica:
                 self.outstanding -= 1
                 self.on_finish(req)
 
-    def _decode_run(self, s: int, batch: Batch, end: float, extra: int, gen: int):
+    def _decode_run(self, s: int, batch: Batch, end: float | None, extra: int, gen: int):
         """Run the scheduled decode step and the ``extra`` decode-only steps after it in
-        one event, with the same times and records as stepping one by one.
+        one event, with the same times and records as stepping one by one. ``end`` is when
+        the scheduled step ends, or None for a short run of a one-stage replica: the
+        scheduled step is then computed (and counted) with the others.
 
         Step j reads ``decode_kv + j * n`` KV entries; its end is computed from its start
         exactly as a single step would be. An arrival that could join the batch interrupts
@@ -272,6 +284,17 @@ class Replica:
         if extra >= (VECTOR_MIN if rec is None else VECTOR_MIN_RECORDS):
             ends, busy, bulk = self._decode_many(end, batch, needs, rec is not None)
             cut = ends.searchsorted  # first index whose end is past a time
+        elif self._one_stage:
+            ends, busy = self._decode_few(end, batch, needs, horizon, rec)
+            if end is None:  # the scheduled step came first: count it, keep the rest
+                self._count(1, n, busy[0])
+                ends, busy = ends[1:], busy[1:]
+                if rec is not None:
+                    self.record_step(rows.pop(0))
+            extra = len(ends) - 1
+
+            def cut(x: float, side: str) -> int:
+                return bisect.bisect_right(ends, x)
         else:
             ends, busy = [end], []
             used, t = batch.kv_blocks, end
@@ -324,6 +347,38 @@ class Replica:
         elif rec is not None:
             for row in rows[: steps * len(self.stages)]:
                 self.record_step(row)
+
+    def _decode_few(self, end: float | None, batch: Batch, needs: list[int], horizon: float,
+                    rec: Callable[[tuple], None] | None) -> tuple[list[float], list[float]]:
+        """:meth:`_inline` for a short run of decode steps of a one-stage replica, step costs
+        from :meth:`StageCost.decode_run`; stops planning once a step starts after
+        ``horizon``. Returns the end of each step (the scheduled one first) and the extra
+        steps' busy times; records each step when ``rec`` is given. With ``end`` None the
+        scheduled step (no swap) starts now and is computed first: the times then start
+        with now and the busy times with the scheduled step's."""
+        n = batch.n_decode
+        first = end is None
+        kv0 = batch.decode_kv - n if first else batch.decode_kv
+        computes, comm = self._stage0.decode_run(n, kv0, len(needs) + first)
+        off = self.overhead  # + 0 swapped blocks * swap_s, as _inline adds it
+        off_ticks = ticks(off)
+        t = self.env.now if first else end
+        ends, busy = [t], []
+        used, index = batch.kv_blocks, self.index
+        if first:
+            needs = [0, *needs]
+        for j, compute in enumerate(computes, 1):
+            if t > horizon and j > first:  # the arrival comes during an earlier step
+                break
+            nxt = t + round((off + compute + comm) * SCALE) / SCALE
+            if rec is not None:
+                used += needs[j - 1]
+                rec((index, 0, 0, t + off_ticks, nxt, 0, n, n, compute, comm, used, 0.0, 0,
+                     kv0 + j * n, n))
+            t = nxt
+            ends.append(t)
+            busy.append(compute + comm)
+        return ends, busy
 
     def _decode_many(self, end: float, batch: Batch, needs: list[int], records: bool
                      ) -> tuple[np.ndarray, np.ndarray, dict | None]:
