@@ -1,4 +1,5 @@
-"""Fabrics joining nodes, the NVL72 preset, and `topology show`."""
+"""The network: fabrics, presets, `topology show`, max-min fair flows, collectives over any
+GPU group, the `collective` command, TP across nodes, PCIe nodes, link utilization."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import simulator
 from simulator.cli import main
 from simulator.hardware.specs import load_node
+from simulator.metrics.links import KEYS, link_utilization
 from simulator.parallel.collective import _phase_terms, allreduce, run_collectives, schedules
 from simulator.parallel.placement import place
 from simulator.topology.flows import Flow, finish_times, max_min_rates
@@ -229,3 +231,23 @@ def test_l40s_pcie_preset_runs_tp_over_pcie_without_nvls_or_custom_all_reduce():
     assert res.summary["requests_completed"] == 20 and res.summary["gpus"] == 8
     stage = simulator.build_plan(simulator.load_scenario(sc)).replicas[0].stages[0]
     assert not stage.allreduce.custom  # vLLM's custom all-reduce needs NVLink
+
+
+def test_link_utilization_from_token_counters_by_hand():
+    sc = {"model": {"name": "llama-3.1-8b"}, "cluster": {"topology": "dgx-h100", "nodes": 2},
+          "parallel": {"tp": 2, "pp": 2, "dp": 1}, "output": {"steps": False},
+          "workload": {"rate_per_s": 1.0, "num_requests": 5}}
+    plan = simulator.build_plan(simulator.load_scenario(sc))
+    tokens, steps, span = 1000.0, 10, 2.0
+    util = link_utilization(plan, [tokens], [steps], span)
+    # Stage 0 on GPUs 0,1 (16 of 32 layers): a 2-rank ring moves S per direction per
+    # all-reduce, 2 per layer; custom two-shot at 100 tokens moves a ring's bytes.
+    h, layers = 4096, 16
+    per_link = 2 * layers * tokens * h * 2
+    send = tokens * h * 2  # the PP hand-off, GPU 0 -> NVSwitch -> GPU 2
+    assert util["nvlink_util_max"] == pytest.approx((per_link + send) / (450e9 * span))
+    # 16 GPUs x 2 directions of NVLink; both stages use 4 directed links each.
+    assert util["nvlink_util_mean"] == pytest.approx((8 * per_link + 2 * send)
+                                                     / (32 * 450e9 * span))
+    assert util["fabric_util_max"] == 0.0  # both stages in node 0 (the replica fits there)
+    assert set(KEYS) <= set(simulator.run(sc).summary)

@@ -38,6 +38,7 @@ from simulator.io.scenario import load_scenario, resolve_path
 from simulator.io.schema import Scenario
 from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
+from simulator.metrics.links import link_utilization
 from simulator.metrics.records import Recorder
 from simulator.metrics.summary import summarize
 from simulator.metrics.timeseries import timeseries, window_edges
@@ -376,6 +377,9 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     summary["availability_mean"] = float(np.mean(avail))
     summary["availability_min"] = float(np.min(avail))
     summary["retries_total"] = cluster.retries
+    summary.update(link_utilization(plan, [r.step_tokens for r in cluster.replicas],
+                                    [r.steps for r in cluster.replicas],
+                                    summary["simulated_time_s"]))
     eng = s.engine
     kept = steps if not steps.empty else None
     ts = timeseries(requests, kept, window_s=s.output.window_s,

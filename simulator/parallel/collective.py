@@ -194,7 +194,7 @@ def by_node(paths: Paths, group: tuple[str, ...]) -> list[list[str]]:
     return list(nodes.values())
 
 
-class _Links:
+class Links:
     """Edges of the route between two GPUs. Routes through a spine spread over the spines
     by the sender's index (ECMP), instead of all taking the first spine."""
 
@@ -236,7 +236,7 @@ def _ring_orders(nodes: list[list[str]]) -> list[list[str]]:
     return orders
 
 
-def _ring_phase(links: _Links, orders: list[list[str]], steps: int, share: float,
+def _ring_phase(links: Links, orders: list[list[str]], steps: int, share: float,
                 step_s: float) -> Phase:
     """``steps`` ring steps: every rank of every channel sends ``share`` of the buffer to
     its successor."""
@@ -250,7 +250,7 @@ def _ring_phase(links: _Links, orders: list[list[str]], steps: int, share: float
     return Phase(steps, tuple(flows), lat + step_s)
 
 
-def _tree_phases(links: _Links, group: tuple[str, ...], step_s: float) -> tuple[Phase, ...]:
+def _tree_phases(links: Links, group: tuple[str, ...], step_s: float) -> tuple[Phase, ...]:
     """NCCL's double binary tree: two heap-ordered trees over the ranks (one over the
     reversed order, so each rank is inner in at most one), each reducing then broadcasting
     half the buffer; ``ceil(log2 n)`` levels up, as many down."""
@@ -314,7 +314,7 @@ def schedules(paths: Paths, op: str, group: tuple[str, ...],
     if op not in OPS:
         raise ScenarioError(f"collective op: {op!r} is not one of {', '.join(OPS)}")
     p = params or CollectiveParams()
-    links, n = _Links(paths), len(group)
+    links, n = Links(paths), len(group)
     if op == "send_recv":
         if n != 2:
             raise ScenarioError(f"collective --gpus: send_recv takes 2 GPUs (sender, "
