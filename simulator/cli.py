@@ -177,6 +177,35 @@ def cmd_collective(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from simulator.planner import plan  # noqa: PLC0415 - on use
+    from simulator.planner.report import format_plan, write_plan  # noqa: PLC0415
+
+    result = plan(args.scenario, gpus=args.gpus, objective=args.objective, top=args.top,
+                  requests=args.requests, jobs=args.jobs, slo_quantile=args.slo_quantile,
+                  overrides=args.set)
+    out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-plan"
+    files = write_plan(result, out, figure=not args.no_plot)
+    print(format_plan(result))
+    print(f"  outputs in {out}/ ({', '.join(f.name for f in files)})")
+    if result.error:
+        raise ScenarioError(result.error, source=args.scenario)
+    return 0
+
+
+def cmd_capacity(args) -> int:
+    from simulator.planner import capacity  # noqa: PLC0415 - on use
+    from simulator.planner.report import format_capacity, write_capacity  # noqa: PLC0415
+
+    result = capacity(args.scenario, slo_quantile=args.slo_quantile, tolerance=args.tolerance,
+                      requests=args.requests, overrides=args.set)
+    out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-capacity"
+    files = write_capacity(result, out, figure=not args.no_plot)
+    print(format_capacity(result))
+    print(f"  outputs in {out}/ ({', '.join(f.name for f in files)})")
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from simulator.calibration import commands as calibrate  # noqa: PLC0415 - scipy on use
 
@@ -247,6 +276,36 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--y", help="sweep: metric on the y axis")
     p.add_argument("--hue", help="sweep: one line per value of this key")
     p.set_defaults(func=cmd_plot)
+    n = sub.add_parser("plan", help="search TP x PP x DP layouts and engine limits for a "
+                                    "scenario; simulate the best and recommend one")
+    n.add_argument("scenario", help="scenario TOML file (its layout is ignored)")
+    n.add_argument("--gpus", type=int, help="most GPUs a layout may use (default: all)")
+    n.add_argument("--objective", default="goodput_per_gpu",
+                   help="goodput_per_gpu (default), min_ttft or min_tpot")
+    n.add_argument("--top", type=int, default=8, help="candidates simulated (default 8), "
+                                                      "plus the rule of thumb")
+    n.add_argument("--requests", type=int, default=500,
+                   help="cap on requests simulated per candidate (default 500)")
+    n.add_argument("--slo-quantile", type=float, default=0.99,
+                   help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
+    n.add_argument("--jobs", type=int, help="worker processes (default: the CPUs)")
+    n.add_argument("--out", help="output folder (default runs/<name>-plan/)")
+    n.add_argument("--set", action="append", metavar="KEY=VALUE")
+    n.add_argument("--no-plot", action="store_true", help="no pareto.png")
+    n.set_defaults(func=cmd_plan)
+    y = sub.add_parser("capacity", help="highest request rate the scenario's layout "
+                                        "sustains within its SLOs (bisection)")
+    y.add_argument("scenario", help="scenario TOML file with a rate_per_s workload")
+    y.add_argument("--slo-quantile", type=float, default=0.99,
+                   help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
+    y.add_argument("--tolerance", type=float, default=0.05,
+                   help="relative width of the final bracket (default 0.05)")
+    y.add_argument("--requests", type=int, default=500,
+                   help="cap on requests per probe (default 500)")
+    y.add_argument("--out", help="output folder (default runs/<name>-capacity/)")
+    y.add_argument("--set", action="append", metavar="KEY=VALUE")
+    y.add_argument("--no-plot", action="store_true", help="no capacity.png")
+    y.set_defaults(func=cmd_capacity)
     c = sub.add_parser("calibrate", help="check or fit a GPU's cost model on measured CSVs")
     c.add_argument("action", choices=("check", "fit"),
                    help="check: predict the CSVs and report errors; fit: refit the GPU")

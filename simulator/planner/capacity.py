@@ -1,0 +1,161 @@
+"""Capacity search: the highest request rate a scenario's layout sustains while meeting its
+SLOs at a quantile, by bracketing and bisection on ``workload.rate_per_s``.
+
+A probe is one simulation at a rate (same seed, so arrivals are the same draws scaled: the
+probes are comparable). A rate is *sustained* when the TTFT and TPOT quantiles meet the
+SLOs and the layout keeps up: it completes at least 95% of the requests that arrive in
+the steady window (past capacity, queues grow without bound and completions fall behind;
+see :func:`simulator.planner.simulate.keep_up_ratio`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from simulator.errors import ScenarioError
+from simulator.io.scenario import load_scenario
+from simulator.io.schema import Scenario
+from simulator.planner.simulate import KEEP_UP, base_scenario, simulate
+from simulator.sweep import resolve_point
+
+#: Doublings or halvings tried while bracketing the capacity.
+MAX_BRACKET = 12
+#: Columns of capacity.csv.
+CURVE_COLUMNS = ["rate_per_s", "ttft_slo_q_s", "tpot_slo_q_s", "ttft_p50_s", "tpot_p50_s",
+                 "throughput_req_per_s", "goodput_req_per_s", "keep_up_ratio",
+                 "slo_attainment", "met", "note"]
+
+
+@dataclass
+class CapacityResult:
+    """``rate_per_s``: the highest sustained rate found (within ``tolerance`` of the lowest
+    rate that failed, ``failed_rate_per_s``); ``curve``: every probe, by rate."""
+
+    scenario: Scenario
+    quantile: float
+    tolerance: float
+    rate_per_s: float
+    failed_rate_per_s: float
+    curve: pd.DataFrame
+    bound: str
+    wall_time_s: float
+
+
+def _misses(row: dict, s: Scenario, q: float) -> list[str]:
+    if row["status"] != "ok":
+        return [row["error"]]
+    p = f"p{q * 100:g}"
+    out = []
+    if not row["ttft_q_s"] <= s.slo.ttft_s:
+        out.append(f"TTFT {p} {row['ttft_q_s']:.3g} s > {s.slo.ttft_s:g} s")
+    if not row["tpot_q_s"] <= s.slo.tpot_s:
+        out.append(f"TPOT {p} {row['tpot_q_s']:.3g} s > {s.slo.tpot_s:g} s")
+    if row["keep_up_ratio"] < KEEP_UP:
+        out.append(f"falls behind (completes {row['keep_up_ratio']:.0%} of arrivals)")
+    return out
+
+
+def capacity(scenario: str | dict | Scenario, *, slo_quantile: float = 0.99,
+             tolerance: float = 0.05, requests: int | None = 500,
+             overrides: list[str] | None = None, max_probes: int = 40) -> CapacityResult:
+    """Highest request rate the scenario's layout sustains within its SLOs.
+
+    Parameters
+    ----------
+    scenario : path, dict or Scenario
+        An open-loop workload with ``rate_per_s`` (poisson, gamma or constant arrivals);
+        its rate is the first probe.
+    slo_quantile : float
+        Quantile of TTFT and TPOT held to the SLO targets.
+    tolerance : float
+        Stop when ``(failed - sustained) / sustained <= tolerance``.
+    requests : int, optional
+        Requests per probe (the scenario's count, capped; None: the scenario's).
+    overrides : list of str, optional
+        ``section.key=value`` overrides.
+    max_probes : int
+        Safety cap on simulations.
+
+    Raises
+    ------
+    ScenarioError
+        A workload without a rate, bad arguments, or no sustained rate down to
+        ``rate / 2**MAX_BRACKET`` (saying which SLO binds).
+
+    Notes
+    -----
+    Bracket: from the scenario's rate r, double while sustained (or halve while not) until
+    one rate is sustained and the next is not. Bisect: probe ``(lo + hi) / 2`` until
+    ``hi - lo <= tolerance * lo``. Sustained is assumed monotone in the rate.
+    """
+    t0 = time.perf_counter()
+    if not 0 < slo_quantile <= 1:
+        raise ScenarioError(f"--slo-quantile: must be in (0, 1], got {slo_quantile}")
+    if not 0 < tolerance < 1:
+        raise ScenarioError(f"--tolerance: must be in (0, 1), got {tolerance}")
+    base = base_scenario(scenario, overrides, requests)
+    s = load_scenario(base)
+    w = s.workload
+    if w.arrival not in ("poisson", "gamma", "constant"):
+        raise ScenarioError(f"workload.arrival: capacity needs a rate to vary (poisson, gamma "
+                            f"or constant arrivals), got {w.arrival!r}")
+    probes: dict[float, dict] = {}
+
+    def probe(rate: float) -> bool:
+        if rate not in probes:
+            if len(probes) >= max_probes:
+                raise ScenarioError(f"capacity: no answer within {max_probes} probes")
+            row = simulate(resolve_point(base, {"workload.rate_per_s": rate}, s.seed),
+                           slo_quantile)
+            if row["status"] != "ok":
+                raise ScenarioError(row["error"])
+            row["misses"] = _misses(row, s, slo_quantile)
+            probes[rate] = row
+        return not probes[rate]["misses"]
+
+    rate = float(w.rate_per_s)
+    if probe(rate):
+        lo = rate
+        for _ in range(MAX_BRACKET):
+            if not probe(lo * 2):
+                break
+            lo *= 2
+        hi = lo * 2
+        if not probe(hi):
+            pass
+        else:  # never failed: report the highest probed rate as a lower bound
+            hi = math.inf
+    else:
+        hi = rate
+        for _ in range(MAX_BRACKET):
+            if probe(hi / 2):
+                break
+            hi /= 2
+        lo = hi / 2
+        if not probe(lo):
+            r = probes[lo]
+            raise ScenarioError(f"slo: the layout meets the SLOs at no rate down to "
+                                f"{lo:.3g} req/s; there: " + "; ".join(r["misses"]))
+    while math.isfinite(hi) and hi - lo > tolerance * lo:
+        mid = (lo + hi) / 2
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    curve = pd.DataFrame([{"rate_per_s": r, "ttft_slo_q_s": p["ttft_q_s"],
+                           "tpot_slo_q_s": p["tpot_q_s"], "ttft_p50_s": p["ttft_p50_s"],
+                           "tpot_p50_s": p["tpot_p50_s"],
+                           "throughput_req_per_s": p["throughput_req_per_s"],
+                           "goodput_req_per_s": p["goodput_req_per_s"],
+                           "keep_up_ratio": p["keep_up_ratio"],
+                           "slo_attainment": p["slo_attainment"], "met": not p["misses"],
+                           "note": "; ".join(p["misses"])}
+                          for r, p in sorted(probes.items())], columns=CURVE_COLUMNS)
+    bound = ("; ".join(probes[hi]["misses"]) if math.isfinite(hi)
+             else f"still sustained at {lo:.3g} req/s (the bracket's end)")
+    return CapacityResult(s, slo_quantile, tolerance, lo, hi, curve, bound,
+                          time.perf_counter() - t0)

@@ -1,0 +1,177 @@
+"""Fast analytic estimate of a candidate (layout + engine limits) from the step cost model:
+the throughput bound, the steady-state batch at the offered load, TTFT and TPOT.
+
+It only ranks candidates before the simulation; the simulation decides. What it models and
+what it does not is listed in docs/planner.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simulator.cluster.build import ClusterPlan
+from simulator.planner.space import Limits, WorkloadStats
+
+#: Fixed-point iterations for the steady-state batch.
+ITERATIONS = 60
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Estimated figures of one candidate (columns ``est_*`` of candidates.csv)."""
+
+    capacity_req_per_s: float  # throughput bound of all replicas
+    utilization: float  # offered rate / capacity (>= 1: queues grow)
+    batch: float  # running sequences per stream at the offered load
+    cycle_s: float  # one stream step at that batch: one output token per sequence
+    prefill_s: float  # a mean prompt's prefill steps
+    ttft_s: float
+    ttft_p99_s: float
+    tpot_s: float
+    goodput_req_per_s: float  # min(offered, capacity) when both SLOs hold, else 0
+
+    def as_row(self) -> dict:
+        return {f"est_{k}": v for k, v in self.__dict__.items()}
+
+
+class StepModel:
+    """Time of one micro-batch stream step of a replica, from its stage costs.
+
+    Parameters
+    ----------
+    plan : ClusterPlan
+        A built plan; the slowest replica prices the step (replicas may be placed unlike).
+    overhead_s : float
+        CPU time per step (``engine.step_overhead_s``).
+    streams : int
+        Micro-batch streams per replica (pp unless the scenario sets it).
+    """
+
+    def __init__(self, plan: ClusterPlan, overhead_s: float, streams: int):
+        self.replicas = [(rp.stages, rp.sends) for rp in plan.replicas]
+        self.overhead_s, self.streams = overhead_s, streams
+
+    def cycle(self, tokens: float, pairs: float, ctx: float, decode_kv: float,
+              sampled: float) -> float:
+        """Seconds between two steps of one stream.
+
+        Notes
+        -----
+        latency = overhead + sum_i stage_i + sum_i send_i (one stream's step end to end).
+        With M streams over P stages the streams are taken to advance in rounds, each round
+        a GPipe fill and drain: ``cycle = overhead + sends + (M + P - 1) * max_i stage_i``
+        (and at least the latency). The simulator overlaps rounds better (its bubble is
+        below (P-1)/(M+P-1)), so this is pessimistic for PP; for P = M = 1 it is exact.
+        """
+        t = max(1, round(tokens))
+        worst = 0.0
+        for stages, sends in self.replicas:
+            times = [sum(c.step(t, pairs, ctx, round(decode_kv), max(0, round(sampled))))
+                     for c in stages]
+            fixed = self.overhead_s + sum(lat + t * per for lat, per in sends)
+            rounds = fixed + (self.streams + len(stages) - 1) * max(times)
+            worst = max(worst, fixed + sum(times), rounds)
+        return worst
+
+
+def _mix(batch: float, prefill: float, prompt: float, output: float) -> tuple:
+    """Step aggregates of ``batch`` decoding sequences at mean context ``prompt + output/2``
+    plus ``prefill`` prompt tokens. Pairs: a chunk of x tokens of a P-token prompt, after
+    (P - x)/2 cached ones on average, has x(P + 1)/2 causal pairs (also for x > P whole
+    prompts)."""
+    ctx = batch * (prompt + output / 2)
+    pairs = prefill * (prompt + 1) / 2
+    cached = max(0.0, prompt - prefill) / 2 if prefill else 0.0
+    sampled = batch + (prefill / prompt if prefill else 0.0)
+    return batch + prefill, pairs, cached, ctx, sampled
+
+
+def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadStats,
+             ttft_slo_s: float, tpot_slo_s: float) -> Estimate:
+    """Estimate one candidate at the workload's offered load.
+
+    Parameters
+    ----------
+    plan : ClusterPlan
+        The built layout (stage costs, sends, replicas).
+    limits : Limits
+        Engine limits of the candidate.
+    kv_tokens : int
+        KV cache tokens per replica at these limits.
+    stats : WorkloadStats
+        Offered rate (or closed-loop concurrency) and mean lengths.
+    ttft_slo_s, tpot_slo_s : float
+        SLO targets (an estimate that misses them has no goodput).
+
+    Notes
+    -----
+    Per stream (M = streams per replica, R = dp replicas), with mean prompt P and output O:
+    a stream holds B decoding sequences; steps also prefill ``x = min(B P / O, budget - B)``
+    tokens on average to replace finished ones, in chunks of ``c = min(max(P, x), budget -
+    B)`` tokens, so ``cycle(B) = t(B, 0) + x / c * (t(B, c) - t(B, 0))`` with t(B, c) the
+    step of B decodes and a c-token chunk (:meth:`StepModel.cycle`). The cap
+    ``B_max = min(max_num_seqs, kv_tokens / M / (P + O/2))`` gives the capacity
+    ``X = R M min(B_max / O, (budget - B_max) / P) / cycle(B_max)``. At offered rate lambda
+    the batch solves Little's law ``B = lambda / (R M) * O * cycle(B)`` (fixed point).
+    TPOT = cycle(B). TTFT = prefill(P) + cycle/2 + W with the M/D/1 wait
+    ``W = rho / (2 (1 - rho)) * prefill(P)``, rho = lambda / X; the p99 uses the p99
+    prompt and ``4.6 W`` (exponential tail, ln 100). rho >= 1 gives infinite TTFT.
+    """
+    eng = plan.scenario.engine
+    streams = plan.streams_per_replica
+    lanes = plan.scenario.parallel.dp * streams
+    model = StepModel(plan, eng.step_overhead_s, streams)
+    p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
+    budget = limits.budget
+
+    def cycle(batch: float, prefill: float) -> float:
+        return model.cycle(*_mix(batch, prefill, p, o))
+
+    def steady(batch: float) -> tuple[float, float]:
+        """Mean prefill tokens per step and mean cycle: prefill comes in chunks (a prompt,
+        up to the room left in the budget), so a fraction x / chunk of the steps carry
+        one and the rest decode only."""
+        room = max(budget - batch, 1.0)
+        prefill = min(batch * p / o, room)
+        chunk = min(max(p, prefill), room)
+        base = cycle(batch, 0.0)
+        return prefill, base + prefill / chunk * (cycle(batch, chunk) - base)
+
+    b_max = max(1.0, min(limits.max_num_seqs, kv_tokens / streams / (p + o / 2)))
+    _, c_max = steady(b_max)
+    per_step = min(b_max / o, max(budget - b_max, 0.0) / p)
+    capacity = lanes * per_step / c_max
+
+    if stats.rate_per_s is None:  # closed loop: the clients fix the batch
+        batch = min(b_max, max(1.0, (stats.concurrency or 1) / lanes))
+        _, c = steady(batch)
+        rate = lanes * batch / (o * c)
+    else:
+        rate = stats.rate_per_s
+        batch = 1.0
+        for _ in range(ITERATIONS):
+            new = min(b_max, max(1.0, rate / lanes * o * steady(batch)[1]))
+            if abs(new - batch) < 1e-3:
+                break
+            batch = 0.5 * (batch + new)
+    _, c = steady(batch)
+    rho = rate / capacity if capacity > 0 else math.inf
+
+    def prefill_time(prompt: float) -> float:
+        room = max(budget - batch, 1.0)
+        chunk = min(prompt, room)
+        return math.ceil(prompt / room) * model.cycle(*_mix(batch, chunk, prompt, o))
+
+    pre, pre_p99 = prefill_time(p), prefill_time(max(stats.prompt_p99, p))
+    if rho < 1 and stats.rate_per_s is not None:
+        wait = rho / (2 * (1 - rho)) * pre
+    else:
+        wait = 0.0 if stats.rate_per_s is None else math.inf
+    ttft = pre + c / 2 + wait
+    ttft_p99 = pre_p99 + c + 4.6 * wait
+    ok = rho < 1 and ttft_p99 <= ttft_slo_s and c <= tpot_slo_s
+    if stats.rate_per_s is None:
+        ok = ttft_p99 <= ttft_slo_s and c <= tpot_slo_s
+    goodput = min(rate, capacity) if ok else 0.0
+    return Estimate(capacity, rho, batch, c, pre, ttft, ttft_p99, c, goodput)

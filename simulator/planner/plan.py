@@ -1,0 +1,479 @@
+"""The plan: enumerate layouts -> estimate -> simulate the best K and the rule of thumb ->
+rank -> recommend, with the constraint that binds.
+
+:func:`plan` is a pure function of the scenario (and its seed): it returns a
+:class:`PlanResult` with the candidates table (every enumerated layout and engine limit,
+with its estimate or the reason it is out), the simulated table (plan.csv, ranked) and the
+recommendation; the CLI writes the files. Ties sort by a stable key (GPUs, tp, pp, dp,
+limits), so the same scenario and seed give the same tables.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.cluster.simulation import _rngs, open_loop_workload
+from simulator.errors import ScenarioError
+from simulator.hardware.specs import load_node
+from simulator.io.scenario import load_scenario
+from simulator.io.schema import Scenario
+from simulator.model.memory import GIB, plan_memory
+from simulator.model.spec import load_model
+from simulator.planner.estimate import estimate
+from simulator.planner.simulate import KEEP_UP, base_scenario, simulate_many
+from simulator.planner.space import (
+    Layout,
+    Limits,
+    WorkloadStats,
+    engine_limits,
+    layouts,
+    rule_of_thumb,
+    useful_kv_tokens,
+    workload_stats,
+)
+from simulator.sweep import resolve_point
+
+OBJECTIVES = ("goodput_per_gpu", "min_ttft", "min_tpot")
+#: Candidates simulated by default, at most PER_LAYOUT of them with one (tp, pp, dp).
+DEFAULT_TOP = 8
+PER_LAYOUT = 2
+#: Requests simulated per candidate by default (the scenario's count, capped).
+DEFAULT_REQUESTS = 500
+RULE = "rule of thumb"
+
+#: Columns of plan.csv, in order.
+PLAN_COLUMNS = [
+    "rank", "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
+    "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "ttft_slo_q_s", "tpot_slo_q_s",
+    "throughput_tok_per_s", "throughput_tok_per_s_per_gpu", "tok_per_s_per_user",
+    "throughput_req_per_s", "goodput_req_per_s", "goodput_req_per_s_per_gpu",
+    "slo_attainment", "keep_up_ratio", "slo_met", "kv_tokens_per_replica",
+    "pp_bubble_fraction", "preemptions_total", "est_capacity_req_per_s", "est_ttft_p99_s",
+    "est_tpot_s", "placement", "note"]
+CANDIDATE_COLUMNS = [
+    "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
+    "status", "reason", "kv_tokens_per_replica", "est_capacity_req_per_s", "est_utilization",
+    "est_batch", "est_cycle_s", "est_prefill_s", "est_ttft_s", "est_ttft_p99_s", "est_tpot_s",
+    "est_goodput_req_per_s", "est_rank", "simulated"]
+
+
+@dataclass
+class PlanResult:
+    """What :func:`plan` found. ``error`` is set (and ``best`` is None) when no simulated
+    candidate meets the SLOs; the tables are still complete."""
+
+    scenario: Scenario
+    objective: str
+    quantile: float
+    gpus: int
+    cluster_gpus: int
+    stats: WorkloadStats
+    candidates: pd.DataFrame
+    table: pd.DataFrame
+    rule: Layout | None
+    rule_why: str
+    best: pd.Series | None
+    reason: str
+    comparison: str
+    error: str | None = None
+    wall_time_s: float = 0.0  # the whole plan
+    simulated_s: float = 0.0  # sum of the simulations' wall times
+
+
+def _key(lay: Layout, lim: Limits) -> str:
+    chunk = f"-c{lim.chunk_size}" if lim.chunk_size is not None else ""
+    return (f"tp{lay.tp}-pp{lay.pp}-dp{lay.dp}-s{lim.max_num_seqs}"
+            f"-b{lim.max_num_batched_tokens}{chunk}")
+
+
+def _stable(row) -> tuple:
+    chunk = row["chunk_size"]
+    return (row["gpus"], row["tp"], row["pp"], row["dp"], row["max_num_seqs"],
+            row["max_num_batched_tokens"], -1 if pd.isna(chunk) else chunk)
+
+
+def _sig(x: float, digits: int = 3) -> float:
+    """x rounded to ``digits`` significant digits (ranking treats closer values as ties)."""
+    if not math.isfinite(x) or x == 0:
+        return x
+    return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
+
+
+def _point(lay: Layout, lim: Limits) -> dict:
+    return {"parallel.tp": lay.tp, "parallel.pp": lay.pp, "parallel.dp": lay.dp,
+            **lim.overrides()}
+
+
+def _memory(cp: ClusterPlan, lim: Limits):
+    s, m = cp.scenario, cp.model
+    e = s.engine
+    return plan_memory(m, cp.node.gpu.memory_bytes, s.parallel.tp, s.parallel.pp,
+                       s.model.weight_dtype, s.model.kv_dtype, e.block_size,
+                       e.gpu_memory_utilization, lim.budget, lim.max_num_seqs,
+                       e.runtime_reserve_gib * GIB)
+
+
+def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStats,
+                         objective: str) -> pd.DataFrame:
+    """Every layout of at most ``gpus`` GPUs x every engine limit: built (placement, fit),
+    checked for a useful KV cache and estimated; ``status`` is ``feasible`` or
+    ``excluded`` with the ``reason``. Sorted by the estimate (``est_rank``)."""
+    model = load_model(s.model.name, s.base_dir)
+    limits = engine_limits(s)
+    probe = min(limits, key=lambda lim: (lim.budget, lim.max_num_seqs))
+    positions = s.engine.max_model_len or model.max_position_embeddings
+    need = useful_kv_tokens(stats, positions)
+    rows = []
+    for lay in layouts(model, gpus):
+        try:
+            cp = build_plan(load_scenario(resolve_point(base, _point(lay, probe), s.seed)))
+        except ScenarioError as exc:
+            cp, why = None, "; ".join(exc.problems)
+        for lim in limits:
+            row = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
+                   "max_num_seqs": lim.max_num_seqs,
+                   "max_num_batched_tokens": lim.max_num_batched_tokens,
+                   "chunk_size": lim.chunk_size, "gpus": lay.gpus, "status": "excluded",
+                   "reason": "", "kv_tokens_per_replica": math.nan, "simulated": False}
+            rows.append(row)
+            if cp is None:
+                row["reason"] = why
+                continue
+            try:
+                mem = _memory(cp, lim)
+            except ScenarioError as exc:
+                row["reason"] = "; ".join(exc.problems)
+                continue
+            row["kv_tokens_per_replica"] = mem.kv_tokens
+            per_stream = mem.kv_tokens // cp.streams_per_replica
+            if per_stream < need:
+                row["reason"] = (f"KV cache of {per_stream} tokens per stream is under the "
+                                 f"useful {need} (the longest request, and 8 mean ones)")
+                continue
+            est = estimate(cp, lim, mem.kv_tokens, stats, s.slo.ttft_s, s.slo.tpot_s)
+            row.update(est.as_row(), status="feasible")
+    df = pd.DataFrame(rows)
+    for c in CANDIDATE_COLUMNS:
+        if c not in df:
+            df[c] = math.nan
+    df["chunk_size"] = df["chunk_size"].astype("Int64")
+
+    def score(r) -> tuple:
+        if r["status"] != "feasible":
+            return (2, 0.0, _stable(r))
+        ok = r["est_goodput_req_per_s"] > 0
+        obj = {"goodput_per_gpu": -r["est_goodput_req_per_s"] / r["gpus"]
+               if ok else -r["est_capacity_req_per_s"] / r["gpus"],
+               "min_ttft": r["est_ttft_p99_s"], "min_tpot": r["est_tpot_s"]}[objective]
+        return (0 if ok else 1, _sig(obj), _stable(r))
+
+    order = sorted(range(len(df)), key=lambda i: score(df.iloc[i]))
+    df = df.iloc[order].reset_index(drop=True)
+    feasible = df["status"] == "feasible"
+    df["est_rank"] = pd.Series(range(1, len(df) + 1)).where(feasible).astype("Int64")
+    return df[CANDIDATE_COLUMNS]
+
+
+def _misses(r, slo, q: float) -> list[str]:
+    """Which targets a simulated row misses, as ``"TTFT p99 2.41 s > 2 s"``."""
+    if r["status"] != "ok":
+        return [f"failed: {r['error']}"]
+    p = f"p{q * 100:g}"
+    out = []
+    if not r["ttft_slo_q_s"] <= slo.ttft_s:
+        out.append(f"TTFT {p} {r['ttft_slo_q_s']:.3g} s > {slo.ttft_s:g} s")
+    if not r["tpot_slo_q_s"] <= slo.tpot_s:
+        out.append(f"TPOT {p} {r['tpot_slo_q_s']:.3g} s > {slo.tpot_s:g} s")
+    if r["keep_up_ratio"] < KEEP_UP:
+        out.append(f"falls behind the offered load (completes {r['keep_up_ratio']:.0%} of "
+                   f"arrivals in the steady window)")
+    return out
+
+
+def _rank_key(objective: str):
+    def key(r) -> tuple:
+        if r["status"] != "ok":
+            return (2, 0.0, 0.0, 0.0, _stable(r))
+        primary = {"goodput_per_gpu": (-_sig(r["goodput_req_per_s_per_gpu"]),
+                                       r["tpot_slo_q_s"], r["ttft_slo_q_s"]),
+                   "min_ttft": (_sig(r["ttft_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
+                                r["tpot_slo_q_s"]),
+                   "min_tpot": (_sig(r["tpot_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
+                                r["ttft_slo_q_s"])}[objective]
+        return (0 if r["slo_met"] else 1, *primary, _stable(r))
+    return key
+
+
+def _label(r) -> str:
+    chunk = r.get("chunk_size")
+    lim = (f"chunk {int(chunk)}" if chunk is not None and not pd.isna(chunk)
+           else f"budget {int(r['max_num_batched_tokens'])}")
+    return (f"TP{int(r['tp'])} PP{int(r['pp'])} DP{int(r['dp'])} "
+            f"(max_num_seqs {int(r['max_num_seqs'])}, {lim})")
+
+
+def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
+         objective: str = "goodput_per_gpu", top: int = DEFAULT_TOP,
+         requests: int | None = DEFAULT_REQUESTS, jobs: int | None = None,
+         slo_quantile: float = 0.99, overrides: list[str] | None = None) -> PlanResult:
+    """Search layouts and engine limits for a scenario; simulate the best and recommend one.
+
+    Parameters
+    ----------
+    scenario : path, dict or Scenario
+        Model, cluster, workload and SLOs; its own layout is ignored.
+    gpus : int, optional
+        Most GPUs a layout may use (default: all in the cluster).
+    objective : {"goodput_per_gpu", "min_ttft", "min_tpot"}
+        Goodput (requests/s meeting both SLOs) per GPU used, or the TTFT / TPOT quantile.
+    top : int
+        Candidates simulated (best by the estimate, at most 2 per layout), plus the rule
+        of thumb.
+    requests : int, optional
+        Cap on the requests simulated per candidate (None: the scenario's).
+    jobs : int, optional
+        Worker processes (default: the CPUs).
+    slo_quantile : float
+        Quantile of TTFT and TPOT that must meet the SLO targets.
+    overrides : list of str, optional
+        ``section.key=value`` overrides of the scenario.
+
+    Raises
+    ------
+    ScenarioError
+        Bad arguments, or no layout fits (saying by how much the closest one misses).
+    """
+    t0 = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise ScenarioError(f"--objective: {objective!r} is not an objective "
+                            f"(allowed: {', '.join(OBJECTIVES)})")
+    if top < 1:
+        raise ScenarioError(f"--top: must be >= 1, got {top}")
+    if not 0 < slo_quantile <= 1:
+        raise ScenarioError(f"--slo-quantile: must be in (0, 1], got {slo_quantile}")
+    base = base_scenario(scenario, overrides, requests)
+    s = load_scenario(base)
+    node = load_node(s.cluster.topology, s.base_dir)
+    model = load_model(s.model.name, s.base_dir)
+    total = s.cluster.nodes * node.gpus_per_node
+    if gpus is not None and not 1 <= gpus <= total:
+        raise ScenarioError(f"--gpus: {gpus} is not between 1 and the cluster's {total} GPUs "
+                            f"({s.cluster.nodes} x {node.name})")
+    cap = gpus or total
+    reqs = None if s.workload.arrival == "closed_loop" else open_loop_workload(s, _rngs(s.seed))
+    stats = workload_stats(s, reqs)
+    cands = enumerate_candidates(base, s, cap, stats, objective)
+    feasible = cands[cands["status"] == "feasible"]
+    if feasible.empty:
+        raise ScenarioError(_no_fit(cands, model.name, s.model.weight_dtype, cap))
+
+    picked: list[int] = []
+    per: dict[tuple, int] = {}
+    for i, r in feasible.iterrows():
+        lay = (r["tp"], r["pp"], r["dp"])
+        if per.get(lay, 0) < PER_LAYOUT:
+            per[lay] = per.get(lay, 0) + 1
+            picked.append(i)
+        if len(picked) == top:
+            break
+    e = s.engine
+    own = Limits(e.max_num_seqs, e.max_num_batched_tokens,
+                 (e.scheduler_args or {}).get("chunk_size", 512)
+                 if e.scheduler == "sarathi" else None)
+    try:
+        rule, rule_why = rule_of_thumb(s, model, node.gpu.memory_bytes, node.gpus_per_node,
+                                       cap, stats)
+    except ScenarioError as exc:
+        rule, rule_why = None, exc.problems[0]
+    rule_idx = None
+    if rule is not None:
+        match = cands[(cands["tp"] == rule.tp) & (cands["pp"] == rule.pp)
+                      & (cands["dp"] == rule.dp) & (cands["max_num_seqs"] == own.max_num_seqs)
+                      & (cands["max_num_batched_tokens"] == own.max_num_batched_tokens)]
+        if own.chunk_size is not None:
+            match = match[match["chunk_size"] == own.chunk_size]
+        if not match.empty:
+            rule_idx = int(match.index[0])
+            if cands.loc[rule_idx, "status"] != "feasible":
+                rule_why += f" (but it is out: {cands.loc[rule_idx, 'reason']})"
+                rule_idx = None
+            elif rule_idx not in picked:
+                picked.append(rule_idx)
+
+    jobs_in = {}
+    for i in picked:
+        r = cands.loc[i]
+        lim = Limits(int(r["max_num_seqs"]), int(r["max_num_batched_tokens"]),
+                     None if pd.isna(r["chunk_size"]) else int(r["chunk_size"]))
+        lay = Layout(int(r["tp"]), int(r["pp"]), int(r["dp"]))
+        jobs_in[i] = resolve_point(base, _point(lay, lim), s.seed)
+    sims = dict(simulate_many(jobs_in, slo_quantile, jobs))
+    cands.loc[picked, "simulated"] = True
+
+    rows, wall = [], 0.0
+    for i in picked:
+        c = cands.loc[i]
+        sim = sims[i]
+        row = {k: c[k] for k in ("tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens",
+                                 "chunk_size", "gpus", "est_capacity_req_per_s",
+                                 "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica")}
+        row.update({k: v for k, v in sim.items()
+                    if k not in ("wall_time_s", "ttft_q_s", "tpot_q_s")})
+        row["ttft_slo_q_s"] = sim.get("ttft_q_s", math.nan)
+        row["tpot_slo_q_s"] = sim.get("tpot_q_s", math.nan)
+        wall += sim.get("wall_time_s", 0.0)
+        row["_rule"] = i == rule_idx
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    for c in [*PLAN_COLUMNS, "status", "error"]:
+        if c not in table:
+            table[c] = math.nan
+    slo = s.slo
+    table["slo_met"] = [r["status"] == "ok" and not _misses(r, slo, slo_quantile)
+                        for _, r in table.iterrows()]
+    order = sorted(range(len(table)), key=lambda i: _rank_key(objective)(table.iloc[i]))
+    table = table.iloc[order].reset_index(drop=True)
+    table["rank"] = range(1, len(table) + 1)
+    notes = []
+    for _, r in table.iterrows():
+        parts = []
+        if r["_rule"]:
+            parts.append(RULE)
+        if r["gpus"] < total:
+            parts.append(f"uses {int(r['gpus'])} of {total} GPUs")
+        parts += _misses(r, slo, slo_quantile)
+        notes.append("; ".join(parts))
+    table["note"] = notes
+    rule_row = table[table["_rule"]]
+    table = table.drop(columns="_rule")
+
+    met = table[table["slo_met"]]
+    best = met.iloc[0] if not met.empty else None
+    error = None if best is not None else _no_slo(table, slo, slo_quantile, stats)
+    reason = _reason(best, table, cands, objective, slo, slo_quantile, stats, total) \
+        if best is not None else ""
+    comparison = _compare(best, rule_row.iloc[0] if not rule_row.empty else None, rule,
+                          objective, slo, slo_quantile)
+    return PlanResult(s, objective, slo_quantile, cap, total, stats,
+                      cands.reset_index(drop=True), table[PLAN_COLUMNS].copy(), rule,
+                      rule_why, best, reason, comparison, error, time.perf_counter() - t0,
+                      wall)
+
+
+def _no_fit(cands: pd.DataFrame, model: str, dtype: str, cap: int) -> str:
+    """The message when no layout is feasible: the closest miss and by how much."""
+    short = []
+    for _, r in cands.iterrows():
+        m = re.search(r"short by ([0-9.]+) GiB", str(r["reason"]))
+        if m:
+            short.append((float(m.group(1)), -r["gpus"], r["reason"]))
+    if short:
+        gib, _, why = min(short)
+        return (f"model.name: no layout of at most {cap} GPUs fits {model} ({dtype}); the "
+                f"closest is short by {gib:g} GiB per GPU: {why}")
+    r = cands.iloc[-1]
+    return (f"model.name: no layout of at most {cap} GPUs serves {model} ({dtype}); e.g. "
+            f"TP{r['tp']} PP{r['pp']} DP{r['dp']}: {r['reason']}")
+
+
+def _no_slo(table: pd.DataFrame, slo, q: float, stats: WorkloadStats) -> str:
+    """The message when no simulated candidate meets the SLOs: which bound, best achieved."""
+    ok = table[table["status"] == "ok"]
+    p = f"p{q * 100:g}"
+    if ok.empty:
+        return ("slo: no candidate could be simulated: "
+                + "; ".join(str(e) for e in table["error"].head(3)))
+    bits = []
+    i = ok["ttft_slo_q_s"].astype(float).idxmin()
+    j = ok["tpot_slo_q_s"].astype(float).idxmin()
+    if ok.loc[i, "ttft_slo_q_s"] > slo.ttft_s:
+        bits.append(f"TTFT {p} <= {slo.ttft_s:g} s (slo.ttft_s): best "
+                    f"{ok.loc[i, 'ttft_slo_q_s']:.3g} s, {_label(ok.loc[i])}")
+    if ok.loc[j, "tpot_slo_q_s"] > slo.tpot_s:
+        bits.append(f"TPOT {p} <= {slo.tpot_s:g} s (slo.tpot_s): best "
+                    f"{ok.loc[j, 'tpot_slo_q_s']:.3g} s, {_label(ok.loc[j])}")
+    k = ok["keep_up_ratio"].astype(float).idxmax()
+    if ok.loc[k, "keep_up_ratio"] < KEEP_UP:
+        bits.append(f"keeping up with the offered {stats.rate_per_s:.3g} req/s: best completes "
+                    f"{ok.loc[k, 'keep_up_ratio']:.0%} of arrivals, {_label(ok.loc[k])}")
+    if not bits:
+        bits.append("TTFT and TPOT together: each is met by some layout, never both with "
+                    "the load kept up")
+    return "slo: no simulated layout meets the SLOs; what binds: " + "; ".join(bits)
+
+
+def _reason(best, table, cands, objective, slo, q, stats, total) -> str:
+    """Why the pick: its margins, and the constraint that stops a better-scoring one."""
+    p = f"p{q * 100:g}"
+    load = (f"{stats.rate_per_s:.3g} req/s offered" if stats.rate_per_s is not None
+            else f"{stats.concurrency} closed-loop clients")
+    head = (f"{_label(best)} on {int(best['gpus'])} GPUs: TTFT {p} "
+            f"{best['ttft_slo_q_s']:.3g} s of {slo.ttft_s:g} s, TPOT {p} "
+            f"{best['tpot_slo_q_s']:.3g} s of {slo.tpot_s:g} s at {load}; goodput "
+            f"{best['goodput_req_per_s_per_gpu']:.3g} req/s per GPU")
+    if best["gpus"] < total:
+        head += f" (uses {int(best['gpus'])} of the {total} GPUs)"
+    raw = {"goodput_per_gpu": lambda r: -r["throughput_req_per_s"] / r["gpus"],
+           "min_ttft": lambda r: r["ttft_slo_q_s"], "min_tpot": lambda r: r["tpot_slo_q_s"]}
+    f = raw[objective]
+    better = [r for _, r in table.iterrows()
+              if r["status"] == "ok" and not r["slo_met"] and _sig(f(r)) < _sig(f(best))]
+    if better:
+        r = better[0]
+        binds = f"what binds: {_label(r)} scores higher but misses " + "; ".join(
+            _misses(r, slo, q))
+    else:
+        fewer = cands[(cands["gpus"] < best["gpus"]) & ~cands["simulated"]]
+        est = fewer[fewer["status"] == "feasible"]
+        out = fewer[fewer["status"] == "excluded"]
+        if objective == "goodput_per_gpu" and not est.empty:
+            r = est.iloc[0]
+            binds = (f"what binds: the SLOs by estimate; the best smaller candidate, "
+                     f"{_label(r)}, is estimated at TTFT p99 {r['est_ttft_p99_s']:.3g} s, "
+                     f"TPOT {r['est_tpot_s']:.3g} s, capacity "
+                     f"{r['est_capacity_req_per_s']:.3g} req/s")
+        elif objective == "goodput_per_gpu" and not out.empty:
+            r = out.sort_values("gpus", kind="stable").iloc[-1]
+            binds = (f"what binds: memory or legality; no smaller layout serves it, e.g. "
+                     f"TP{r['tp']} PP{r['pp']} DP{r['dp']}: {r['reason']}")
+        else:
+            binds = ("what binds: nothing simulated scores higher (the estimate ranked "
+                     "the other candidates lower)")
+    return f"{head}\n  {binds}"
+
+
+def _compare(best, rule_row, rule, objective, slo, q) -> str:
+    """How far the pick beats the rule-of-thumb layout (or that the rule wins)."""
+    if rule is None:
+        return "rule of thumb: no layout (see above)"
+    if rule_row is None:
+        return f"rule of thumb {rule}: not simulated (out of the search)"
+    if rule_row["status"] != "ok":
+        return f"rule of thumb {_label(rule_row)}: {rule_row['error']}"
+    if not rule_row["slo_met"]:
+        return (f"rule of thumb {_label(rule_row)} misses the SLOs: "
+                + "; ".join(_misses(rule_row, slo, q)))
+    if best is None:
+        return f"rule of thumb {_label(rule_row)}"
+    if int(rule_row["rank"]) == int(best["rank"]):
+        return f"the rule of thumb wins: {_label(rule_row)} is the pick"
+    if objective == "goodput_per_gpu":
+        a, b = best["goodput_req_per_s_per_gpu"], rule_row["goodput_req_per_s_per_gpu"]
+        what = "goodput per GPU"
+        gain = a / b - 1 if b > 0 else math.inf
+    else:
+        col = "ttft_slo_q_s" if objective == "min_ttft" else "tpot_slo_q_s"
+        a, b = best[col], rule_row[col]
+        what = ("TTFT" if objective == "min_ttft" else "TPOT") + f" p{q * 100:g}"
+        gain = b / a - 1 if a > 0 else math.inf
+    if gain <= 0:
+        return (f"the rule of thumb {_label(rule_row)} ties the pick on {what} "
+                f"(ranked {int(rule_row['rank'])} on the tie-breakers)")
+    return (f"the pick beats the rule of thumb {_label(rule_row)} by {gain:.0%} on {what} "
+            f"({a:.3g} vs {b:.3g})")

@@ -1,0 +1,98 @@
+"""Text and files of a plan or a capacity search: what the CLI prints and writes.
+
+plan: ``plan.csv`` (simulated candidates, ranked), ``candidates.csv`` (every enumerated
+candidate with its estimate or the reason it is out), ``pareto.png``. capacity:
+``capacity.csv`` (one row per probe) and ``capacity.png``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.planner.capacity import CapacityResult
+from simulator.planner.plan import PlanResult
+from simulator.planner.plots import capacity_plot, pareto_plot
+
+
+def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list[Path]:
+    """Write plan.csv, candidates.csv and (unless ``figure`` is false) pareto.png."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "plan.csv", out / "candidates.csv"]
+    result.table.to_csv(files[0], index=False)
+    result.candidates.to_csv(files[1], index=False)
+    if figure and not result.table.empty:
+        s = result.scenario
+        title = (f"{s.model.name} ({s.model.weight_dtype}) on {s.cluster.nodes} x "
+                 f"{s.cluster.topology}: throughput per GPU vs speed per user")
+        files.append(pareto_plot(result.table, out / "pareto.png", title))
+    return files
+
+
+def format_plan(result: PlanResult) -> str:
+    """The recommendation and the top of the ranking, as printed by ``plan``."""
+    s, st = result.scenario, result.stats
+    load = (f"{st.rate_per_s:.3g} req/s" if st.rate_per_s is not None
+            else f"{st.concurrency} clients")
+    n_feasible = int((result.candidates["status"] == "feasible").sum())
+    lines = [f"plan {s.name}: {s.model.name} ({s.model.weight_dtype} weights, "
+             f"{s.model.kv_dtype} KV) on {s.cluster.nodes} x {s.cluster.topology} "
+             f"({result.cluster_gpus} GPUs, layouts up to {result.gpus})",
+             f"  workload   {st.requests} requests simulated per candidate, {load}, prompt "
+             f"mean {st.prompt_mean:.0f}, output mean {st.output_mean:.0f} tokens; SLO "
+             f"p{result.quantile * 100:g} TTFT <= {s.slo.ttft_s:g} s, TPOT <= "
+             f"{s.slo.tpot_s:g} s",
+             f"  searched   {len(result.candidates)} candidates, {n_feasible} feasible, "
+             f"{len(result.table)} simulated (objective {result.objective}) in "
+             f"{result.wall_time_s:.1f} s"]
+    if result.best is not None:
+        lines.append(f"  recommend  {result.reason}")
+    lines.append(f"  rule       {result.rule_why}")
+    lines.append(f"             {result.comparison}")
+    q = f"p{result.quantile * 100:g}"
+    lines.append(f"  rank  layout          seqs budget GPUs  {'TTFT ' + q:>8}  "
+                 f"{'TPOT ' + q:>8}  tok/s/GPU  goodput/GPU  SLO")
+    for _, r in result.table.head(10).iterrows():
+        budget = (int(r["max_num_batched_tokens"]) if pd.isna(r["chunk_size"])
+                  else int(r["chunk_size"]))
+        lay = f"TP{int(r['tp'])} PP{int(r['pp'])} DP{int(r['dp'])}"
+        lines.append(f"  {int(r['rank']):>4}  {lay:<14} {int(r['max_num_seqs']):>5} "
+                     f"{budget:>6} {int(r['gpus']):>4}  {r['ttft_slo_q_s']:>8.3f}  "
+                     f"{r['tpot_slo_q_s']:>8.4f}  {r['throughput_tok_per_s_per_gpu']:>9.1f}  "
+                     f"{r['goodput_req_per_s_per_gpu']:>11.3f}  "
+                     f"{'met' if r['slo_met'] else 'missed'}")
+    return "\n".join(lines)
+
+
+def write_capacity(result: CapacityResult, out: str | Path, figure: bool = True) -> list[Path]:
+    """Write capacity.csv and (unless ``figure`` is false) capacity.png."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "capacity.csv"]
+    result.curve.to_csv(files[0], index=False)
+    if figure:
+        s = result.scenario
+        p = s.parallel
+        title = (f"{s.model.name} TP{p.tp} PP{p.pp} DP{p.dp} on {s.cluster.nodes} x "
+                 f"{s.cluster.topology}: capacity {result.rate_per_s:.3g} req/s")
+        files.append(capacity_plot(result.curve, out / "capacity.png", result.rate_per_s,
+                                   s.slo.ttft_s, s.slo.tpot_s, result.quantile, title))
+    return files
+
+
+def format_capacity(result: CapacityResult) -> str:
+    """What ``capacity`` prints."""
+    s, p = result.scenario, result.scenario.parallel
+    q = f"p{result.quantile * 100:g}"
+    upper = (f"{result.failed_rate_per_s:.3g} req/s is not: {result.bound}"
+             if result.failed_rate_per_s != float("inf") else result.bound)
+    return "\n".join([
+        f"capacity {s.name}: {s.model.name} TP{p.tp} PP{p.pp} DP{p.dp} on "
+        f"{s.cluster.nodes} x {s.cluster.topology}, SLO {q} TTFT <= {s.slo.ttft_s:g} s, "
+        f"TPOT <= {s.slo.tpot_s:g} s",
+        f"  sustains   {result.rate_per_s:.3g} req/s (within {result.tolerance:.0%}); "
+        f"{upper}",
+        f"  probes     {len(result.curve)} simulations of {s.workload.num_requests} requests "
+        f"in {result.wall_time_s:.1f} s"])

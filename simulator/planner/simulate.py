@@ -1,0 +1,152 @@
+"""Simulate candidates (resolved scenario dicts) in a process pool and reduce each run to the
+row the planner ranks: latency quantiles, throughput per GPU, whether the SLOs hold and
+whether the layout keeps up with the offered load.
+
+A run that the cluster build refuses (a ScenarioError) becomes a row with ``status =
+"error"`` and the message; any other exception is a bug and propagates.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pandas as pd
+
+from simulator.cluster.build import ClusterPlan
+from simulator.cluster.simulation import run
+from simulator.errors import ScenarioError
+from simulator.io.scenario import load_scenario, to_dict
+
+#: A layout keeps up when it completes at least this fraction of the requests that arrive
+#: in the steady window (see :func:`keep_up_ratio`).
+KEEP_UP = 0.95
+#: Fewer arrivals than this in the steady window: too few to judge keeping up.
+KEEP_UP_MIN_ARRIVALS = 20
+#: Share of the arrival span skipped as warm-up before the steady window.
+WARMUP = 0.2
+
+
+def base_scenario(scenario, overrides: list[str] | None = None,
+                  requests: int | None = None) -> dict:
+    """The scenario as a dict for :func:`simulator.sweep.resolve_point`: overrides applied,
+    ``workload.num_requests`` capped at ``requests``, no per-step records (not needed)."""
+    s = load_scenario(scenario, overrides=overrides)
+    data = to_dict(s)
+    data["_base_dir"], data["_source"] = s.base_dir, s.source
+    if requests is not None:
+        if requests < 1:
+            raise ScenarioError(f"--requests: must be >= 1, got {requests}")
+        n = data["workload"].get("num_requests")
+        data["workload"]["num_requests"] = min(n, requests) if n else requests
+    data["output"] = {**data.get("output", {}), "steps": False, "trace": False}
+    return data
+
+
+def placement_text(plan: ClusterPlan) -> str:
+    """Where each replica runs: ``r0 n0:0-3>n1:8-11; r1 ...`` (node: GPU indices per
+    stage, ``>`` between pipeline stages)."""
+    g = plan.graph
+    parts = []
+    for rp in plan.replicas:
+        stages = []
+        for group in rp.placement.stages:
+            idx = sorted(g.nodes[x]["index"] for x in group)
+            nodes = sorted({g.nodes[x]["node"] for x in group})
+            span = (f"{idx[0]}-{idx[-1]}" if idx == list(range(idx[0], idx[-1] + 1))
+                    else ",".join(map(str, idx)))
+            stages.append(f"n{'+n'.join(map(str, nodes))}:{span}")
+        parts.append(f"r{rp.placement.replica} " + ">".join(stages))
+    return "; ".join(parts)
+
+
+def quantile_or_inf(values: np.ndarray, q: float) -> float:
+    """The q-quantile, where inf entries (requests that never got there) count as misses."""
+    if len(values) == 0:
+        return math.inf
+    return float(np.quantile(values, q, method="higher"))
+
+
+def keep_up_ratio(requests: pd.DataFrame) -> float:
+    """Requests completed in ``[lo + d, hi + d]`` over requests arrived in the steady window
+    ``[lo, hi] = [first arrival + WARMUP * span, last arrival]``, with d the median
+    end-to-end latency; nan when fewer than ``KEEP_UP_MIN_ARRIVALS`` arrive there.
+
+    A stable layout completes each request about d after it arrives, so the ratio is near 1;
+    past capacity completions run at the service rate mu < lambda (ratio mu / lambda) and
+    queues grow without bound.
+    """
+    t = requests["arrival_s"].to_numpy(dtype=float)
+    if len(t) == 0:
+        return math.nan
+    lo = t.min() + WARMUP * (t.max() - t.min())
+    hi = t.max()
+    arrived = int(((t >= lo) & (t <= hi)).sum())
+    if arrived < KEEP_UP_MIN_ARRIVALS:
+        return math.nan
+    done = requests["status"] == "completed"
+    if not done.any():
+        return 0.0
+    f = requests.loc[done, "finish_s"].to_numpy(dtype=float)
+    d = float(np.median(f - requests.loc[done, "arrival_s"].to_numpy(dtype=float)))
+    return float(((f >= lo + d) & (f <= hi + d)).sum()) / arrived
+
+
+def simulate(resolved: dict, quantile: float = 0.99) -> dict:
+    """Run one candidate and reduce it to a planner row (never writes files).
+
+    TTFT at the quantile counts requests that did not complete as infinitely late; TPOT
+    counts one-token replies as met (as goodput does).
+    """
+    try:
+        result = run(load_scenario(resolved), keep_steps=False)
+    except ScenarioError as exc:
+        return {"status": "error", "error": exc.render().replace("\n", "; ")}
+    s, req = result.summary, result.requests
+    done = req["status"] == "completed"
+    ttft = np.where(done, req["ttft_s"].to_numpy(dtype=float), math.inf)
+    tpot = np.where(done, req["tpot_s"].fillna(0.0).to_numpy(dtype=float), math.inf)
+    gpus = s["gpus"]
+    tpot50 = s["tpot_p50_s"]
+    row = {"status": "ok", "error": "", "gpus": gpus,
+           "ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
+           "tpot_p50_s": tpot50, "tpot_p99_s": s["tpot_p99_s"],
+           "ttft_q_s": quantile_or_inf(ttft, quantile),
+           "tpot_q_s": quantile_or_inf(tpot, quantile),
+           "throughput_tok_per_s": s["throughput_tok_per_s"],
+           "throughput_tok_per_s_per_gpu": s["throughput_tok_per_s"] / gpus,
+           "tok_per_s_per_user": 1.0 / tpot50 if tpot50 and tpot50 > 0 else math.nan,
+           "throughput_req_per_s": s["throughput_req_per_s"],
+           "goodput_req_per_s": s["goodput_req_per_s"],
+           "goodput_req_per_s_per_gpu": s["goodput_req_per_s"] / gpus,
+           "slo_attainment": s["slo_attainment"],
+           "keep_up_ratio": keep_up_ratio(req),
+           "requests_completed": s["requests_completed"], "requests_total": s["requests_total"],
+           "queue_p99_s": s["queue_p99_s"], "preemptions_total": s["preemptions_total"],
+           "kv_tokens_per_replica": s["kv_tokens_per_replica"],
+           "pp_bubble_fraction": s["pp_bubble_fraction"],
+           "placement": placement_text(result.plan),
+           "wall_time_s": s["wall_time_s"]}
+    return row
+
+
+def _one(job: tuple[str, dict, float]) -> tuple[str, dict]:
+    key, resolved, quantile = job
+    return key, simulate(resolved, quantile)
+
+
+def simulate_many(jobs: dict[str, dict], quantile: float = 0.99,
+                  workers: int | None = None) -> Iterator[tuple[str, dict]]:
+    """Simulate ``{key: resolved scenario}`` with ``workers`` processes (default: the CPUs;
+    1 runs in this process); yields ``(key, row)`` as runs finish."""
+    items = [(k, v, quantile) for k, v in jobs.items()]
+    workers = max(1, min(workers or os.cpu_count() or 1, len(items)))
+    if workers == 1:
+        for item in items:
+            yield _one(item)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        yield from pool.map(_one, items)
