@@ -300,8 +300,8 @@ def parser() -> argparse.ArgumentParser:
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
     y.add_argument("--tolerance", type=float, default=0.05,
                    help="relative width of the final bracket (default 0.05)")
-    y.add_argument("--requests", type=int, default=500,
-                   help="cap on requests per probe (default 500)")
+    y.add_argument("--requests", type=int, default=2000,
+                   help="cap on requests per probe (default 2000)")
     y.add_argument("--out", help="output folder (default runs/<name>-capacity/)")
     y.add_argument("--set", action="append", metavar="KEY=VALUE")
     y.add_argument("--no-plot", action="store_true", help="no capacity.png")

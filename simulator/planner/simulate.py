@@ -21,13 +21,13 @@ from simulator.cluster.simulation import run
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, to_dict
 
-#: A layout keeps up when it completes at least this fraction of the requests that arrive
-#: in the steady window (see :func:`keep_up_ratio`).
+#: A layout keeps up when it generates at least this fraction of the output tokens offered
+#: in the steady window (less when the run is too short to tell, see :func:`keep_up`).
 KEEP_UP = 0.95
 #: Fewer arrivals than this in the steady window: too few to judge keeping up.
 KEEP_UP_MIN_ARRIVALS = 20
 #: Share of the arrival span skipped as warm-up before the steady window.
-WARMUP = 0.2
+WARMUP = 0.5
 
 
 def base_scenario(scenario, overrides: list[str] | None = None,
@@ -70,29 +70,45 @@ def quantile_or_inf(values: np.ndarray, q: float) -> float:
     return float(np.quantile(values, q, method="higher"))
 
 
-def keep_up_ratio(requests: pd.DataFrame) -> float:
-    """Requests completed in ``[lo + d, hi + d]`` over requests arrived in the steady window
-    ``[lo, hi] = [first arrival + WARMUP * span, last arrival]``, with d the median
-    end-to-end latency; nan when fewer than ``KEEP_UP_MIN_ARRIVALS`` arrive there.
+def keep_up(requests: pd.DataFrame) -> tuple[float, float]:
+    """Whether the run kept up with its arrivals: ``(ratio, least)``, the output tokens
+    generated in the steady window over the output tokens of the requests that arrived in
+    it, and the least ratio that counts as keeping up; nan for both when fewer than
+    ``KEEP_UP_MIN_ARRIVALS`` arrive in the window.
 
-    A stable layout completes each request about d after it arrives, so the ratio is near 1;
-    past capacity completions run at the service rate mu < lambda (ratio mu / lambda) and
-    queues grow without bound.
+    Notes
+    -----
+    The window is ``[t0 + WARMUP * (t1 - t0), t1]``, t0 and t1 the first and last arrival,
+    so the drain after the last arrival does not count. A request generates its first
+    token at first_token_s and the other ``output - 1`` evenly until finish_s; its share
+    inside the window counts. A stable layout generates tokens as fast as they are
+    offered (ratio near 1); past capacity it generates at its service rate, ratio about
+    mu / lambda, and queues grow without bound. Tokens rather than requests: a request
+    count lags by the end-to-end latency and its long tail, tokens flow as generated.
+    The offered tokens of a finite window scatter (a compound Poisson sum, relative
+    deviation ``sqrt(sum o_i^2) / sum o_i``), so the least ratio is
+    ``1 - max(1 - KEEP_UP, 2 sqrt(sum o_i^2) / sum o_i)``.
     """
     t = requests["arrival_s"].to_numpy(dtype=float)
     if len(t) == 0:
-        return math.nan
-    lo = t.min() + WARMUP * (t.max() - t.min())
-    hi = t.max()
-    arrived = int(((t >= lo) & (t <= hi)).sum())
-    if arrived < KEEP_UP_MIN_ARRIVALS:
-        return math.nan
-    done = requests["status"] == "completed"
-    if not done.any():
-        return 0.0
-    f = requests.loc[done, "finish_s"].to_numpy(dtype=float)
-    d = float(np.median(f - requests.loc[done, "arrival_s"].to_numpy(dtype=float)))
-    return float(((f >= lo + d) & (f <= hi + d)).sum()) / arrived
+        return math.nan, math.nan
+    t0, t1 = t.min(), t.max()
+    lo = t0 + WARMUP * (t1 - t0)
+    inside = (t >= lo) & (t <= t1)
+    if int(inside.sum()) < KEEP_UP_MIN_ARRIVALS or t1 <= lo:
+        return math.nan, math.nan
+    done = (requests["status"] == "completed").to_numpy()
+    out = requests["output_tokens"].to_numpy(dtype=float)
+    first = requests["first_token_s"].to_numpy(dtype=float)[done]
+    finish = requests["finish_s"].to_numpy(dtype=float)[done]
+    span = np.maximum(finish - first, 1e-12)
+    overlap = np.clip(np.minimum(finish, t1) - np.maximum(first, lo), 0.0, None)
+    generated = float(((out[done] - 1) * overlap / span).sum()
+                      + ((first >= lo) & (first <= t1)).sum())
+    offered = out[inside]
+    least = 1.0 - max(1.0 - KEEP_UP, 2.0 * math.sqrt(float((offered**2).sum()))
+                      / float(offered.sum()))
+    return generated / float(offered.sum()), least
 
 
 def simulate(resolved: dict, quantile: float = 0.99) -> dict:
@@ -110,6 +126,7 @@ def simulate(resolved: dict, quantile: float = 0.99) -> dict:
     ttft = np.where(done, req["ttft_s"].to_numpy(dtype=float), math.inf)
     tpot = np.where(done, req["tpot_s"].fillna(0.0).to_numpy(dtype=float), math.inf)
     gpus = s["gpus"]
+    ratio, least = keep_up(req)
     tpot50 = s["tpot_p50_s"]
     row = {"status": "ok", "error": "", "gpus": gpus,
            "ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
@@ -123,7 +140,7 @@ def simulate(resolved: dict, quantile: float = 0.99) -> dict:
            "goodput_req_per_s": s["goodput_req_per_s"],
            "goodput_req_per_s_per_gpu": s["goodput_req_per_s"] / gpus,
            "slo_attainment": s["slo_attainment"],
-           "keep_up_ratio": keep_up_ratio(req),
+           "keep_up_ratio": ratio, "keep_up_least": least,
            "requests_completed": s["requests_completed"], "requests_total": s["requests_total"],
            "queue_p99_s": s["queue_p99_s"], "preemptions_total": s["preemptions_total"],
            "kv_tokens_per_replica": s["kv_tokens_per_replica"],
