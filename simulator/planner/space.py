@@ -198,7 +198,10 @@ def rule_of_thumb(s: Scenario, model: ModelSpec, gpu_memory_bytes: float, node_g
         streams = e.max_inflight_microbatches or pp
         need = useful_kv_tokens(stats, model.max_position_embeddings)
         if mem.kv_tokens // streams >= need:
-            why = (f"TP{tp} fills the NVLink domain ({node_gpus} GPUs); "
+            fills = (f"TP{tp} fills the NVLink domain ({node_gpus} GPUs)" if tp == node_gpus
+                     else f"TP{tp} is the largest TP dividing the {model.q_heads} heads within "
+                          f"{min(gpus, node_gpus)} GPUs of one NVLink domain")
+            why = (f"{fills}; "
                    + ("one stage holds the model and a useful KV cache"
                       if pp == 1 else f"PP{pp} is the fewest stages that hold the model and "
                                       f"{need} KV tokens per stream")
