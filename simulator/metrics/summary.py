@@ -22,6 +22,8 @@ SUMMARY_KEYS = [
     "pp_bubble_fraction", "pp_stage_idle_s", "steps_total", "simulated_time_s",
     "kv_blocks_per_replica", "kv_tokens_per_replica", "max_model_len", "gpus",
     "simpy_events", "availability_mean", "availability_min", "retries_total",
+    "nvlink_util_mean", "nvlink_util_max", "pcie_util_mean", "pcie_util_max",
+    "fabric_util_mean", "fabric_util_max",  # simulator.metrics.links
     "wall_time_s",
 ]
 
