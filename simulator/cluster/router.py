@@ -10,6 +10,7 @@ lowest replica index.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, Protocol
 
 import numpy as np
@@ -47,10 +48,10 @@ class _LeastBy:
     attr = "outstanding"
 
     def __init__(self, rng: np.random.Generator | None = None) -> None:
-        pass
+        self._load = attrgetter(self.attr)
 
     def choose(self, replicas: Sequence[Any], request: Any) -> int:
-        loads = [getattr(r, self.attr) for r in replicas]
+        loads = list(map(self._load, replicas))
         return loads.index(min(loads))
 
 

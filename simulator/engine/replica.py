@@ -30,7 +30,7 @@ from simulator.model.cost import StageCost
 
 #: Runs at least this long are computed with numpy rather than step by step (longer when
 #: per-step records are kept: building their columns costs more than a short Python loop).
-VECTOR_MIN = 8
+VECTOR_MIN = 32
 VECTOR_MIN_RECORDS = 48
 #: Fewest steps planned for a decode run that arrivals keep cutting short.
 MIN_RUN = 16
