@@ -191,14 +191,19 @@ def test_keep_up_on_hand_made_runs():
     fast = pd.DataFrame({"arrival_s": arrival, "first_token_s": arrival + 0.1,
                          "finish_s": arrival + 0.1 + gap, "output_tokens": out,
                          "status": "completed"})
-    ratio, least = keep_up(fast)
+    ratio, least, tok_s = keep_up(fast)
     assert ratio == pytest.approx(1.0, abs=0.02)
+    assert tok_s == pytest.approx(11.0, rel=0.02)  # 11 tokens a second, as offered
     # 100 arrivals of 11 tokens in the window: 2 sqrt(100 * 11^2) / (100 * 11) = 0.2.
     assert least == pytest.approx(0.8)
     slow_start = np.arange(n) * 2 * gap  # served one after another, twice as slow
     slow = fast.assign(first_token_s=slow_start + 0.1, finish_s=slow_start + 0.1 + 2 * gap)
-    ratio, _ = keep_up(slow)
+    ratio, _, tok_s = keep_up(slow)
     assert ratio == pytest.approx(0.5, abs=0.03)
+    assert tok_s == pytest.approx(5.5, rel=0.03)
+    # Requests that take longer than the warm-up: the run cannot tell.
+    long = fast.assign(finish_s=arrival + 150.0)
+    assert all(np.isnan(keep_up(long)))
 
 
 def test_pareto_front():

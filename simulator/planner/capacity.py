@@ -26,7 +26,7 @@ from simulator.sweep import resolve_point
 MAX_BRACKET = 12
 #: Columns of capacity.csv.
 CURVE_COLUMNS = ["rate_per_s", "ttft_slo_q_s", "tpot_slo_q_s", "ttft_p50_s", "tpot_p50_s",
-                 "throughput_req_per_s", "goodput_req_per_s", "keep_up_ratio",
+                 "throughput_tok_per_s", "goodput_req_per_s", "keep_up_ratio",
                  "keep_up_least", "slo_attainment", "met", "note"]
 
 
@@ -150,7 +150,7 @@ def capacity(scenario: str | dict | Scenario, *, slo_quantile: float = 0.99,
     curve = pd.DataFrame([{"rate_per_s": r, "ttft_slo_q_s": p["ttft_q_s"],
                            "tpot_slo_q_s": p["tpot_q_s"], "ttft_p50_s": p["ttft_p50_s"],
                            "tpot_p50_s": p["tpot_p50_s"],
-                           "throughput_req_per_s": p["throughput_req_per_s"],
+                           "throughput_tok_per_s": p["throughput_tok_per_s"],
                            "goodput_req_per_s": p["goodput_req_per_s"],
                            "keep_up_ratio": p["keep_up_ratio"],
                            "keep_up_least": p["keep_up_least"],

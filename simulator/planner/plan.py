@@ -52,7 +52,7 @@ PLAN_COLUMNS = [
     "rank", "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
     "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "ttft_slo_q_s", "tpot_slo_q_s",
     "throughput_tok_per_s", "throughput_tok_per_s_per_gpu", "tok_per_s_per_user",
-    "throughput_req_per_s", "goodput_req_per_s", "goodput_req_per_s_per_gpu",
+    "offered_req_per_s", "goodput_req_per_s", "goodput_req_per_s_per_gpu",
     "slo_attainment", "keep_up_ratio", "keep_up_least", "slo_met", "kv_tokens_per_replica",
     "pp_bubble_fraction", "preemptions_total", "est_capacity_req_per_s", "est_ttft_p99_s",
     "est_tpot_s", "placement", "note"]
@@ -420,14 +420,14 @@ def _reason(best, table, cands, objective, slo, q, stats, total) -> str:
             f"{best['goodput_req_per_s_per_gpu']:.3g} req/s per GPU")
     if best["gpus"] < total:
         head += f" (uses {int(best['gpus'])} of the {total} GPUs)"
-    raw = {"goodput_per_gpu": lambda r: -r["throughput_req_per_s"] / r["gpus"],
+    raw = {"goodput_per_gpu": lambda r: -r["offered_req_per_s"] / r["gpus"],
            "min_ttft": lambda r: r["ttft_slo_q_s"], "min_tpot": lambda r: r["tpot_slo_q_s"]}
     f = raw[objective]
     better = [r for _, r in table.iterrows()
               if r["status"] == "ok" and not r["slo_met"] and _sig(f(r)) < _sig(f(best))]
     if better:
         r = better[0]
-        binds = f"what binds: {_label(r)} scores higher but misses " + "; ".join(
+        binds = f"what binds: {_label(r)} would score higher but fails: " + "; ".join(
             _misses(r, slo, q))
     else:
         fewer = cands[(cands["gpus"] < best["gpus"]) & ~cands["simulated"]]
@@ -435,10 +435,11 @@ def _reason(best, table, cands, objective, slo, q, stats, total) -> str:
         out = fewer[fewer["status"] == "excluded"]
         if objective == "goodput_per_gpu" and not est.empty:
             r = est.iloc[0]
+            ttft = (f"TTFT p99 {r['est_ttft_p99_s']:.3g} s" if r["est_utilization"] < 1
+                    else "utilization >= 1 (queues grow)")
             binds = (f"what binds: the SLOs by estimate; the best smaller candidate, "
-                     f"{_label(r)}, is estimated at TTFT p99 {r['est_ttft_p99_s']:.3g} s, "
-                     f"TPOT {r['est_tpot_s']:.3g} s, capacity "
-                     f"{r['est_capacity_req_per_s']:.3g} req/s")
+                     f"{_label(r)}, is estimated at {ttft}, TPOT {r['est_tpot_s']:.3g} s, "
+                     f"capacity {r['est_capacity_req_per_s']:.3g} req/s")
         elif objective == "goodput_per_gpu" and not out.empty:
             r = out.sort_values("gpus", kind="stable").iloc[-1]
             binds = (f"what binds: memory or legality; no smaller layout serves it, e.g. "

@@ -49,6 +49,11 @@ def format_plan(result: PlanResult) -> str:
              f"{result.wall_time_s:.1f} s"]
     if result.best is not None:
         lines.append(f"  recommend  {result.reason}")
+    short = int(result.table["keep_up_ratio"].isna().sum())
+    if short:
+        lines.append(f"  note       {short} of {len(result.table)} runs too short to judge keeping "
+                     f"up (warm-up under their median E2E): judged on TTFT and TPOT alone; "
+                     f"raise --requests")
     lines.append(f"  rule       {result.rule_why}")
     lines.append(f"             {result.comparison}")
     q = f"p{result.quantile * 100:g}"

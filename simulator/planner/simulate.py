@@ -70,16 +70,20 @@ def quantile_or_inf(values: np.ndarray, q: float) -> float:
     return float(np.quantile(values, q, method="higher"))
 
 
-def keep_up(requests: pd.DataFrame) -> tuple[float, float]:
-    """Whether the run kept up with its arrivals: ``(ratio, least)``, the output tokens
-    generated in the steady window over the output tokens of the requests that arrived in
-    it, and the least ratio that counts as keeping up; nan for both when fewer than
+def keep_up(requests: pd.DataFrame) -> tuple[float, float, float]:
+    """Whether the run kept up with its arrivals: ``(ratio, least, tok_per_s)``, the output
+    tokens generated in the steady window over the output tokens of the requests that
+    arrived in it, the least ratio that counts as keeping up, and the tokens generated per
+    second in the window (the steady throughput); nan when fewer than
     ``KEEP_UP_MIN_ARRIVALS`` arrive in the window.
 
     Notes
     -----
     The window is ``[t0 + WARMUP * (t1 - t0), t1]``, t0 and t1 the first and last arrival,
-    so the drain after the last arrival does not count. A request generates its first
+    so the drain after the last arrival does not count. The run must be long enough for
+    the warm-up to hold the median end-to-end latency of the requests that arrive in it
+    (a system starting empty generates below its steady rate for about that long); else
+    nan: too short to judge. A request generates its first
     token at first_token_s and the other ``output - 1`` evenly until finish_s; its share
     inside the window counts. A stable layout generates tokens as fast as they are
     offered (ratio near 1); past capacity it generates at its service rate, ratio about
@@ -91,16 +95,19 @@ def keep_up(requests: pd.DataFrame) -> tuple[float, float]:
     """
     t = requests["arrival_s"].to_numpy(dtype=float)
     if len(t) == 0:
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan
     t0, t1 = t.min(), t.max()
     lo = t0 + WARMUP * (t1 - t0)
     inside = (t >= lo) & (t <= t1)
     if int(inside.sum()) < KEEP_UP_MIN_ARRIVALS or t1 <= lo:
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan
     done = (requests["status"] == "completed").to_numpy()
     out = requests["output_tokens"].to_numpy(dtype=float)
     first = requests["first_token_s"].to_numpy(dtype=float)[done]
     finish = requests["finish_s"].to_numpy(dtype=float)[done]
+    early = t[done] < lo
+    if not early.any() or np.median(finish[early] - t[done][early]) > lo - t0:
+        return math.nan, math.nan, math.nan  # still filling up when the window opens
     span = np.maximum(finish - first, 1e-12)
     overlap = np.clip(np.minimum(finish, t1) - np.maximum(first, lo), 0.0, None)
     generated = float(((out[done] - 1) * overlap / span).sum()
@@ -108,14 +115,24 @@ def keep_up(requests: pd.DataFrame) -> tuple[float, float]:
     offered = out[inside]
     least = 1.0 - max(1.0 - KEEP_UP, 2.0 * math.sqrt(float((offered**2).sum()))
                       / float(offered.sum()))
-    return generated / float(offered.sum()), least
+    return generated / float(offered.sum()), least, generated / (t1 - lo)
 
 
 def simulate(resolved: dict, quantile: float = 0.99) -> dict:
     """Run one candidate and reduce it to a planner row (never writes files).
 
+    Notes
+    -----
     TTFT at the quantile counts requests that did not complete as infinitely late; TPOT
-    counts one-token replies as met (as goodput does).
+    counts one-token replies as met (as goodput does). Throughput and goodput are steady
+    state, so that the drain after the last arrival (the longest request's latency, which
+    dominates a short run's span) does not rank layouts: ``throughput_tok_per_s`` = output
+    tokens generated per second in the steady window (:func:`keep_up`), and
+    ``goodput_req_per_s = offered * slo_attainment * k``, k = 1 when the run keeps up
+    and the keep-up ratio when it falls behind (:func:`keep_up`), offered =
+    ``(n - 1) / (last arrival - first arrival)``. A run too short for the window falls back
+    to ``offered * slo_attainment`` and the run summary's token rate (over first arrival
+    to last completion).
     """
     try:
         result = run(load_scenario(resolved), keep_steps=False)
@@ -126,19 +143,25 @@ def simulate(resolved: dict, quantile: float = 0.99) -> dict:
     ttft = np.where(done, req["ttft_s"].to_numpy(dtype=float), math.inf)
     tpot = np.where(done, req["tpot_s"].fillna(0.0).to_numpy(dtype=float), math.inf)
     gpus = s["gpus"]
-    ratio, least = keep_up(req)
+    ratio, least, tok_s = keep_up(req)
+    t = req["arrival_s"].to_numpy(dtype=float)
+    offered = (len(t) - 1) / (t.max() - t.min()) if len(t) > 1 and t.max() > t.min() \
+        else math.nan
+    if math.isfinite(ratio):
+        goodput = offered * s["slo_attainment"] * (1.0 if ratio >= least else ratio)
+    else:  # too short to judge: taken as keeping up
+        goodput, tok_s = offered * s["slo_attainment"], s["throughput_tok_per_s"]
     tpot50 = s["tpot_p50_s"]
     row = {"status": "ok", "error": "", "gpus": gpus,
            "ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
            "tpot_p50_s": tpot50, "tpot_p99_s": s["tpot_p99_s"],
            "ttft_q_s": quantile_or_inf(ttft, quantile),
            "tpot_q_s": quantile_or_inf(tpot, quantile),
-           "throughput_tok_per_s": s["throughput_tok_per_s"],
-           "throughput_tok_per_s_per_gpu": s["throughput_tok_per_s"] / gpus,
+           "throughput_tok_per_s": tok_s, "throughput_tok_per_s_per_gpu": tok_s / gpus,
            "tok_per_s_per_user": 1.0 / tpot50 if tpot50 and tpot50 > 0 else math.nan,
+           "offered_req_per_s": offered,
            "throughput_req_per_s": s["throughput_req_per_s"],
-           "goodput_req_per_s": s["goodput_req_per_s"],
-           "goodput_req_per_s_per_gpu": s["goodput_req_per_s"] / gpus,
+           "goodput_req_per_s": goodput, "goodput_req_per_s_per_gpu": goodput / gpus,
            "slo_attainment": s["slo_attainment"],
            "keep_up_ratio": ratio, "keep_up_least": least,
            "requests_completed": s["requests_completed"], "requests_total": s["requests_total"],
