@@ -156,7 +156,8 @@ def cmd_topology(args) -> int:
         c = sc.cluster
         node = load_node(c.topology, sc.base_dir)
         g = build_graph(node, args.nodes or c.nodes, args.fabric or c.fabric,
-                        args.oversubscription or c.oversubscription, c.spines)
+                        args.oversubscription or c.oversubscription, c.spines,
+                        c.rail_optimized, c.nodes_per_leaf)
     print(format_summary(summary(g)))
     if args.png:
         draw(g, args.png)

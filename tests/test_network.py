@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import simpy
 
 import simulator
 from simulator.cli import main
+from simulator.cluster.contention import SharedSend, shared_sends
+from simulator.engine.clock import TICK
 from simulator.hardware.specs import load_node
 from simulator.metrics.links import KEYS, link_utilization
 from simulator.parallel.collective import _phase_terms, allreduce, run_collectives, schedules
@@ -251,3 +254,43 @@ def test_link_utilization_from_token_counters_by_hand():
                                                      / (32 * 450e9 * span))
     assert util["fabric_util_max"] == 0.0  # both stages in node 0 (the replica fits there)
     assert set(KEYS) <= set(simulator.run(sc).summary)
+
+
+def _racks(ratio: float, tp: int, pp: int, dp: int) -> dict:
+    """8 x dgx-h100, one node per leaf (not rail-optimized), prefill-heavy load."""
+    return {"model": {"name": "llama-3.1-70b"},
+            "cluster": {"topology": "dgx-h100", "nodes": 8, "fabric": "leaf_spine",
+                        "oversubscription": ratio, "rail_optimized": False},
+            "parallel": {"tp": tp, "pp": pp, "dp": dp},
+            "workload": {"rate_per_s": 8.0, "num_requests": 40,
+                         "prompt_tokens": {"dist": "constant", "value": 2048},
+                         "output_tokens": {"dist": "constant", "value": 16}},
+            "output": {"steps": False}}
+
+
+def test_pp_hand_offs_sharing_a_spine_uplink_share_it_max_min_fairly():
+    plan = simulator.build_plan(simulator.load_scenario(_racks(4.0, 4, 4, 4)))
+    env = simpy.Environment()
+    sends = shared_sends(env, plan, TICK)
+    # Replicas 0 and 2 both hand stage 0 -> 1 from node 0 to node 1 (GPUs 0 -> 8, 4 -> 12),
+    # through the same leaf uplink (ECMP by sender: spine 0 for both).
+    a, b = sends[0][0], sends[2][0]
+    assert isinstance(a, SharedSend) and set(a.edges) & set(b.edges)
+    tokens, done = 2048, {}
+    for name, s in (("a", a), ("b", b)):
+        s.network.transfer(s.edges, tokens * s.bytes_per_token, s[0]).callbacks.append(
+            lambda _, n=name: done.__setitem__(n, env.now))
+    env.run()
+    lat, per_token = a
+    # Alone: latency + tokens x s_per_token (the 25 GB/s uplink at 4:1); together: twice
+    # the transfer, to a tick.
+    assert done["a"] == done["b"] == pytest.approx(lat + 2 * tokens * per_token, abs=4 * TICK)
+
+
+def test_spine_oversubscription_slows_cross_node_pp_replicas_not_single_node_ones():
+    ttft = {}
+    for ratio in (1.0, 4.0):
+        for layout in ((4, 4, 4), (8, 1, 8)):
+            ttft[ratio, layout] = simulator.run(_racks(ratio, *layout)).summary["ttft_mean_s"]
+    assert ttft[4.0, (4, 4, 4)] > ttft[1.0, (4, 4, 4)] + 1e-3  # three hand-offs per prefill
+    assert ttft[4.0, (8, 1, 8)] == ttft[1.0, (8, 1, 8)]

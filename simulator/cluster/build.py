@@ -136,7 +136,7 @@ def _build(s: Scenario) -> ClusterPlan:
             raise ScenarioError(f"model.{key}: {dtype} is not supported on {node.gpu.name} "
                                 f"(allowed: {', '.join(allowed)})")
     graph = build_graph(node, s.cluster.nodes, s.cluster.fabric, s.cluster.oversubscription,
-                        s.cluster.spines)
+                        s.cluster.spines, s.cluster.rail_optimized, s.cluster.nodes_per_leaf)
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
     memory = plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,

@@ -19,6 +19,7 @@ from simpy.core import EmptySchedule
 from tqdm import tqdm
 
 from simulator.cluster.build import ClusterPlan, build_plan, replica_costs
+from simulator.cluster.contention import shared_sends
 from simulator.cluster.faults import (
     FaultState,
     random_faults,
@@ -28,7 +29,7 @@ from simulator.cluster.faults import (
 )
 from simulator.cluster.router import make_router
 from simulator.engine.batching import ContinuousBatcher
-from simulator.engine.clock import SCALE, ticks
+from simulator.engine.clock import SCALE, TICK, ticks
 from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
 from simulator.engine.request import WAITING, Request
@@ -91,13 +92,14 @@ class Cluster:
         self.env, self.plan, self.router, self.recorder = env, plan, router, recorder
         eng = plan.scenario.engine
         self.gaps = GapHistogram()
+        sends = shared_sends(env, plan, TICK)  # PP sends sharing fabric links: flow model
         self.replicas = [
             Replica(env, rp.placement.replica,
                     [self._scheduler() for _ in range(plan.streams_per_replica)],
-                    list(rp.stages), list(rp.sends), eng.step_overhead_s,
+                    list(rp.stages), sends[k], eng.step_overhead_s,
                     self.finish, recorder.step, fast=eng.fast_forward,
                     swap_s_per_block=rp.swap_s_per_block, record_bulk=recorder.step_bulk)
-            for rp in plan.replicas]
+            for k, rp in enumerate(plan.replicas)]
         self.max_len = plan.max_model_len
         self.completed = 0
         self.expected: int | None = None  # requests the workload will send, when known

@@ -43,6 +43,10 @@ class ClusterKeys:
     fabric: str | None = _f(None, choices=("single_switch", "leaf_spine"), optional=True)
     oversubscription: float = _f(1.0, min=1.0)  # leaf_spine: downlink / uplink bandwidth
     spines: int | None = _f(None, min=1, optional=True)  # leaf_spine: spine switches
+    # leaf_spine: NIC r of every node on leaf r (true), or a node's NICs on its rack's leaf,
+    # nodes_per_leaf nodes per leaf (false: traffic between racks crosses the spines).
+    rail_optimized: bool = _f(True)
+    nodes_per_leaf: int = _f(1, min=1)
 
 
 @dataclass(frozen=True)

@@ -128,3 +128,89 @@ def finish_times(flows: Sequence[Flow], capacity: dict) -> np.ndarray:
         done[ended] = now
         pending[ended] = False
     return done
+
+
+class FlowNetwork:
+    """Max-min fair flows inside a SimPy environment (the engine-facing helper).
+
+    ``transfer`` starts a flow and returns an event that fires when its last byte has
+    arrived: rates are recomputed at every start and finish, as in :func:`finish_times`,
+    and the path latency is added after the last byte leaves. Event delays are rounded up
+    to multiples of ``quantum_s`` (the engine's clock tick), so a flow never wakes before
+    its bytes are through.
+
+    Parameters
+    ----------
+    env : simpy.Environment
+    capacity : dict
+        Bytes/s of each directed link a flow may cross.
+    quantum_s : float
+        Clock resolution of the environment (0: exact delays).
+    """
+
+    def __init__(self, env, capacity: dict, quantum_s: float = 0.0):
+        self.env, self.capacity, self.quantum_s = env, capacity, quantum_s
+        self._flows: dict[int, list] = {}  # id -> [edges, bytes left, event, latency_s]
+        self._rates: dict[int, float] = {}
+        self._since = 0.0
+        self._ids = 0
+        self._version = 0
+        self.bytes_total = 0.0
+
+    def _round(self, seconds: float) -> float:
+        q = self.quantum_s
+        return float(np.ceil(seconds / q - 1e-9) * q) if q > 0 else float(seconds)
+
+    def transfer(self, edges: tuple, nbytes: float, latency_s: float = 0.0):
+        """Start moving ``nbytes`` over ``edges`` now; the returned event fires on arrival."""
+        done = self.env.event()
+        self.bytes_total += max(nbytes, 0.0)
+        if nbytes <= 0 or not edges:
+            self.env.timeout(self._round(latency_s)).callbacks.append(lambda _: done.succeed())
+            return done
+        self._advance()
+        self._ids += 1
+        self._flows[self._ids] = [tuple(edges), float(nbytes), done, latency_s]
+        self._plan()
+        return done
+
+    @property
+    def active(self) -> int:
+        """Flows moving bytes now."""
+        return len(self._flows)
+
+    def _advance(self) -> None:
+        dt = self.env.now - self._since
+        if dt > 0:
+            for k, f in self._flows.items():
+                f[1] -= self._rates.get(k, 0.0) * dt
+        self._since = self.env.now
+
+    def _plan(self) -> None:
+        if not self._flows:
+            self._rates = {}
+            return
+        ids = list(self._flows)
+        rates = max_min_rates([self._flows[k][0] for k in ids], self.capacity)
+        self._rates = dict(zip(ids, rates, strict=True))
+        first = min(max(self._flows[k][1], 0.0) / r for k, r in self._rates.items())
+        self._version += 1
+        version = self._version
+        self.env.timeout(self._round(first)).callbacks.append(
+            lambda _, v=version: self._wake(v))
+
+    def _wake(self, version: int) -> None:
+        if version != self._version:  # a start or finish since has replanned
+            return
+        self._advance()
+        slack = max(self.quantum_s, 0.0)
+        for k in [k for k, f in self._flows.items()
+                  if f[1] <= max(_EPS * self.capacity_of(f[0]), self._rates[k] * slack)]:
+            _, _, done, latency = self._flows.pop(k)
+            self.env.timeout(self._round(latency)).callbacks.append(
+                lambda _, d=done: d.succeed())
+        self._plan()
+
+    def capacity_of(self, edges: tuple) -> float:
+        """The slowest capacity on ``edges`` (bytes/s)."""
+        return min(self.capacity[e] for e in edges)
