@@ -1,0 +1,159 @@
+"""Words for a plan: which targets a candidate misses, why the pick is the pick and what
+binds it, how it compares with the rule of thumb, and the errors when nothing fits or
+nothing meets the SLOs. Pure functions of the plan's tables.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+
+from simulator.planner.space import WorkloadStats
+
+
+def sig(x: float, digits: int = 3) -> float:
+    """x rounded to ``digits`` significant digits (ranking treats closer values as ties)."""
+    if not math.isfinite(x) or x == 0:
+        return x
+    return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
+
+
+def misses(r, slo, q: float) -> list[str]:
+    """Which targets a simulated row misses, as ``"TTFT p99 2.41 s > 2 s"``."""
+    if r["status"] != "ok":
+        return [f"failed: {r['error']}"]
+    p = f"p{q * 100:g}"
+    out = []
+    if not r["ttft_slo_q_s"] <= slo.ttft_s:
+        out.append(f"TTFT {p} {r['ttft_slo_q_s']:.3g} s > {slo.ttft_s:g} s")
+    if not r["tpot_slo_q_s"] <= slo.tpot_s:
+        out.append(f"TPOT {p} {r['tpot_slo_q_s']:.3g} s > {slo.tpot_s:g} s")
+    if r["keep_up_ratio"] < r["keep_up_least"]:
+        out.append(f"falls behind the offered load (generates {r['keep_up_ratio']:.0%} of "
+                   f"the offered tokens in the steady window)")
+    return out
+
+
+def label(r) -> str:
+    chunk = r.get("chunk_size")
+    lim = (f"chunk {int(chunk)}" if chunk is not None and not pd.isna(chunk)
+           else f"budget {int(r['max_num_batched_tokens'])}")
+    return (f"TP{int(r['tp'])} PP{int(r['pp'])} DP{int(r['dp'])} "
+            f"(max_num_seqs {int(r['max_num_seqs'])}, {lim})")
+
+
+def no_fit(cands: pd.DataFrame, model: str, dtype: str, cap: int) -> str:
+    """The message when no layout is feasible: the closest miss and by how much."""
+    short = []
+    for _, r in cands.iterrows():
+        m = re.search(r"short by ([0-9.]+) GiB", str(r["reason"]))
+        if m:
+            short.append((float(m.group(1)), -r["gpus"], r["reason"]))
+    if short:
+        gib, _, why = min(short)
+        return (f"model.name: no layout of at most {cap} GPUs fits {model} ({dtype}); the "
+                f"closest is short by {gib:g} GiB per GPU: {why}")
+    r = cands.iloc[-1]
+    return (f"model.name: no layout of at most {cap} GPUs serves {model} ({dtype}); e.g. "
+            f"TP{r['tp']} PP{r['pp']} DP{r['dp']}: {r['reason']}")
+
+
+def no_slo(table: pd.DataFrame, slo, q: float, stats: WorkloadStats) -> str:
+    """The message when no simulated candidate meets the SLOs: which bound, best achieved."""
+    ok = table[table["status"] == "ok"]
+    p = f"p{q * 100:g}"
+    if ok.empty:
+        return ("slo: no candidate could be simulated: "
+                + "; ".join(str(e) for e in table["error"].head(3)))
+    bits = []
+    i = ok["ttft_slo_q_s"].astype(float).idxmin()
+    j = ok["tpot_slo_q_s"].astype(float).idxmin()
+    if ok.loc[i, "ttft_slo_q_s"] > slo.ttft_s:
+        bits.append(f"TTFT {p} <= {slo.ttft_s:g} s (slo.ttft_s): best "
+                    f"{ok.loc[i, 'ttft_slo_q_s']:.3g} s, {label(ok.loc[i])}")
+    if ok.loc[j, "tpot_slo_q_s"] > slo.tpot_s:
+        bits.append(f"TPOT {p} <= {slo.tpot_s:g} s (slo.tpot_s): best "
+                    f"{ok.loc[j, 'tpot_slo_q_s']:.3g} s, {label(ok.loc[j])}")
+    k = (ok["keep_up_ratio"] - ok["keep_up_least"]).astype(float).idxmax()
+    if ok.loc[k, "keep_up_ratio"] < ok.loc[k, "keep_up_least"]:
+        bits.append(f"keeping up with the offered {stats.rate_per_s:.3g} req/s: best generates "
+                    f"{ok.loc[k, 'keep_up_ratio']:.0%} of the offered tokens, "
+                    f"{label(ok.loc[k])}")
+    if not bits:
+        bits.append("TTFT and TPOT together: each is met by some layout, never both with "
+                    "the load kept up")
+    return "slo: no simulated layout meets the SLOs; what binds: " + "; ".join(bits)
+
+
+def reason(best, table, cands, objective, slo, q, stats, total) -> str:
+    """Why the pick: its margins, and the constraint that stops a better-scoring one."""
+    p = f"p{q * 100:g}"
+    load = (f"{stats.rate_per_s:.3g} req/s offered" if stats.rate_per_s is not None
+            else f"{stats.concurrency} closed-loop clients")
+    head = (f"{label(best)} on {int(best['gpus'])} GPUs: TTFT {p} "
+            f"{best['ttft_slo_q_s']:.3g} s of {slo.ttft_s:g} s, TPOT {p} "
+            f"{best['tpot_slo_q_s']:.3g} s of {slo.tpot_s:g} s at {load}; goodput "
+            f"{best['goodput_req_per_s_per_gpu']:.3g} req/s per GPU")
+    if best["gpus"] < total:
+        head += f" (uses {int(best['gpus'])} of the {total} GPUs)"
+    raw = {"goodput_per_gpu": lambda r: -r["offered_req_per_s"] / r["gpus"],
+           "min_ttft": lambda r: r["ttft_slo_q_s"], "min_tpot": lambda r: r["tpot_slo_q_s"]}
+    f = raw[objective]
+    better = [r for _, r in table.iterrows()
+              if r["status"] == "ok" and not r["slo_met"] and sig(f(r)) < sig(f(best))]
+    if better:
+        r = better[0]
+        binds = f"what binds: {label(r)} would score higher but fails: " + "; ".join(
+            misses(r, slo, q))
+    else:
+        fewer = cands[(cands["gpus"] < best["gpus"]) & ~cands["simulated"]]
+        est = fewer[fewer["status"] == "feasible"]
+        out = fewer[fewer["status"] == "excluded"]
+        if objective == "goodput_per_gpu" and not est.empty:
+            r = est.iloc[0]
+            ttft = (f"TTFT p99 {r['est_ttft_p99_s']:.3g} s" if r["est_utilization"] < 1
+                    else "utilization >= 1 (queues grow)")
+            binds = (f"what binds: the SLOs by estimate; the best smaller candidate, "
+                     f"{label(r)}, is estimated at {ttft}, TPOT {r['est_tpot_s']:.3g} s, "
+                     f"capacity {r['est_capacity_req_per_s']:.3g} req/s")
+        elif objective == "goodput_per_gpu" and not out.empty:
+            r = out.sort_values("gpus", kind="stable").iloc[-1]
+            binds = (f"what binds: memory or legality; no smaller layout serves it, e.g. "
+                     f"TP{r['tp']} PP{r['pp']} DP{r['dp']}: {r['reason']}")
+        else:
+            binds = ("what binds: nothing simulated scores higher (the estimate ranked "
+                     "the other candidates lower)")
+    return f"{head}\n  {binds}"
+
+
+def compare(best, rule_row, rule, objective, slo, q) -> str:
+    """How far the pick beats the rule-of-thumb layout (or that the rule wins)."""
+    if rule is None:
+        return "rule of thumb: no layout (see above)"
+    if rule_row is None:
+        return f"rule of thumb {rule}: not simulated (out of the search)"
+    if rule_row["status"] != "ok":
+        return f"rule of thumb {label(rule_row)}: {rule_row['error']}"
+    if not rule_row["slo_met"]:
+        return (f"rule of thumb {label(rule_row)} misses the SLOs: "
+                + "; ".join(misses(rule_row, slo, q)))
+    if best is None:
+        return f"rule of thumb {label(rule_row)}"
+    if int(rule_row["rank"]) == int(best["rank"]):
+        return f"the rule of thumb wins: {label(rule_row)} is the pick"
+    if objective == "goodput_per_gpu":
+        a, b = best["goodput_req_per_s_per_gpu"], rule_row["goodput_req_per_s_per_gpu"]
+        what = "goodput per GPU"
+        gain = a / b - 1 if b > 0 else math.inf
+    else:
+        col = "ttft_slo_q_s" if objective == "min_ttft" else "tpot_slo_q_s"
+        a, b = best[col], rule_row[col]
+        what = ("TTFT" if objective == "min_ttft" else "TPOT") + f" p{q * 100:g}"
+        gain = b / a - 1 if a > 0 else math.inf
+    if gain <= 0:
+        return (f"the rule of thumb {label(rule_row)} ties the pick on {what} "
+                f"(ranked {int(rule_row['rank'])} on the tie-breakers)")
+    return (f"the pick beats the rule of thumb {label(rule_row)} by {gain:.0%} on {what} "
+            f"({a:.3g} vs {b:.3g})")
