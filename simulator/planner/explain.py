@@ -53,6 +53,7 @@ def no_fit(cands: pd.DataFrame, model: str, dtype: str, cap: int) -> str:
             short.append((float(m.group(1)), -r["gpus"], r["reason"]))
     if short:
         gib, _, why = min(short)
+        why = why.removeprefix("model.name: ")
         return (f"model.name: no layout of at most {cap} GPUs fits {model} ({dtype}); the "
                 f"closest is short by {gib:g} GiB per GPU: {why}")
     r = cands.iloc[-1]
@@ -112,10 +113,10 @@ def reason(best, table, cands, objective, slo, q, stats, total) -> str:
         est = fewer[fewer["status"] == "feasible"]
         out = fewer[fewer["status"] == "excluded"]
         if objective == "goodput_per_gpu" and not est.empty:
-            r = est.iloc[0]
+            r = est.sort_values("gpus", ascending=False, kind="stable").iloc[0]
             ttft = (f"TTFT p99 {r['est_ttft_p99_s']:.3g} s" if r["est_utilization"] < 1
                     else "utilization >= 1 (queues grow)")
-            binds = (f"what binds: the SLOs by estimate; the best smaller candidate, "
+            binds = (f"what binds: the SLOs by estimate; the largest smaller candidate, "
                      f"{label(r)}, is estimated at {ttft}, TPOT {r['est_tpot_s']:.3g} s, "
                      f"capacity {r['est_capacity_req_per_s']:.3g} req/s")
         elif objective == "goodput_per_gpu" and not out.empty:

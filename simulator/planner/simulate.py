@@ -56,8 +56,12 @@ def placement_text(plan: ClusterPlan) -> str:
         for group in rp.placement.stages:
             idx = sorted(g.nodes[x]["index"] for x in group)
             nodes = sorted({g.nodes[x]["node"] for x in group})
-            span = (f"{idx[0]}-{idx[-1]}" if idx == list(range(idx[0], idx[-1] + 1))
-                    else ",".join(map(str, idx)))
+            if len(idx) == 1:
+                span = str(idx[0])
+            elif idx == list(range(idx[0], idx[-1] + 1)):
+                span = f"{idx[0]}-{idx[-1]}"
+            else:
+                span = ",".join(map(str, idx))
             stages.append(f"n{'+n'.join(map(str, nodes))}:{span}")
         parts.append(f"r{rp.placement.replica} " + ">".join(stages))
     return "; ".join(parts)
