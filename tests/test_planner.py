@@ -116,6 +116,14 @@ def test_pick_meets_slos_when_any_candidate_does(small_plan):
     assert "rule of thumb" in small_plan.comparison
 
 
+def test_min_tpot_objective_picks_the_fastest_steps():
+    r = plan(SMALL, gpus=4, top=3, requests=None, jobs=1, objective="min_tpot")
+    met = r.table[r.table["slo_met"]]
+    # Ranked on TPOT rounded to 3 significant digits.
+    assert r.best["tpot_slo_q_s"] <= met["tpot_slo_q_s"].min() * 1.005
+    assert r.best["rank"] == 1 and r.objective == "min_tpot"
+
+
 def test_plan_is_deterministic(tmp_path, small_plan):
     again = plan(SMALL, gpus=4, top=3, requests=None, jobs=2)
     write_plan(small_plan, tmp_path / "a", figure=False)

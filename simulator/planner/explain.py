@@ -77,8 +77,9 @@ def no_slo(table: pd.DataFrame, slo, q: float, stats: WorkloadStats) -> str:
     if ok.loc[j, "tpot_slo_q_s"] > slo.tpot_s:
         bits.append(f"TPOT {p} <= {slo.tpot_s:g} s (slo.tpot_s): best "
                     f"{ok.loc[j, 'tpot_slo_q_s']:.3g} s, {label(ok.loc[j])}")
-    k = (ok["keep_up_ratio"] - ok["keep_up_least"]).astype(float).idxmax()
-    if ok.loc[k, "keep_up_ratio"] < ok.loc[k, "keep_up_least"]:
+    margin = (ok["keep_up_ratio"] - ok["keep_up_least"]).astype(float)
+    k = margin.idxmax() if margin.notna().any() else None
+    if k is not None and ok.loc[k, "keep_up_ratio"] < ok.loc[k, "keep_up_least"]:
         bits.append(f"keeping up with the offered {stats.rate_per_s:.3g} req/s: best generates "
                     f"{ok.loc[k, 'keep_up_ratio']:.0%} of the offered tokens, "
                     f"{label(ok.loc[k])}")
