@@ -14,14 +14,15 @@ from simulator.cli import main
 from simulator.cluster.build import build_plan
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
-from simulator.model.cost import ACT_BYTES  # noqa: F401 - same constants as the build
+from simulator.io.schema import SloKeys
 from simulator.model.memory import GIB, activation_bytes, split_layers, weight_bytes_per_gpu
 from simulator.model.spec import BYTES_PER_DTYPE, load_model
 from simulator.planner import capacity, plan
+from simulator.planner.explain import no_slo
 from simulator.planner.plots import pareto_front
 from simulator.planner.report import write_plan
 from simulator.planner.simulate import keep_up
-from simulator.planner.space import Layout, rule_of_thumb, workload_stats
+from simulator.planner.space import Layout, WorkloadStats, rule_of_thumb, workload_stats
 
 #: Llama-3.1-8B on one DGX H100, layouts of up to 4 GPUs, 80 short requests.
 SMALL = {
@@ -243,3 +244,13 @@ def test_capacity_brackets_a_d_d_1_prefill_server(tmp_path):
     assert not curve.loc[res.failed_rate_per_s, "met"]
     # Well below capacity every prompt waits only for its own prefill.
     assert curve["ttft_slo_q_s"].iloc[0] == pytest.approx(t_p, rel=0.02)
+
+
+def test_no_slo_message_when_no_run_can_judge_keeping_up():
+    row = {"status": "ok", "tp": 1, "pp": 1, "dp": 1, "max_num_seqs": 64,
+           "max_num_batched_tokens": 2048, "chunk_size": pd.NA, "ttft_slo_q_s": 3.0,
+           "tpot_slo_q_s": 0.01, "keep_up_ratio": np.nan, "keep_up_least": np.nan}
+    stats = WorkloadStats(10.0, None, 500.0, 900.0, 60.0, 2000, 100)
+    msg = no_slo(pd.DataFrame([row]), SloKeys(ttft_s=1.0, tpot_s=0.1), 0.99, stats)
+    assert msg.startswith("slo: no simulated layout meets the SLOs; what binds: TTFT p99 <= 1 s")
+    assert "best 3 s" in msg and "TPOT" not in msg and "keeping up" not in msg
