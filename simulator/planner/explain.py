@@ -94,7 +94,8 @@ def reason(best, table, cands, objective, slo, q, stats, total) -> str:
     p = f"p{q * 100:g}"
     load = (f"{stats.rate_per_s:.3g} req/s offered" if stats.rate_per_s is not None
             else f"{stats.concurrency} closed-loop clients")
-    head = (f"{label(best)} on {int(best['gpus'])} GPUs: TTFT {p} "
+    n = int(best["gpus"])
+    head = (f"{label(best)} on {n} GPU{'s' if n > 1 else ''}: TTFT {p} "
             f"{best['ttft_slo_q_s']:.3g} s of {slo.ttft_s:g} s, TPOT {p} "
             f"{best['tpot_slo_q_s']:.3g} s of {slo.tpot_s:g} s at {load}; goodput "
             f"{best['goodput_req_per_s_per_gpu']:.3g} req/s per GPU")
