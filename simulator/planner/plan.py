@@ -43,6 +43,8 @@ OBJECTIVES = ("goodput_per_gpu", "min_ttft", "min_tpot")
 #: Candidates simulated by default, at most PER_LAYOUT of them with one (tp, pp, dp).
 DEFAULT_TOP = 8
 PER_LAYOUT = 2
+#: Rounds of `top` simulations while no simulated candidate (but the rule) meets the SLOs.
+MAX_ROUNDS = 3
 #: Requests simulated per candidate by default (the scenario's count, capped).
 DEFAULT_REQUESTS = 500
 RULE = "rule of thumb"
@@ -110,6 +112,13 @@ def _memory(cp: ClusterPlan, lim: Limits):
                        s.model.weight_dtype, s.model.kv_dtype, e.block_size,
                        e.gpu_memory_utilization, lim.budget, lim.max_num_seqs,
                        e.runtime_reserve_gib * GIB)
+
+
+def _meets(sim: dict, slo) -> bool:
+    """Whether a simulation row meets the SLOs (as ``slo_met`` in plan.csv)."""
+    return (sim["status"] == "ok" and sim["ttft_q_s"] <= slo.ttft_s
+            and sim["tpot_q_s"] <= slo.tpot_s
+            and not sim["keep_up_ratio"] < sim["keep_up_least"])
 
 
 def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStats,
@@ -202,8 +211,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     objective : {"goodput_per_gpu", "min_ttft", "min_tpot"}
         Goodput (requests/s meeting both SLOs) per GPU used, or the TTFT / TPOT quantile.
     top : int
-        Candidates simulated (best by the estimate, at most 2 per layout), plus the rule
-        of thumb.
+        Candidates simulated per round (best by the estimate, at most 2 per layout), plus
+        the rule of thumb; up to 3 rounds while none but the rule meets the SLOs.
     requests : int, optional
         Cap on the requests simulated per candidate (None: the scenario's).
     jobs : int, optional
@@ -242,15 +251,6 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     if feasible.empty:
         raise ScenarioError(no_fit(cands, model.name, s.model.weight_dtype, cap))
 
-    picked: list[int] = []
-    per: dict[tuple, int] = {}
-    for i, r in feasible.iterrows():
-        lay = (r["tp"], r["pp"], r["dp"])
-        if per.get(lay, 0) < PER_LAYOUT:
-            per[lay] = per.get(lay, 0) + 1
-            picked.append(i)
-        if len(picked) == top:
-            break
     e = s.engine
     own = Limits(e.max_num_seqs, e.max_num_batched_tokens,
                  (e.scheduler_args or {}).get("chunk_size", 512)
@@ -272,17 +272,36 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
             if cands.loc[rule_idx, "status"] != "feasible":
                 rule_why += f" (but it is out: {cands.loc[rule_idx, 'reason']})"
                 rule_idx = None
-            elif rule_idx not in picked:
-                picked.append(rule_idx)
 
-    jobs_in = {}
-    for i in picked:
+    def job(i: int) -> dict:
         r = cands.loc[i]
         lim = Limits(int(r["max_num_seqs"]), int(r["max_num_batched_tokens"]),
                      None if pd.isna(r["chunk_size"]) else int(r["chunk_size"]))
         lay = Layout(int(r["tp"]), int(r["pp"]), int(r["dp"]))
-        jobs_in[i] = resolve_point(base, _point(lay, lim), s.seed)
-    sims = dict(simulate_many(jobs_in, slo_quantile, jobs))
+        return resolve_point(base, _point(lay, lim), s.seed)
+
+    # Rounds: the next `top` by the estimate (at most PER_LAYOUT per layout), until a
+    # simulated candidate other than the rule of thumb meets the SLOs (the estimate can be
+    # wrong) or MAX_ROUNDS are spent.
+    order, pos = list(feasible.index), 0
+    picked: list[int] = []
+    per: dict[tuple, int] = {}
+    sims: dict[int, dict] = {}
+    for round_ in range(MAX_ROUNDS):
+        batch = []
+        while pos < len(order) and len(batch) < top:
+            i, pos = order[pos], pos + 1
+            lay = (cands.loc[i, "tp"], cands.loc[i, "pp"], cands.loc[i, "dp"])
+            if per.get(lay, 0) < PER_LAYOUT:
+                per[lay] = per.get(lay, 0) + 1
+                batch.append(i)
+        if round_ == 0 and rule_idx is not None and rule_idx not in batch:
+            batch.append(rule_idx)
+        sims.update(simulate_many({i: job(i) for i in batch if i not in sims}, slo_quantile,
+                                  jobs))
+        picked += [i for i in batch if i not in picked]
+        if pos >= len(order) or any(_meets(sims[i], s.slo) for i in picked if i != rule_idx):
+            break
     cands.loc[picked, "simulated"] = True
 
     rows, wall = [], 0.0
