@@ -10,7 +10,8 @@ import re
 
 import pandas as pd
 
-from simulator.planner.space import WorkloadStats
+from simulator.io.schema import SloKeys
+from simulator.planner.space import Layout, WorkloadStats
 
 
 def sig(x: float, digits: int = 3) -> float:
@@ -20,7 +21,7 @@ def sig(x: float, digits: int = 3) -> float:
     return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
 
 
-def misses(r, slo, q: float) -> list[str]:
+def misses(r: pd.Series, slo: SloKeys, q: float) -> list[str]:
     """Which targets a simulated row misses, as ``"TTFT p99 2.41 s > 2 s"``."""
     if r["status"] != "ok":
         return [f"failed: {r['error']}"]
@@ -36,7 +37,8 @@ def misses(r, slo, q: float) -> list[str]:
     return out
 
 
-def label(r) -> str:
+def label(r: pd.Series) -> str:
+    """``TP4 PP1 DP2 (max_num_seqs 64, budget 2048)``."""
     chunk = r.get("chunk_size")
     lim = (f"chunk {int(chunk)}" if chunk is not None and not pd.isna(chunk)
            else f"budget {int(r['max_num_batched_tokens'])}")
@@ -61,7 +63,7 @@ def no_fit(cands: pd.DataFrame, model: str, dtype: str, cap: int) -> str:
             f"TP{r['tp']} PP{r['pp']} DP{r['dp']}: {r['reason']}")
 
 
-def no_slo(table: pd.DataFrame, slo, q: float, stats: WorkloadStats) -> str:
+def no_slo(table: pd.DataFrame, slo: SloKeys, q: float, stats: WorkloadStats) -> str:
     """The message when no simulated candidate meets the SLOs: which bound, best achieved."""
     ok = table[table["status"] == "ok"]
     p = f"p{q * 100:g}"
@@ -89,7 +91,8 @@ def no_slo(table: pd.DataFrame, slo, q: float, stats: WorkloadStats) -> str:
     return "slo: no simulated layout meets the SLOs; what binds: " + "; ".join(bits)
 
 
-def reason(best, table, cands, objective, slo, q, stats, total) -> str:
+def reason(best: pd.Series, table: pd.DataFrame, cands: pd.DataFrame, objective: str,
+           slo: SloKeys, q: float, stats: WorkloadStats, total: int) -> str:
     """Why the pick: its margins, and the constraint that stops a better-scoring one."""
     p = f"p{q * 100:g}"
     load = (f"{stats.rate_per_s:.3g} req/s offered" if stats.rate_per_s is not None
@@ -131,7 +134,8 @@ def reason(best, table, cands, objective, slo, q, stats, total) -> str:
     return f"{head}\n  {binds}"
 
 
-def compare(best, rule_row, rule, objective, slo, q) -> str:
+def compare(best: pd.Series | None, rule_row: pd.Series | None, rule: Layout | None,
+            objective: str, slo: SloKeys, q: float) -> str:
     """How far the pick beats the rule-of-thumb layout (or that the rule wins)."""
     if rule is None:
         return "rule of thumb: no layout (see above)"

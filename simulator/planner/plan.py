@@ -21,7 +21,7 @@ from simulator.cluster.simulation import _rngs, open_loop_workload
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
-from simulator.io.schema import Scenario
+from simulator.io.schema import Scenario, SloKeys
 from simulator.model.memory import GIB, plan_memory
 from simulator.model.spec import load_model
 from simulator.planner.estimate import estimate
@@ -114,7 +114,7 @@ def _memory(cp: ClusterPlan, lim: Limits):
                        e.runtime_reserve_gib * GIB)
 
 
-def _meets(sim: dict, slo) -> bool:
+def _meets(sim: dict, slo: SloKeys) -> bool:
     """Whether a simulation row meets the SLOs (as ``slo_met`` in plan.csv)."""
     return (sim["status"] == "ok" and sim["ttft_q_s"] <= slo.ttft_s
             and sim["tpot_q_s"] <= slo.tpot_s
