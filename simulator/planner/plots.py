@@ -48,12 +48,16 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     order = np.argsort(x[front])
     ax.plot(x[front][order], y[front][order], color="tab:blue", alpha=0.5,
             linestyle="--", label="Pareto front")
+    drawn: set[str] = set()
     for (_, r), xi, yi in zip(ok.iterrows(), x, y, strict=True):
         text = f"{int(r['tp'])}/{int(r['pp'])}/{int(r['dp'])}"
         if r["rank"] == 1 and r["slo_met"]:
             text += " pick"
         if "rule of thumb" in str(r["note"]):
             text += " rule"
+        if text in drawn:  # engine-limit variants of a layout: one label
+            continue
+        drawn.add(text)
         ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.set_xlabel("tokens/s per user (1 / TPOT p50); labels: TP/PP/DP")
     ax.set_ylabel("throughput per GPU (output tok/s)")
