@@ -52,6 +52,15 @@ def test_fast_path_equals_step_by_step(name):
     _assert_identical(fast, slow)
 
 
+@pytest.mark.parametrize("name", ["poisson-dp2", "seq-cap"])
+def test_fast_path_without_step_records_equals_step_by_step(name):
+    # Without per-step records the decode runs take their own, leaner code path.
+    sc = {**SCENARIOS[name], "output": {"steps": False}}
+    fast, slow = _both(sc)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    assert fast.summary["steps_total"] == slow.summary["steps_total"]
+
+
 def test_fast_path_equals_step_by_step_under_kv_pressure():
     sc = toy_scenario(
         engine={"max_num_seqs": 64, "max_num_batched_tokens": 1024, "max_model_len": 1200},

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from itertools import accumulate
 
 import numpy as np
 import simpy
@@ -285,7 +286,8 @@ class Replica:
             ends, busy, bulk = self._decode_many(end, batch, needs, rec is not None)
             cut = ends.searchsorted  # first index whose end is past a time
         elif self._one_stage:
-            ends, busy = self._decode_few(end, batch, needs, horizon, rec)
+            ends, busy = self._decode_few(end, batch, needs if rec is not None else extra,
+                                          horizon, rec)
             if end is None:  # the scheduled step came first: count it, keep the rest
                 self._count(1, n, busy[0])
                 ends, busy = ends[1:], busy[1:]
@@ -348,21 +350,31 @@ class Replica:
             for row in rows[: steps * len(self.stages)]:
                 self.record_step(row)
 
-    def _decode_few(self, end: float | None, batch: Batch, needs: list[int], horizon: float,
-                    rec: Callable[[tuple], None] | None) -> tuple[list[float], list[float]]:
+    def _decode_few(self, end: float | None, batch: Batch, needs: list[int] | int,
+                    horizon: float, rec: Callable[[tuple], None] | None
+                    ) -> tuple[list[float], list[float]]:
         """:meth:`_inline` for a short run of decode steps of a one-stage replica, step costs
         from :meth:`StageCost.decode_run`; stops planning once a step starts after
-        ``horizon``. Returns the end of each step (the scheduled one first) and the extra
-        steps' busy times; records each step when ``rec`` is given. With ``end`` None the
-        scheduled step (no swap) starts now and is computed first: the times then start
-        with now and the busy times with the scheduled step's."""
+        ``horizon``. Returns the end of each step (the scheduled one first) and the steps'
+        busy times; records each step when ``rec`` is given (``needs`` then lists the blocks
+        each step allocates; without records it is just the number of steps). With ``end``
+        None the scheduled step (no swap) starts now and is computed first: the times then
+        start with now and the busy times with the scheduled step's."""
         n = batch.n_decode
         first = end is None
         kv0 = batch.decode_kv - n if first else batch.decode_kv
-        computes, comm = self._stage0.decode_run(n, kv0, len(needs) + first)
+        k = (needs if rec is None else len(needs)) + first
+        computes, comm = self._stage0.decode_run(n, kv0, k)
         off = self.overhead  # + 0 swapped blocks * swap_s, as _inline adds it
-        off_ticks = ticks(off)
         t = self.env.now if first else end
+        if rec is None:
+            # Each end from its start as _inline computes it, summed left to right (C loops).
+            ends = list(accumulate([round((off + c + comm) * SCALE) / SCALE for c in computes],
+                                   initial=t))
+            if horizon < ends[-1]:  # keep the steps that start by the horizon (and the first)
+                ends = ends[: max(bisect.bisect_right(ends, horizon), first) + 1]
+            return ends, [c + comm for c in computes[: len(ends) - 1]]
+        off_ticks = ticks(off)
         ends, busy = [t], []
         used, index = batch.kv_blocks, self.index
         if first:
@@ -371,10 +383,9 @@ class Replica:
             if t > horizon and j > first:  # the arrival comes during an earlier step
                 break
             nxt = t + round((off + compute + comm) * SCALE) / SCALE
-            if rec is not None:
-                used += needs[j - 1]
-                rec((index, 0, 0, t + off_ticks, nxt, 0, n, n, compute, comm, used, 0.0, 0,
-                     kv0 + j * n, n))
+            used += needs[j - 1]
+            rec((index, 0, 0, t + off_ticks, nxt, 0, n, n, compute, comm, used, 0.0, 0,
+                 kv0 + j * n, n))
             t = nxt
             ends.append(t)
             busy.append(compute + comm)
