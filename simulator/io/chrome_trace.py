@@ -5,7 +5,7 @@ each pipeline stage a thread: a step is a complete event (``ph = "X"``) named by
 (prefill, decode or both) with tokens, batch size and KV blocks in its args, and the TP
 communication at its end as a nested ``all-reduce`` span; gaps between steps are the
 bubbles. Each request is an async span on its replica (queued, prefill, decode phases).
-Times are microseconds.
+Times are microseconds, rounded to the nanosecond (Perfetto's own resolution).
 
 The events are formatted column-wise by Arrow's compute kernels (numbers to shortest
 round-trip text, then element-wise concatenation), not one Python f-string per event: a
@@ -22,6 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 US = 1e6
+
+
+def _us(seconds: np.ndarray) -> np.ndarray:
+    """Seconds as microseconds to the nanosecond: Perfetto keeps integer nanoseconds, and
+    the shorter text makes the file about a third smaller."""
+    return np.round(seconds * US, 3)
 
 
 def _step_name(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:
@@ -68,7 +74,7 @@ def _step_events(steps: pd.DataFrame) -> list[pa.Array]:
     out = [_events('{"ph":"X","name":"',
                    _step_name(col["prefill_tokens"], col["decode_tokens"]),
                    '","cat":"step","pid":', col["replica"], ',"tid":', col["stage"],
-                   ',"ts":', start * US, ',"dur":', (end - start) * US,
+                   ',"ts":', _us(start), ',"dur":', _us(end - start),
                    ',"args":{"prefill_tokens":', col["prefill_tokens"],
                    ',"decode_tokens":', col["decode_tokens"], ',"batch_size":',
                    col["batch_size"], ',"kv_blocks":', col["kv_blocks"], "}}")]
@@ -76,8 +82,8 @@ def _step_events(steps: pd.DataFrame) -> list[pa.Array]:
     if comm.any():
         out.append(_events('{"ph":"X","name":"all-reduce","cat":"comm","pid":',
                            col["replica"][comm], ',"tid":', col["stage"][comm], ',"ts":',
-                           (start[comm] + col["compute_s"][comm]) * US, ',"dur":',
-                           col["comm_s"][comm] * US, "}"))
+                           _us(start[comm] + col["compute_s"][comm]), ',"dur":',
+                           _us(col["comm_s"][comm]), "}"))
     return out
 
 
@@ -87,7 +93,7 @@ def _request_events(requests: pd.DataFrame) -> list[pa.Array]:
         return []
     col = {c: done[c].to_numpy() for c in done.columns}
     base = ('"cat":"request","id":', col["request_id"], ',"pid":', col["replica"], ',"tid":0')
-    a, s, f, e = (col[k] * US for k in ("arrival_s", "first_scheduled_s", "first_token_s",
+    a, s, f, e = (_us(col[k]) for k in ("arrival_s", "first_scheduled_s", "first_token_s",
                                          "finish_s"))
     out = [_events('{"ph":"b","name":"request",', *base, ',"ts":', a,
                    ',"args":{"prompt_tokens":', col["prompt_tokens"], ',"output_tokens":',

@@ -31,16 +31,15 @@ def transitions(ts: pd.DataFrame, thresholds: dict[str, float], replica: str) ->
         threshold = thresholds.get(key, 0.0)
         if threshold <= 0 or column not in ts:
             continue
-        firing = False
-        for end, value in zip(ts["window_end_s"].to_numpy(), ts[column].to_numpy(),
-                              strict=True):
-            if np.isnan(value):
-                continue
-            bad = breaks(value, threshold)
-            if bad != firing:
-                firing = bad
-                rows.append({"time_s": end, "rule": rule, "event": "fire" if bad else "clear",
-                             "value": value, "threshold": threshold, "replica": replica})
+        values = ts[column].to_numpy(dtype=float)
+        valid = ~np.isnan(values)
+        ends, values = ts["window_end_s"].to_numpy()[valid], values[valid]
+        bad = np.asarray(breaks(values, threshold), dtype=bool)
+        # The state starts clear; an event wherever a window's verdict differs from the last.
+        for i in np.flatnonzero(bad != np.concatenate(([False], bad[:-1]))):
+            rows.append({"time_s": ends[i], "rule": rule,
+                         "event": "fire" if bad[i] else "clear", "value": values[i],
+                         "threshold": threshold, "replica": replica})
     return rows
 
 
