@@ -142,7 +142,8 @@ class Cluster:
         up[self.router.choose(up, req)].submit(req)
 
     def finish(self, req: Request) -> None:
-        self.last_event_s = self.env.now
+        # A replica running ahead of the clock finishes requests at their own time.
+        self.last_event_s = max(self.env.now, req.finish_s)  # (NaN finish_s: env.now)
         self.completed += 1
         self.recorder.request(req)
         ev = self.waiters.pop(req.id, None)
@@ -244,7 +245,11 @@ class Cluster:
         outputs = df["output_tokens"].to_numpy().tolist()
         timeout, submit = env.timeout, self.submit
         if len(self.replicas) == 1:  # every arrival goes to it: tell it when the next comes
-            self.replicas[0].next_arrival = lambda: self.next_arrival_s
+            rep = self.replicas[0]
+            rep.next_arrival = lambda: self.next_arrival_s
+            sc = self.plan.scenario
+            # Nothing but arrivals (and faults) can observe the replica between its steps.
+            rep.run_ahead = rep.fast and not sc.faults and sc.random_faults is None
         for i, t in enumerate(times):
             self.next_arrival_s = t
             if t > env.now:

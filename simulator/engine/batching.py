@@ -294,11 +294,15 @@ class ContinuousBatcher:
 
     def schedule(self, now: float) -> Batch | None:
         """Form the next step's batch, allocating its KV blocks; None when idle."""
-        self._swap_in()
+        if self.swapped:
+            self._swap_in()
         n_decode = self._schedule_decodes(now)
         chunks: list[tuple[Request, int]] = []
-        budget = self._continue_prefills(self.max_tokens - n_decode, chunks, now)
-        self._admit(budget, chunks, now)
+        budget = self.max_tokens - n_decode
+        if self.prefilling:
+            budget = self._continue_prefills(budget, chunks, now)
+        if self.waiting:
+            self._admit(budget, chunks, now)
         return self._batch(len(self.decoding), chunks)
 
     # -- applying a step -----------------------------------------------------------------

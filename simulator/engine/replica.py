@@ -107,6 +107,9 @@ class Replica:
         self.fast = fast and len(streams) == 1
         #: When set, returns the time of the next request to arrive at this replica.
         self.next_arrival: Callable[[], float] | None = None
+        #: Apply steps that end before the next arrival without waiting (set by the
+        #: cluster: one replica, open loop, no faults; needs ``next_arrival``).
+        self.run_ahead = False
         self.outstanding = 0
         self.steps = self.step_tokens = 0
         self.stage_busy_s = [0.0] * len(stages)
@@ -214,28 +217,35 @@ class Replica:
     # -- processes -----------------------------------------------------------------------
     def serve(self, s: int, gen: int):
         """Stream ``s``: form a batch, run it through the stages, apply the results. Stops
-        when the replica fails (its generation moves on)."""
+        when the replica fails (its generation moves on).
+
+        With :attr:`run_ahead` (one replica, the next arrival known, no faults), a step that
+        ends before the next arrival is applied at its end without waiting for the clock:
+        nothing can observe the replica in between. ``now`` is then the stream's own time,
+        ahead of ``env.now`` until the next wait.
+        """
         env, stream = self.env, self.streams[s]
         single = len(self.streams) == 1
+        now = env.now
         while True:
-            batch = stream.schedule(env.now)
+            batch = stream.schedule(now)
             if batch is None:
                 self._idle[s] = env.event()
                 yield self._idle[s]
                 if self.generation != gen:
                     return
+                now = env.now
                 continue
             if single:
-                now = env.now
                 extra = (stream.decode_run(self._run_len[s]) if self.fast and not batch.chunks
                          else 0)
                 if extra and self._one_stage and not batch.swap_blocks and extra < (
                         VECTOR_MIN if self.record_step is None else VECTOR_MIN_RECORDS):
                     # A short run: the scheduled step is its first, in the same loop.
-                    yield from self._decode_run(s, batch, None, extra, gen)
+                    now = yield from self._decode_run(s, batch, None, extra, gen, now)
                     if self.generation != gen:
                         return
-                    for req in stream.complete(batch, env.now):
+                    for req in stream.complete(batch, now):
                         self.outstanding -= 1
                         self.on_finish(req)
                     continue
@@ -246,9 +256,20 @@ class Replica:
                                          batch.swap_blocks)
                 self._count(1, batch.tokens, busy)
                 if extra:
-                    yield from self._decode_run(s, batch, end, extra, gen)
-                else:
-                    yield env.timeout(end - now)
+                    now = yield from self._decode_run(s, batch, end, extra, gen, now)
+                    if self.generation != gen:
+                        return
+                    for req in stream.complete(batch, now):
+                        self.outstanding -= 1
+                        self.on_finish(req)
+                    continue
+                if self.run_ahead and end < self.next_arrival():
+                    now = end  # apply it now: nothing arrives before it ends
+                    for req in stream.complete(batch, now):
+                        self.outstanding -= 1
+                        self.on_finish(req)
+                    continue
+                yield env.timeout(end - env.now)
             else:
                 lead = self.overhead + batch.swap_blocks * self.swap_s
                 if lead:
@@ -260,15 +281,18 @@ class Replica:
                 yield mb.done
             if self.generation != gen:
                 return
-            for req in stream.complete(batch, env.now):
+            now = env.now
+            for req in stream.complete(batch, now):
                 self.outstanding -= 1
                 self.on_finish(req)
 
-    def _decode_run(self, s: int, batch: Batch, end: float | None, extra: int, gen: int):
+    def _decode_run(self, s: int, batch: Batch, end: float | None, extra: int, gen: int,
+                    now: float):
         """Run the scheduled decode step and the ``extra`` decode-only steps after it in
         one event, with the same times and records as stepping one by one. ``end`` is when
         the scheduled step ends, or None for a short run of a one-stage replica: the
-        scheduled step is then computed (and counted) with the others.
+        scheduled step is then computed (and counted) with the others. Returns when the
+        run's last applied step ended: ``env.now``, or later when the replica runs ahead.
 
         Step j reads ``decode_kv + j * n`` KV entries; its end is computed from its start
         exactly as a single step would be. An arrival that could join the batch interrupts
@@ -287,7 +311,7 @@ class Replica:
             cut = ends.searchsorted  # first index whose end is past a time
         elif self._one_stage:
             ends, busy = self._decode_few(end, batch, needs if rec is not None else extra,
-                                          horizon, rec)
+                                          horizon, rec, now)
             if end is None:  # the scheduled step came first: count it, keep the rest
                 self._count(1, n, busy[0])
                 ends, busy = ends[1:], busy[1:]
@@ -320,7 +344,9 @@ class Replica:
             steps = min(int(cut(horizon, "right")), steps)
             self._run_len[s] = (min(2 * self._run_len[s], MAX_RUN) if steps == extra
                                 else max(MIN_RUN, 2 * steps))
-            yield env.timeout(float(ends[steps]) - env.now)
+            stop = float(ends[steps])
+            if not (self.run_ahead and stop < horizon):  # else: applied ahead of the clock
+                yield env.timeout(stop - env.now)
         else:
             self._running[s] = True
             try:
@@ -334,7 +360,7 @@ class Replica:
                 yield env.timeout(float(ends[steps]) - env.now)
             self._running[s] = False
         if self.generation != gen:
-            return
+            return now
         self._runs[s] = None
         stream.skip_decode_steps(steps, ends)
         if isinstance(busy, np.ndarray):
@@ -349,24 +375,25 @@ class Replica:
         elif rec is not None:
             for row in rows[: steps * len(self.stages)]:
                 self.record_step(row)
+        return float(ends[steps])
 
     def _decode_few(self, end: float | None, batch: Batch, needs: list[int] | int,
-                    horizon: float, rec: Callable[[tuple], None] | None
+                    horizon: float, rec: Callable[[tuple], None] | None, now: float
                     ) -> tuple[list[float], list[float]]:
         """:meth:`_inline` for a short run of decode steps of a one-stage replica, step costs
         from :meth:`StageCost.decode_run`; stops planning once a step starts after
         ``horizon``. Returns the end of each step (the scheduled one first) and the steps'
         busy times; records each step when ``rec`` is given (``needs`` then lists the blocks
         each step allocates; without records it is just the number of steps). With ``end``
-        None the scheduled step (no swap) starts now and is computed first: the times then
-        start with now and the busy times with the scheduled step's."""
+        None the scheduled step (no swap) starts at ``now`` and is computed first: the times
+        then start with ``now`` and the busy times with the scheduled step's."""
         n = batch.n_decode
         first = end is None
         kv0 = batch.decode_kv - n if first else batch.decode_kv
         k = (needs if rec is None else len(needs)) + first
         computes, comm = self._stage0.decode_run(n, kv0, k)
         off = self.overhead  # + 0 swapped blocks * swap_s, as _inline adds it
-        t = self.env.now if first else end
+        t = now if first else end
         if rec is None:
             # Each end from its start as _inline computes it, summed left to right (C loops).
             ends = list(accumulate([round((off + c + comm) * SCALE) / SCALE for c in computes],
