@@ -3,8 +3,9 @@ replicas spread over nodes.
 
 Rules (REFERENCE.md section 2, placement rules from practice): a TP group no larger than a
 domain never leaves its NVLink domain; a replica whose stages fit in one domain stays there;
-otherwise each stage takes the next domain with room, so PP crosses nodes; replicas go to
-the domain with the most free GPUs, which spreads DP over nodes and keeps fragmentation low.
+otherwise its stages fill the domain with the most free GPUs, then the next, so PP crosses
+nodes as few times as the layout allows; replicas go to the domain with the most free GPUs,
+which spreads DP over nodes and keeps fragmentation low.
 A TP group larger than a domain (tp = 16 on 8-GPU nodes) takes whole free domains, and its
 all-reduces cross the network (priced by the multi-node collectives).
 """
@@ -72,15 +73,20 @@ def place(domains: list[list[str]], tp: int, pp: int, dp: int,
                 stages.append(tuple(free[whole][:tp]))
                 del free[whole][:tp]
         else:
+            last = None
             for _ in range(pp):
-                room = [i for i in order() if len(free[i]) >= tp]
+                # Stay in the previous stage's domain while it has room: consecutive stages
+                # then cross between domains as few times as the layout allows.
+                room = ([last] if last is not None and len(free[last]) >= tp
+                        else [i for i in order() if len(free[i]) >= tp])
                 if not room:
                     raise ScenarioError(
                         f"parallel: cannot place replica {r}: no NVLink domain has {tp} free "
                         f"GPUs for its next stage (tp={tp}, pp={pp}, dp={dp} on domains of "
                         f"{largest} GPUs)")
-                stages.append(tuple(free[room[0]][:tp]))
-                del free[room[0]][:tp]
+                last = room[0]
+                stages.append(tuple(free[last][:tp]))
+                del free[last][:tp]
         placements.append(ReplicaPlacement(r, tuple(stages)))
     return placements
 
