@@ -7,8 +7,10 @@ gaps, prompt lengths, output lengths, router.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -340,6 +342,11 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
         ``output.steps`` is false. Summaries do not need them.
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    with _young_collections_rarer():
+        return _run(s, progress, keep_steps)
+
+
+def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     wall0 = time.perf_counter()
     plan = build_plan(s)
     rngs = _rngs(s.seed)
@@ -421,6 +428,21 @@ def stage_hardware(plan: ClusterPlan) -> list[StageHardware]:
                                      gpu.hbm_bandwidth_Bps, node.scale_up.bandwidth_Bps,
                                      node.nic.bandwidth_Bps, over_nic, last))
     return out
+
+
+@contextmanager
+def _young_collections_rarer(threshold: int = 100_000):
+    """Run the cyclic garbage collector's youngest generation every ``threshold``
+    allocations instead of every 700, restored afterwards. A run allocates millions of
+    short-lived acyclic objects (events, step records) in which the collector finds next to
+    nothing (measured: ~1,000 objects freed in 600 collections on the Vidur workload) while
+    costing ~5% of the run; reference counting frees them anyway."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], threshold), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress: bool) -> int:
