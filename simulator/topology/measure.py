@@ -123,13 +123,21 @@ def format_report(info: dict) -> str:
     """Human lines for the command."""
     k = info["concurrent"]
     what = f"{k} x " if k > 1 else ""
-    return (f"{what}{info['op']} of {info['bytes']:.6g} bytes over {info['ranks']} GPUs "
+    return (f"{what}{info['op']} of {_size(info['bytes'])} over {info['ranks']} GPUs "
             f"({'; '.join(_ranges(s) for s in info['gpus'])})\n"
             f"  algorithm  {info['algorithm']}\n"
             f"  time       {info['time_s'] * 1e6:.1f} us\n"
             f"  algbw      {info['algbw_bytes_per_s'] / 1e9:.1f} GB/s\n"
             f"  busbw      {info['busbw_bytes_per_s'] / 1e9:.1f} GB/s "
             f"(algbw x {info['bus_factor']:.4g})")
+
+
+def _size(nbytes: float) -> str:
+    """``64 MiB (67,108,864 bytes)``: binary units, as sizes are given to the command."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit} ({nbytes:,.0f} bytes)"
+    return f"{nbytes:,.0f} bytes"
 
 
 def _ranges(ids: list[int]) -> str:
