@@ -310,6 +310,14 @@ def _rngs(seed: int) -> dict[str, np.random.Generator]:
     return {n: np.random.default_rng(q) for n, q in zip(names, seqs, strict=True)}
 
 
+def workload_requests(s: Scenario) -> pd.DataFrame | None:
+    """The open-loop requests the scenario's seed draws (what :func:`run` replays), or None
+    for a closed loop; needs no cluster (a planner draws them once for many layouts)."""
+    if s.workload.arrival == "closed_loop":
+        return None
+    return open_loop_workload(s, _rngs(s.seed))
+
+
 def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | None]:
     """Validate everything a run needs without running: the cluster plan and, for open-loop
     workloads, the requests (a trace file is read and checked here).
@@ -322,9 +330,7 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     plan = build_plan(s)
     _check_faults(s, plan)
-    if s.workload.arrival == "closed_loop":
-        return plan, None
-    return plan, open_loop_workload(s, _rngs(s.seed))
+    return plan, workload_requests(s)
 
 
 def run(scenario: Scenario | dict | str, *, progress: bool = False,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from simulator.cluster.build import ClusterPlan, build_plan
-from simulator.cluster.simulation import _rngs, open_loop_workload
+from simulator.cluster.simulation import workload_requests
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
@@ -244,7 +244,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         raise ScenarioError(f"--gpus: {gpus} is not between 1 and the cluster's {total} GPUs "
                             f"({s.cluster.nodes} x {node.name})")
     cap = gpus or total
-    reqs = None if s.workload.arrival == "closed_loop" else open_loop_workload(s, _rngs(s.seed))
+    reqs = workload_requests(s)
     stats = workload_stats(s, reqs)
     cands = enumerate_candidates(base, s, cap, stats, objective)
     feasible = cands[cands["status"] == "feasible"]
