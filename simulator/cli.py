@@ -134,6 +134,7 @@ def cmd_plot(args) -> int:
 
 
 def cmd_topology(args) -> int:
+    from simulator.cluster.build import cluster_node  # noqa: PLC0415
     from simulator.hardware.specs import load_node  # noqa: PLC0415 - light, on use
     from simulator.paths import TOPOLOGIES  # noqa: PLC0415
     from simulator.topology.graph import build_graph  # noqa: PLC0415
@@ -154,7 +155,7 @@ def cmd_topology(args) -> int:
     else:
         sc = load_scenario(target, overrides=args.set)
         c = sc.cluster
-        node = load_node(c.topology, sc.base_dir)
+        node = cluster_node(sc)  # the preset with the scenario's NIC and switch overrides
         g = build_graph(node, args.nodes or c.nodes, args.fabric or c.fabric,
                         args.oversubscription or c.oversubscription, c.spines,
                         c.rail_optimized, c.nodes_per_leaf)

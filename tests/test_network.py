@@ -303,3 +303,21 @@ def test_spine_oversubscription_slows_cross_node_pp_replicas_not_single_node_one
             ttft[ratio, layout] = simulator.run(_racks(ratio, *layout)).summary["ttft_mean_s"]
     assert ttft[4.0, (8, 4, 2)] > ttft[1.0, (8, 4, 2)] + 1e-3  # three hand-offs per prefill
     assert ttft[4.0, (8, 1, 8)] == ttft[1.0, (8, 1, 8)]
+
+
+def test_nic_speed_and_switch_latency_are_scenario_keys():
+    base = {"model": {"name": "llama-3.1-70b"},
+            "cluster": {"topology": "dgx-h100", "nodes": 2},
+            "parallel": {"tp": 8, "pp": 2},
+            "workload": {"rate_per_s": 1.0, "num_requests": 1}}
+    plan = simulator.build_plan(simulator.load_scenario(base))
+    slow = simulator.build_plan(simulator.load_scenario(
+        {**base, "cluster": {**base["cluster"], "nic_gbps": 200, "switch_latency_s": 5e-6}}))
+    (lat, per_token), (slow_lat, slow_per_token) = plan.replicas[0].sends[0], \
+        slow.replicas[0].sends[0]
+    # 400 Gb/s NDR is the preset's 50 GB/s; 200 Gb/s halves it: twice the time per token.
+    assert slow_per_token == pytest.approx(2 * per_token)
+    # The path crosses one switch: 5 us instead of 0.6 us, half on each of its two links.
+    assert slow_lat - lat == pytest.approx(5e-6 - 0.6e-6)
+    with pytest.raises(simulator.ScenarioError, match="cluster.nic_gbps"):
+        simulator.load_scenario({**base, "cluster": {**base["cluster"], "nic_gbps": 0}})

@@ -4,7 +4,7 @@ per-stage costs. Everything here is checked before any simulation starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -123,9 +123,21 @@ def _nvlink_ring(paths: Paths, group: tuple[str, ...]) -> bool:
     return True
 
 
+def cluster_node(s: Scenario) -> NodeSpec:
+    """The scenario's node preset with its cluster overrides: NIC line rate
+    (``nic_gbps * 1e9 / 8`` bytes/s per direction) and fabric switch latency."""
+    node = load_node(s.cluster.topology, s.base_dir)
+    c = s.cluster
+    if c.nic_gbps is not None:
+        node = replace(node, nic=replace(node.nic, bandwidth_Bps=c.nic_gbps * 1e9 / 8))
+    if c.switch_latency_s is not None:
+        node = replace(node, switch_latency_s=c.switch_latency_s)
+    return node
+
+
 def _build(s: Scenario) -> ClusterPlan:
     model = load_model(s.model.name, s.base_dir)
-    node = load_node(s.cluster.topology, s.base_dir)
+    node = cluster_node(s)
     tp, pp, dp = s.parallel.tp, s.parallel.pp, s.parallel.dp
     problems = _check_heads(model, tp, pp)
     if problems:

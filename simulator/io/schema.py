@@ -47,6 +47,10 @@ class ClusterKeys:
     # nodes_per_leaf nodes per leaf (false: traffic between racks crosses the spines).
     rail_optimized: bool = _f(True)
     nodes_per_leaf: int = _f(1, min=1)
+    # The preset's NIC line rate per GPU (Gb/s, as NICs are sold: 400 = NDR) and the fabric
+    # switch latency (s), unless set.
+    nic_gbps: float | None = _f(None, gt=0.0, optional=True)
+    switch_latency_s: float | None = _f(None, min=0.0, optional=True)
 
 
 @dataclass(frozen=True)
