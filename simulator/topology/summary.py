@@ -46,7 +46,7 @@ def summary(g: nx.DiGraph) -> dict:
 
 def format_summary(info: dict) -> str:
     lines = [f"{info['name']} ({info['fabric']} fabric): {info['gpus']} GPUs, "
-             f"{info['switches']} fabric switches"]
+             f"{info['switches']} fabric switch{'es' if info['switches'] != 1 else ''}"]
     doms = ", ".join(f"{n} x {size} GPUs" for size, n in sorted(info["nvlink_domains"].items()))
     lines.append(f"  {info.get('scale_up', 'NVLink') + ' domains':<16} {doms}")
     for (kind, bw), n in sorted(info["links"].items()):
