@@ -67,6 +67,21 @@ def test_temporary_failure_reroutes_then_restarts_after_repair_and_reload():
     assert res.summary["availability_min"] == pytest.approx(1 - 5.0 / span, rel=1e-6)
 
 
+def test_a_step_cut_short_by_a_failure_is_not_recorded():
+    calm = simulator.run(_two_nodes("spread", []))
+    st = calm.steps
+    # A prefill step of replica 0 after 4 s; the same run with a failure in its middle.
+    step = st[(st["replica"] == 0) & (st["prefill_tokens"] > 0) & (st["start_s"] > 4.0)].iloc[0]
+    at = float(step["start_s"] + step["end_s"]) / 2
+    res = simulator.run(_two_nodes("spread", [{"at_s": at, "target": "gpu:0",
+                                               "duration_s": 1.0}], restart_s=1.0))
+    st0 = res.steps[res.steps["replica"] == 0]
+    assert ((st0["end_s"] <= at) | (st0["start_s"] >= at + 2.0)).all()
+    assert (st0["start_s"] >= at + 2.0).any()  # it serves again after repair and reload
+    before = st[(st["replica"] == 0) & (st["end_s"] <= at)]
+    assert len(st0[st0["end_s"] <= at]) == len(before)  # everything before is kept
+
+
 def test_drop_and_retry_limits_give_their_statuses():
     fault = [{"at_s": 5.0, "target": "gpu:0"}]
     dropped = simulator.run(_two_nodes("spread", fault, retry="drop"))

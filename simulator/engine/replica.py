@@ -249,14 +249,17 @@ class Replica:
                         self.outstanding -= 1
                         self.on_finish(req)
                     continue
+                # The step's records wait for it to end: a failure in between drops them.
+                rows: list[tuple] = []
                 end, busy = self._inline(now, batch.tokens, batch.prefill_pairs,
                                          batch.prefill_ctx, batch.decode_kv, batch.sampled,
                                          batch.prefill_tokens, batch.n_decode,
-                                         batch.batch_size, batch.kv_blocks, self.record_step,
+                                         batch.batch_size, batch.kv_blocks,
+                                         rows.append if self.record_step else None,
                                          batch.swap_blocks)
                 self._count(1, batch.tokens, busy)
                 if extra:
-                    now = yield from self._decode_run(s, batch, end, extra, gen, now)
+                    now = yield from self._decode_run(s, batch, end, extra, gen, now, rows)
                     if self.generation != gen:
                         return
                     for req in stream.complete(batch, now):
@@ -265,11 +268,14 @@ class Replica:
                     continue
                 if self.run_ahead and end < self.next_arrival():
                     now = end  # apply it now: nothing arrives before it ends
+                    self._record(rows)
                     for req in stream.complete(batch, now):
                         self.outstanding -= 1
                         self.on_finish(req)
                     continue
                 yield env.timeout(end - env.now)
+                if self.generation == gen:
+                    self._record(rows)
             else:
                 lead = self.overhead + batch.swap_blocks * self.swap_s
                 if lead:
@@ -286,13 +292,19 @@ class Replica:
                 self.outstanding -= 1
                 self.on_finish(req)
 
+    def _record(self, rows: list[tuple]) -> None:
+        for row in rows:
+            self.record_step(row)
+
     def _decode_run(self, s: int, batch: Batch, end: float | None, extra: int, gen: int,
-                    now: float):
+                    now: float, first_rows: list[tuple] = ()):
         """Run the scheduled decode step and the ``extra`` decode-only steps after it in
         one event, with the same times and records as stepping one by one. ``end`` is when
         the scheduled step ends, or None for a short run of a one-stage replica: the
-        scheduled step is then computed (and counted) with the others. Returns when the
-        run's last applied step ended: ``env.now``, or later when the replica runs ahead.
+        scheduled step is then computed (and counted) with the others; else
+        ``first_rows`` are its records, kept once the run ends. Returns when the run's last
+        applied step ended: ``env.now``, or later when the replica runs ahead. A failure
+        during the run drops its records (its steps' tokens are lost with the replica).
 
         Step j reads ``decode_kv + j * n`` KV entries; its end is computed from its start
         exactly as a single step would be. An arrival that could join the batch interrupts
@@ -370,6 +382,8 @@ class Replica:
         else:
             applied = [sum(b[i] for b in busy[:steps]) for i in range(len(self.stages))]
         self._count(steps, steps * n, applied)
+        if first_rows:
+            self._record(first_rows)
         if bulk is not None:
             self.record_bulk({k: v[: steps * len(self.stages)] for k, v in bulk.items()})
         elif rec is not None:
