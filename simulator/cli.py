@@ -149,6 +149,11 @@ def cmd_topology(args) -> int:
 
         raise ScenarioError(f"topology show: {target!r} is neither a node preset "
                             f"({', '.join(catalog(TOPOLOGIES, '.toml'))}) nor a scenario file")
+    if args.nodes is not None and args.nodes < 1:
+        raise ScenarioError(f"topology show --nodes: {args.nodes} must be at least 1")
+    if args.oversubscription is not None and args.oversubscription < 1:
+        raise ScenarioError(f"topology show --oversubscription: {args.oversubscription} must "
+                            f"be at least 1 (downlink / uplink bandwidth)")
     if is_preset:
         node = load_node(target)
         g = build_graph(node, args.nodes or 1, args.fabric, args.oversubscription or 1.0)

@@ -179,8 +179,15 @@ def test_collective_cli_json_and_bad_input(capsys):
         (["--gpus", "a-b"], ["--gpus", "'a-b'"]),
         (["--groups", "0-3;4-5"], ["--groups", "differ"]),
         (["--gpus", "0-2", "--op", "send_recv"], ["send_recv", "2 GPUs"]),
+        (["--gpus", "0-7", "--topology", "dgx-x"], ["collective --topology", "'dgx-x'",
+                                                    "dgx-h100"]),
     ]:
         assert main(["collective", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and all(w in err for w in words), err
+    for argv, words in [(["--nodes", "0"], ["--nodes", "0", "at least 1"]),
+                        (["--oversubscription", "0.5"], ["--oversubscription", "0.5"])]:
+        assert main(["topology", "show", "dgx-h100", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and all(w in err for w in words), err
 

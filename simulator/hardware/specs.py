@@ -135,9 +135,10 @@ def _link(data: dict, section: str) -> LinkSpec:
                     d.get("link", ""), bool(d.get("in_switch_reduction", False)))
 
 
-def load_node(name: str, base_dir: str | Path = ".") -> NodeSpec:
-    """A node preset by name (``dgx-h100``) or a node TOML file by path."""
-    key = "cluster.topology"
+def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topology"
+              ) -> NodeSpec:
+    """A node preset by name (``dgx-h100``) or a node TOML file by path; errors name
+    ``key`` (the scenario key, or the command's flag)."""
     path = _locate(name, TOPOLOGIES, key, base_dir)
     data = _read(path, key)
     try:

@@ -84,7 +84,7 @@ def measure(topology: str, nodes: int, op: str, gpus: str | None, nbytes: str,
     if nodes_per_leaf < 1:
         raise ScenarioError(f"collective --nodes-per-leaf: {nodes_per_leaf} must be at least 1")
     size = parse_bytes(nbytes)
-    node = load_node(topology)
+    node = load_node(topology, key="collective --topology")
     total = node.gpus_per_node * nodes
     if groups:
         sets = [parse_gpus(part, total, "--groups") for part in groups.split(";")]
