@@ -263,6 +263,23 @@ def test_link_utilization_from_token_counters_by_hand():
     assert set(KEYS) <= set(simulator.run(sc).summary)
 
 
+def test_link_utilization_over_time_adds_up_to_the_run_figures():
+    # TP8 x PP2 over two nodes: NVLink inside each stage, the hand-off over the fabric.
+    sc = {"model": {"name": "llama-3.1-8b"}, "cluster": {"topology": "dgx-h100", "nodes": 2},
+          "parallel": {"tp": 8, "pp": 2}, "output": {"window_s": 0.5},
+          "workload": {"rate_per_s": 20.0, "num_requests": 120}}
+    res = simulator.run(sc)
+    ts, summary = res.timeseries, res.summary
+    span = summary["simulated_time_s"]
+    for kind in ("nvlink", "pcie", "fabric"):
+        # Per-window bytes sum to the run's: sum(util_w * w) = util_run * span.
+        assert (ts[f"{kind}_util_mean"] * 0.5).sum() == pytest.approx(
+            summary[f"{kind}_util_mean"] * span, rel=1e-9, abs=1e-15)
+        assert ts[f"{kind}_util_max"].max() >= summary[f"{kind}_util_max"] * (1 - 1e-9)
+        assert (ts[f"{kind}_util_max"] >= ts[f"{kind}_util_mean"] - 1e-15).all()
+    assert summary["fabric_util_max"] > 0 and (ts["fabric_util_max"] > 0).any()
+
+
 def _racks(ratio: float, tp: int, pp: int, dp: int, nodes: int = 8) -> dict:
     """dgx-h100 nodes, one node per leaf (not rail-optimized), prefill-heavy load."""
     return {"model": {"name": "llama-3.1-70b"},

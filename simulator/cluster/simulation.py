@@ -41,7 +41,7 @@ from simulator.io.scenario import load_scenario, resolve_path
 from simulator.io.schema import Scenario
 from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
-from simulator.metrics.links import link_utilization
+from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.records import Recorder
 from simulator.metrics.summary import summarize
 from simulator.metrics.timeseries import timeseries, window_edges
@@ -409,9 +409,13 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
                                                     "batch_efficiency_min")}
     events_df = alerts(requests, kept, ts, thresholds, window_s=s.output.window_s,
                        budget=eng.max_num_batched_tokens)
-    gpu_ts = (gpu_windows(steps, stage_hardware(plan), window_edges(
-        float(ts["window_end_s"].iloc[-1]), s.output.window_s)) if kept is not None
-        else pd.DataFrame())
+    gpu_ts = pd.DataFrame()
+    if kept is not None:
+        edges = window_edges(float(ts["window_end_s"].iloc[-1]), s.output.window_s)
+        gpu_ts = gpu_windows(steps, stage_hardware(plan), edges)
+        links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
+                             [r.steps for r in cluster.replicas], steps, edges)
+        ts = pd.concat([ts, links], axis=1)  # the same windows
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts)
 

@@ -13,6 +13,11 @@ with per-step records off. Each replica's traffic is laid on the graph's links:
 over every directed link of that kind in the cluster (idle ones included), its max over the
 same links. PCIe counts GPU-to-GPU and GPU-to-NIC links, not GPU-to-host (KV swapping is
 not counted). A kind the cluster lacks reports 0.
+
+Over time (:func:`link_windows`, when per-step records are kept): a replica's bytes on each
+link are proportional to the tokens it steps, so each window's bytes are the tokens each
+replica stepped in it (stage 0 steps, by midpoint, as ``gpu_timeseries.csv`` counts them)
+times that replica's bytes per token on the link; the same mean and max per kind follow.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+import pandas as pd
 
 from simulator.model.cost import ACT_BYTES
 from simulator.parallel.collective import Links, schedules
@@ -57,21 +63,69 @@ def link_bytes(plan, tokens: list[float], steps: list[int]) -> dict[tuple[str, s
     return out
 
 
-def link_utilization(plan, tokens: list[float], steps: list[int], span_s: float) -> dict:
-    """``{nvlink,pcie,fabric}_util_{mean,max}`` over the run (see the module docstring)."""
-    carried = link_bytes(plan, tokens, steps)
-    g = plan.graph
-    util: dict[str, list[float]] = {"nvlink": [], "pcie": [], "fabric": []}
+def _measured_links(g) -> dict[str, list[tuple[tuple[str, str], float]]]:
+    """The directed links each kind's figures are over, with their bandwidths."""
+    out: dict[str, list[tuple[tuple[str, str], float]]] = {k: [] for k in KINDS}
     for a, b, d in g.edges(data=True):
         kind = {"nvlink": "nvlink", "pcie": "pcie", "network": "fabric"}.get(d["kind"])
         if kind == "pcie" and "host" in (g.nodes[a].get("kind"), g.nodes[b].get("kind")):
             continue
-        if kind is None:
-            continue
-        u = carried.get((a, b), 0.0) / (d["bandwidth_Bps"] * span_s) if span_s > 0 else 0.0
-        util[kind].append(u)
+        if kind is not None:
+            out[kind].append(((a, b), d["bandwidth_Bps"]))
+    return out
+
+
+KINDS = ("nvlink", "pcie", "fabric")
+
+
+def link_utilization(plan, tokens: list[float], steps: list[int], span_s: float) -> dict:
+    """``{nvlink,pcie,fabric}_util_{mean,max}`` over the run (see the module docstring)."""
+    carried = link_bytes(plan, tokens, steps)
     out = {}
-    for kind, values in util.items():
+    for kind, links in _measured_links(plan.graph).items():
+        values = [carried.get(e, 0.0) / (bw * span_s) if span_s > 0 else 0.0
+                  for e, bw in links]
         out[f"{kind}_util_mean"] = float(np.mean(values)) if values else 0.0
         out[f"{kind}_util_max"] = float(np.max(values)) if values else 0.0
     return out
+
+
+def link_windows(plan, tokens: list[float], steps: list[int], step_table: pd.DataFrame,
+                 edges: np.ndarray, chunk: int = 256) -> pd.DataFrame:
+    """``{nvlink,pcie,fabric}_util_{mean,max}`` per window of ``edges`` (module docstring).
+
+    ``tokens`` and ``steps`` are each replica's totals (they fix its all-reduce algorithm,
+    as in :func:`link_utilization`); ``step_table`` gives when the tokens were stepped.
+    """
+    n, reps = len(edges) - 1, len(plan.replicas)
+    width = edges[1] - edges[0]
+    # Tokens each replica stepped in each window (stage 0, by the step's midpoint).
+    first = step_table[step_table["stage"] == 0]
+    mid = ((first["start_s"] + first["end_s"]) / 2).to_numpy()
+    win = np.clip(np.searchsorted(edges, mid, side="right") - 1, 0, n - 1)
+    rep = first["replica"].to_numpy()
+    stepped = (first["prefill_tokens"] + first["decode_tokens"]).to_numpy(float)
+    per_window = np.bincount(win * reps + rep, weights=stepped,
+                             minlength=n * reps).reshape(n, reps)
+    out = {}
+    for kind, links in _measured_links(plan.graph).items():
+        if not links:
+            out[f"{kind}_util_mean"] = out[f"{kind}_util_max"] = np.zeros(n)
+            continue
+        index = {e: j for j, (e, _) in enumerate(links)}
+        cap = np.array([bw for _, bw in links]) * width
+        per_token = np.zeros((reps, len(links)))  # bytes per token stepped, replica x link
+        for r in range(reps):
+            if tokens[r] <= 0:
+                continue
+            alone = [t if i == r else 0.0 for i, t in enumerate(tokens)]
+            for e, b in link_bytes(plan, alone, steps).items():
+                if e in index:
+                    per_token[r, index[e]] = b / tokens[r]
+        per_cap = per_token / cap
+        out[f"{kind}_util_mean"] = per_window @ per_cap.mean(axis=1)
+        peak = np.empty(n)
+        for lo in range(0, n, chunk):  # windows x links, a chunk at a time
+            peak[lo:lo + chunk] = (per_window[lo:lo + chunk] @ per_cap).max(axis=1)
+        out[f"{kind}_util_max"] = peak
+    return pd.DataFrame({k: out[k] for k in KEYS})
