@@ -189,3 +189,24 @@ def test_a_detour_is_priced_from_the_fault_on(toy):
     after = steps[steps["start_s"] > 7.0]["comm_s"].median()
     assert during > 3 * before
     assert after == pytest.approx(before)
+
+
+def test_inter_token_gaps_across_a_failure_run_from_the_last_token():
+    # Three requests decoding together when the only replica's GPU fails; after repair and
+    # reload they re-prefill elsewhere in time and finish. Every gap between consecutive
+    # tokens is counted once, so the gaps of each request sum to its decode span:
+    # itl_mean * sum(output - 1) = sum(finish - first_token).
+    sc = toy_scenario(workload={"arrival": "constant", "rate_per_s": 100.0, "num_requests": 3,
+                                "prompt_tokens": 100, "output_tokens": 400})
+    calm = simulator.run(sc)
+    req = calm.requests
+    at = float(req["first_token_s"].max() + req["finish_s"].min()) / 2  # mid-decode
+    sc["faults"] = [{"at_s": at, "target": "gpu:0", "duration_s": 0.5}]
+    sc["recovery"] = {"restart_s": 0.25}
+    res = simulator.run(sc)
+    req = res.requests
+    assert (req["status"] == "completed").all() and (req["retries"] == 1).all()
+    span = float((req["finish_s"] - req["first_token_s"]).sum())
+    assert res.summary["itl_mean_s"] * float((req["output_tokens"] - 1).sum()) == \
+        pytest.approx(span, rel=1e-9)
+    assert (req["finish_s"] > at + 0.75).all()  # the pause is inside those gaps

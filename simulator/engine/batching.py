@@ -157,6 +157,23 @@ class ContinuousBatcher:
         g[1] -= 1
         return g[0]
 
+    def emit_cut_run(self, ends) -> None:
+        """The decoders produced a token at each of ``ends`` (the steps of a decode run that
+        a failure cut short): their gaps are counted and their last token is at
+        ``ends[-1]``; nothing else changes (the stream is being discarded)."""
+        if len(ends) == 0:
+            return
+        self._emit(float(ends[0]))
+        if self.gaps is not None and len(ends) > 1:
+            self.gaps.add_run(ends, len(self.decoding))
+        self._groups = [[float(ends[-1]), len(self.decoding)]]
+
+    def last_tokens(self) -> list[float]:
+        """When each decoder produced its last token, newest first (as a multiset exact:
+        the decoders are not told apart, as :meth:`_leave` does not)."""
+        times = [t for t, c in sorted(self._groups, key=lambda g: -g[0]) for _ in range(c)]
+        return (times + [float("nan")] * len(self.decoding))[: len(self.decoding)]
+
     def _emit(self, now: float) -> None:
         """Every decoder produced a token at ``now``: one gap per decoder since its last."""
         if self.gaps is not None:

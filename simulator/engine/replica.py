@@ -116,6 +116,7 @@ class Replica:
         self.union_s = 0.0
         self.up = True
         self.generation = 0  # bumped at each failure: older processes stop when they wake
+        self.failed_at: dict[int, float] = {}  # generation -> when it failed
         self._start()
 
     def _start(self) -> None:
@@ -133,18 +134,29 @@ class Replica:
         """The replica goes down: its processes stop at their next wake-up, and every
         request it held loses its KV. Returns them (with their progress so far) for the
         cluster to reroute or drop."""
+        now = self.env.now
+        self.failed_at[self.generation] = now
         self.generation += 1
         self.up = False
         lost: list[Request] = []
-        for st in self.streams:
-            for req in st.decoding.values():
-                req.generated += st.k - req.k0  # tokens it had produced
+        for s, st in enumerate(self.streams):
+            # The steps of a decode run under way that ended by now did happen: their
+            # tokens count (the scheduled step and the extra ones alike).
+            run = self._runs[s]
+            done = 0
+            if run is not None:  # (not its last step: that one may finish requests)
+                done = min(int(np.searchsorted(run[0], now, side="right")), len(run[0]) - 1)
+            if done:
+                st.emit_cut_run(run[0][:done])
+            for req, last in zip(st.decoding.values(), st.last_tokens(), strict=True):
+                req.generated += st.k - req.k0 + done  # tokens it had produced
+                req.last_token_s = last  # the next gap runs from its last token
             lost += [*st.waiting, *st.prefilling, *st.decoding.values(), *st.swapped]
         for req in lost:
             req.blocks = req.computed = 0
             req.target = req.prompt + req.generated
-            if req.generated:
-                req.last_token_s = self.env.now  # its gap runs at least from the failure
+            if req.generated and req.last_token_s != req.last_token_s:  # NaN: not known
+                req.last_token_s = self.env.now
         self._idle = [None] * len(self.streams)
         self._running = [False] * len(self.streams)
         self._runs = [None] * len(self.streams)
@@ -292,7 +304,7 @@ class Replica:
                 self.outstanding -= 1
                 self.on_finish(req)
 
-    def _record(self, rows: list[tuple]) -> None:
+    def _record(self, rows) -> None:
         for row in rows:
             self.record_step(row)
 
@@ -328,7 +340,7 @@ class Replica:
                 self._count(1, n, busy[0])
                 ends, busy = ends[1:], busy[1:]
                 if rec is not None:
-                    self.record_step(rows.pop(0))
+                    first_rows = [rows.pop(0)]
             extra = len(ends) - 1
 
             def cut(x: float, side: str) -> int:
@@ -372,6 +384,13 @@ class Replica:
                 yield env.timeout(float(ends[steps]) - env.now)
             self._running[s] = False
         if self.generation != gen:
+            # A failure cut the run: keep the records of the steps that ended before it (as
+            # fail() counts their tokens).
+            done = min(int(np.searchsorted(ends, self.failed_at[gen], side="right")),
+                       len(ends) - 1)
+            if done:
+                self._record(first_rows)
+                self._keep(rows, bulk, done - 1)
             return now
         self._runs[s] = None
         stream.skip_decode_steps(steps, ends)
@@ -382,14 +401,16 @@ class Replica:
         else:
             applied = [sum(b[i] for b in busy[:steps]) for i in range(len(self.stages))]
         self._count(steps, steps * n, applied)
-        if first_rows:
-            self._record(first_rows)
+        self._record(first_rows)
+        self._keep(rows, bulk, steps)
+        return float(ends[steps])
+
+    def _keep(self, rows: list[tuple], bulk: dict | None, steps: int) -> None:
+        """Records of the first ``steps`` extra steps of a run (rows or bulk columns)."""
         if bulk is not None:
             self.record_bulk({k: v[: steps * len(self.stages)] for k, v in bulk.items()})
-        elif rec is not None:
-            for row in rows[: steps * len(self.stages)]:
-                self.record_step(row)
-        return float(ends[steps])
+        elif rows:
+            self._record(rows[: steps * len(self.stages)])
 
     def _decode_few(self, end: float | None, batch: Batch, needs: list[int] | int,
                     horizon: float, rec: Callable[[tuple], None] | None, now: float
