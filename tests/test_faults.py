@@ -210,3 +210,11 @@ def test_inter_token_gaps_across_a_failure_run_from_the_last_token():
     assert res.summary["itl_mean_s"] * float((req["output_tokens"] - 1).sum()) == \
         pytest.approx(span, rel=1e-9)
     assert (req["finish_s"] > at + 0.75).all()  # the pause is inside those gaps
+    # The decode steps that ended before the failure happened (one event advanced them
+    # all): they are recorded, as in the calm run, and their tokens were not generated twice.
+    before = calm.steps[calm.steps["end_s"] <= at]
+    assert len(res.steps[res.steps["end_s"] <= at]) == len(before) > 10
+    # Tokens: 3 first tokens, the decodes before the failure, 3 first tokens again after
+    # the re-prefills, and the decodes after: nothing twice, nothing missing.
+    after = res.steps[res.steps["start_s"] >= at]["decode_tokens"].sum()
+    assert 3 + before["decode_tokens"].sum() + 3 + after == 3 * 400
