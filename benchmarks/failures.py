@@ -106,6 +106,10 @@ placement = "spread"       # spread replicas over nodes (failure domains) | pack
   beyond `max_retries` it ends `failed_after_retries`. With `retry = "drop"` they end
   `dropped`. While no replica is up, requests wait; those still waiting at the end of the
   workload are `dropped` ("no replica was up").
+- The step a failure cuts short never happened: it is not in `steps.csv`, and its tokens
+  are lost with the replica. Steps that ended before the failure did happen, also inside
+  a decode run advanced in one event: they are in `steps.csv`, their tokens count, and a
+  rerouted request's next inter-token gap runs from its last token (not from the failure).
 - `summary.json` adds `availability_mean` / `availability_min` (fraction of the run each
   replica was up), `requests_dropped`, `requests_failed`, `retries_total`; the SLO impact
   shows in `slo_attainment`, `goodput_req_per_s` and the latency percentiles.
