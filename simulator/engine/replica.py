@@ -599,7 +599,7 @@ class Replica:
             if self._active == 0:
                 self._active_since = start
             self._active += 1
-            yield env.timeout(ticks(compute + comm))
+            yield env.timeout(round((compute + comm) * SCALE) / SCALE)  # ticks(), inlined
             if self.generation != gen:
                 return
             self._active -= 1
@@ -624,7 +624,7 @@ class Replica:
                     lambda _, mb=mb, nxt=nxt, g=gen: nxt.put(mb) if self.generation == g
                     else None)
                 continue
-            delay = ticks(lat + b.tokens * per_token)
+            delay = round((lat + b.tokens * per_token) * SCALE) / SCALE  # ticks(), inlined
             if delay > 0:
                 env.timeout(delay).callbacks.append(
                     lambda _, mb=mb, nxt=nxt, g=gen: nxt.put(mb) if self.generation == g
