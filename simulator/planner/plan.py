@@ -256,8 +256,9 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
                  (e.scheduler_args or {}).get("chunk_size", 512)
                  if e.scheduler == "sarathi" else None)
     try:
+        domain = "NVLink" if node.scale_up.link.startswith("NVLink") else "PCIe"
         rule, rule_why = rule_of_thumb(s, model, node.gpu.memory_bytes, node.gpus_per_node,
-                                       cap, stats)
+                                       cap, stats, domain)
     except ScenarioError as exc:
         rule, rule_why = None, exc.problems[0]
     rule_idx = None

@@ -168,14 +168,16 @@ def engine_limits(s: Scenario) -> list[Limits]:
 
 
 def rule_of_thumb(s: Scenario, model: ModelSpec, gpu_memory_bytes: float, node_gpus: int,
-                  gpus: int, stats: WorkloadStats) -> tuple[Layout, str]:
+                  gpus: int, stats: WorkloadStats, domain: str = "NVLink"
+                  ) -> tuple[Layout, str]:
     """The practitioners' layout and how it was reached (docs/planner.md).
 
     TP = the largest TP degree that divides the heads (and obeys the KV-head rule) within
     one NVLink domain, one node's ``node_gpus`` (an NVL72 rack is one node), and ``gpus``;
     PP = the fewest stages with which the weights plus a useful KV cache
     (:func:`useful_kv_tokens`) fit at the scenario's engine limits; DP = the remaining
-    GPUs, ``gpus // (tp * pp)``.
+    GPUs, ``gpus // (tp * pp)``. ``domain`` names the scale-up domain in the explanation
+    (``"NVLink"``, or ``"PCIe"`` for a node without NVLink).
 
     Raises
     ------
@@ -198,9 +200,9 @@ def rule_of_thumb(s: Scenario, model: ModelSpec, gpu_memory_bytes: float, node_g
         streams = e.max_inflight_microbatches or pp
         need = useful_kv_tokens(stats, model.max_position_embeddings)
         if mem.kv_tokens // streams >= need:
-            fills = (f"TP{tp} fills the NVLink domain ({node_gpus} GPUs)" if tp == node_gpus
+            fills = (f"TP{tp} fills the {domain} domain ({node_gpus} GPUs)" if tp == node_gpus
                      else f"TP{tp} is the largest TP dividing the {model.q_heads} heads within "
-                          f"{min(gpus, node_gpus)} GPUs of one NVLink domain")
+                          f"{min(gpus, node_gpus)} GPUs of one {domain} domain")
             why = (f"{fills}; "
                    + ("one stage holds the model and a useful KV cache"
                       if pp == 1 else f"PP{pp} is the fewest stages that hold the model and "
