@@ -274,39 +274,26 @@ class Replica:
                         VECTOR_MIN if self.record_step is None else VECTOR_MIN_RECORDS):
                     # A short run: the scheduled step is its first, in the same loop.
                     now = yield from self._decode_run(s, batch, None, extra, gen, now)
-                    if self.generation != gen:
-                        return
-                    for req in stream.complete(batch, now):
-                        self.outstanding -= 1
-                        self.on_finish(req)
-                    continue
-                # The step's records wait for it to end: a failure in between drops them.
-                rows: list[tuple] = []
-                end, busy = self._inline(now, batch.tokens, batch.prefill_pairs,
-                                         batch.prefill_ctx, batch.decode_kv, batch.sampled,
-                                         batch.prefill_tokens, batch.n_decode,
-                                         batch.batch_size, batch.kv_blocks,
-                                         rows.append if self.record_step else None,
-                                         batch.swap_blocks)
-                self._count(1, batch.tokens, busy)
-                if extra:
-                    now = yield from self._decode_run(s, batch, end, extra, gen, now, rows)
-                    if self.generation != gen:
-                        return
-                    for req in stream.complete(batch, now):
-                        self.outstanding -= 1
-                        self.on_finish(req)
-                    continue
-                if self.run_ahead and end < self.next_arrival():
-                    now = end  # apply it now: nothing arrives before it ends
-                    self._record(rows)
-                    for req in stream.complete(batch, now):
-                        self.outstanding -= 1
-                        self.on_finish(req)
-                    continue
-                yield env.timeout(end - env.now)
-                if self.generation == gen:
-                    self._record(rows)
+                else:
+                    # The step's records wait for it to end: a failure in between drops them.
+                    rows: list[tuple] = []
+                    end, busy = self._inline(now, batch.tokens, batch.prefill_pairs,
+                                             batch.prefill_ctx, batch.decode_kv, batch.sampled,
+                                             batch.prefill_tokens, batch.n_decode,
+                                             batch.batch_size, batch.kv_blocks,
+                                             rows.append if self.record_step else None,
+                                             batch.swap_blocks)
+                    self._count(1, batch.tokens, busy)
+                    if extra:
+                        now = yield from self._decode_run(s, batch, end, extra, gen, now, rows)
+                    elif self.run_ahead and end < self.next_arrival():
+                        now = end  # apply it now: nothing arrives before it ends
+                        self._record(rows)
+                    else:
+                        yield env.timeout(end - env.now)
+                        now = env.now
+                        if self.generation == gen:
+                            self._record(rows)
             else:
                 lead = self.overhead + batch.swap_blocks * self.swap_s
                 if lead:
@@ -316,9 +303,9 @@ class Replica:
                 mb = MicroBatch(batch, env.event(), s)
                 self.inboxes[0].put(mb)
                 yield mb.done
+                now = env.now
             if self.generation != gen:
                 return
-            now = env.now
             for req in stream.complete(batch, now):
                 self.outstanding -= 1
                 self.on_finish(req)
