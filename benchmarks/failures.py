@@ -92,6 +92,7 @@ repair_s = 600
 retry = "reroute"          # reroute | drop
 max_retries = 2
 restart_s = 90             # time for a replica to reload weights once its GPUs are back
+pending_timeout_s = 300    # optional: a client gives up after waiting this long with no replica up
 [parallel]
 placement = "spread"       # spread replicas over nodes (failure domains) | packed
 ```
@@ -104,8 +105,9 @@ placement = "spread"       # spread replicas over nodes (failure domains) | pack
   go back through the router, keep their arrival time and the tokens they had produced,
   and re-prefill on another replica; each failure under a request counts one retry, and
   beyond `max_retries` it ends `failed_after_retries`. With `retry = "drop"` they end
-  `dropped`. While no replica is up, requests wait; those still waiting at the end of the
-  workload are `dropped` ("no replica was up").
+  `dropped`. While no replica is up, requests wait; with `pending_timeout_s` their client
+  gives up after that long (`dropped`); those still waiting at the end of the workload are
+  `dropped` ("no replica was up").
 - The step a failure cuts short never happened: it is not in `steps.csv`, and its tokens
   are lost with the replica. Steps that ended before the failure did happen, also inside
   a decode run advanced in one event: they are in `steps.csv`, their tokens count, and a

@@ -218,3 +218,28 @@ def test_inter_token_gaps_across_a_failure_run_from_the_last_token():
     # the re-prefills, and the decodes after: nothing twice, nothing missing.
     after = res.steps[res.steps["start_s"] >= at]["decode_tokens"].sum()
     assert 3 + before["decode_tokens"].sum() + 3 + after == 3 * 400
+
+
+def test_clients_give_up_on_requests_pending_longer_than_the_timeout():
+    # Both replicas on node 0, down from 5 s to 7 s, back after a 3 s reload at 10 s.
+    sc = _two_nodes("packed", [{"at_s": 5.0, "target": "node:0", "duration_s": 2.0}],
+                    restart_s=3.0, pending_timeout_s=2.0)
+    res = simulator.run(sc)
+    _accounted(res, 400)
+    req = res.requests
+    gave_up = req[req["reason"].str.contains("pending_timeout_s")]
+    # Arrivals from 5 s to 8 s wait more than 2 s: dropped exactly 2 s after they queued
+    # (in-flight requests queued at the failure, 5 s).
+    queued = np.maximum(gave_up["arrival_s"], 5.0)
+    assert len(gave_up) > 30 and (gave_up["status"] == "dropped").all()
+    assert np.allclose(gave_up["finish_s"], queued + 2.0, atol=1e-6)
+    assert (gave_up["arrival_s"] < 8.0 + 1e-6).all()
+    # Arrivals after 8 s wait less than 2 s for the restart at 10 s and are served.
+    late = req[(req["arrival_s"] > 8.0) & (req["arrival_s"] < 10.0)]
+    assert len(late) > 10 and (late["status"] == "completed").all()
+    assert (late["first_scheduled_s"] >= 10.0 - 1e-6).all()
+    # Without the timeout nobody gives up.
+    sc["recovery"].pop("pending_timeout_s")
+    assert (simulator.run(sc).requests["status"] == "completed").all()
+    with pytest.raises(simulator.ScenarioError, match="recovery.pending_timeout_s: must be > 0"):
+        simulator.load_scenario({**sc, "recovery": {"pending_timeout_s": 0}})

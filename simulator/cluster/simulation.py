@@ -112,6 +112,7 @@ class Cluster:
         self.fault_state = FaultState(plan.graph)
         self.hops = [replica_hops(rp.placement.stages) for rp in plan.replicas]
         self.pending: deque[Request] = deque()
+        self._waiting: dict[int, object] = {}  # pending request id -> its current wait
         self.downtime: list[list[list[float]]] = [[] for _ in self.replicas]  # [start, end]
         self._restarting = [False] * len(self.replicas)
         self.retries = 0
@@ -140,6 +141,11 @@ class Cluster:
         up = [r for r in self.replicas if r.up] if self.any_down else self.replicas
         if not up:
             self.pending.append(req)
+            timeout = self.plan.scenario.recovery.pending_timeout_s
+            if timeout is not None:  # the client gives up unless a replica is back by then
+                token = self._waiting[req.id] = object()
+                self.env.timeout(ticks(timeout)).callbacks.append(
+                    lambda _, req=req, token=token, t=timeout: self._give_up(req, token, t))
             return
         up[self.router.choose(up, req)].submit(req)
 
@@ -201,6 +207,14 @@ class Cluster:
             req.state = WAITING
             self.submit(req)
 
+    def _give_up(self, req: Request, token: object, timeout: float) -> None:
+        """A pending request's client gives up (if it is still the same wait)."""
+        if self._waiting.get(req.id) is token:
+            del self._waiting[req.id]
+            self.pending.remove(req)
+            self._drop(req, "dropped", f"no replica was up within pending_timeout_s = "
+                                       f"{timeout:g} s")
+
     def _drop(self, req: Request, status: str, why: str) -> None:
         req.status, req.reason, req.finish_s = status, why, self.env.now
         self.finish(req)
@@ -218,7 +232,9 @@ class Cluster:
                                   for _ in range(self.plan.streams_per_replica)],
                                  *self._costs(i, view))
         while self.pending and any(r.up for r in self.replicas):
-            self.submit(self.pending.popleft())
+            req = self.pending.popleft()
+            self._waiting.pop(req.id, None)
+            self.submit(req)
 
     def close(self) -> None:
         """End of the run: requests that never found an up replica are dropped, at the

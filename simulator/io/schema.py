@@ -131,6 +131,9 @@ class RecoveryKeys:
     retry: str = _f("reroute", choices=("reroute", "drop"))
     max_retries: int = _f(2, min=0)
     restart_s: float = _f(90.0, min=0.0)  # reload weights once the replica's GPUs are back
+    # A client gives up on a request that has waited this long with no replica up (None:
+    # it waits until one is back, or is dropped at the end of the workload).
+    pending_timeout_s: float | None = _f(None, gt=0.0, optional=True)
 
 
 @dataclass(frozen=True)
