@@ -130,12 +130,14 @@ class Cluster:
                    eng.max_num_batched_tokens, preemption=eng.preemption,
                    swap_blocks=plan.swap_blocks_per_stream, gaps=self.gaps, **kwargs)
 
-    def submit(self, req: Request) -> None:
+    def submit(self, req: Request, now: float | None = None) -> None:
         """Route a new request to an up replica (or hold it until one is back), or reject
-        it if it cannot fit the model's context."""
-        self.last_event_s = self.env.now
+        it if it cannot fit the model's context. ``now``: when it arrives, if a replica
+        running ahead of the clock pulls it (default: the clock)."""
+        now = self.env.now if now is None else now
+        self.last_event_s = now
         if req.prompt + req.output > self.max_len:
-            req.status, req.finish_s = "rejected", self.env.now
+            req.status, req.finish_s = "rejected", now
             self.finish(req)
             return
         up = [r for r in self.replicas if r.up] if self.any_down else self.replicas
@@ -268,12 +270,33 @@ class Cluster:
             sc = self.plan.scenario
             # Nothing but arrivals (and faults) can observe the replica between its steps.
             rep.run_ahead = rep.fast and not sc.faults and sc.random_faults is None
+            if rep.run_ahead:
+                # It also takes the arrivals itself as its time passes them: no event each.
+                rep.pull = self._puller(times, prompts, outputs)
+                rep.next_arrival = lambda: self.next_arrival_s
+                self.next_arrival_s = times[0] if times else float("inf")
+                rep.wake()
+                return
         for i, t in enumerate(times):
             self.next_arrival_s = t
             if t > env.now:
                 yield timeout(t - env.now)
             submit(Request(i, t, prompts[i], outputs[i]))
         self.next_arrival_s = float("inf")
+
+    def _puller(self, times: list[float], prompts: list[int], outputs: list[int]):
+        """``pull(now)``: submit every request that arrives by ``now`` (at its own time)."""
+        n, submit, state = len(times), self.submit, [0]
+
+        def pull(now: float) -> None:
+            i = state[0]
+            while i < n and times[i] <= now:
+                submit(Request(i, times[i], prompts[i], outputs[i]), times[i])
+                i += 1
+            state[0] = i
+            self.next_arrival_s = times[i] if i < n else float("inf")
+
+        return pull
 
     def client(self, c: int, counter: list[int], prompts: LengthStream, outputs: LengthStream):
         """Closed loop: one client sends its next request when its previous one finishes."""

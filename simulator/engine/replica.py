@@ -129,6 +129,9 @@ class Replica:
         #: Apply steps that end before the next arrival without waiting (set by the
         #: cluster: one replica, open loop, no faults; needs ``next_arrival``).
         self.run_ahead = False
+        #: With ``run_ahead``: ``pull(now)`` submits the requests that arrive by ``now``
+        #: (the replica takes its arrivals as its time passes them; no event each).
+        self.pull: Callable[[float], None] | None = None
         self.outstanding = 0
         self.steps = self.step_tokens = 0
         self.stage_busy_s = [0.0] * len(stages)
@@ -228,6 +231,13 @@ class Replica:
                       + done * len(st.decoding))
         return total
 
+    def wake(self) -> None:
+        """Wake idle streams (they then look for work: arrivals to pull, or requests)."""
+        for s, idle in enumerate(self._idle):
+            if idle is not None:
+                self._idle[s] = None
+                idle.succeed()
+
     def submit(self, req: Request) -> None:
         """Queue a request on the stream with the fewest outstanding requests."""
         req.replica = self.index
@@ -259,8 +269,17 @@ class Replica:
         single = len(self.streams) == 1
         now = env.now
         while True:
+            if self.pull is not None:
+                self.pull(now)
             batch = stream.schedule(now)
             if batch is None:
+                if self.pull is not None:  # nothing to do until the next arrival
+                    t = self.next_arrival()
+                    if t == float("inf"):
+                        return
+                    yield env.timeout(t - env.now)
+                    now = t
+                    continue
                 self._idle[s] = env.event()
                 yield self._idle[s]
                 if self.generation != gen:
