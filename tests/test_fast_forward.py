@@ -97,3 +97,11 @@ def test_fast_path_takes_fewer_events():
     fast, slow = _both(sc)
     _assert_identical(fast, slow)
     assert fast.summary["simpy_events"] * 5 < slow.summary["simpy_events"]
+
+
+def test_a_lone_replica_runs_ahead_of_the_clock():
+    # One replica, open loop, no faults: steps before the next arrival and the arrivals
+    # themselves cost no event; the tables stay those of stepping one by one.
+    fast, slow = _both(SCENARIOS["seq-cap"])
+    _assert_identical(fast, slow)
+    assert fast.summary["simpy_events"] < len(fast.requests) < slow.summary["simpy_events"]
