@@ -104,4 +104,6 @@ def test_a_lone_replica_runs_ahead_of_the_clock():
     # themselves cost no event; the tables stay those of stepping one by one.
     fast, slow = _both(SCENARIOS["seq-cap"])
     _assert_identical(fast, slow)
-    assert fast.summary["simpy_events"] < len(fast.requests) < slow.summary["simpy_events"]
+    # Here about one event per request (200 requests: 201 events, against 4,002 stepping).
+    assert fast.summary["simpy_events"] <= 1.1 * len(fast.requests)
+    assert slow.summary["simpy_events"] > 10 * fast.summary["simpy_events"]
