@@ -35,13 +35,17 @@ KEYS = ("nvlink_util_mean", "nvlink_util_max", "pcie_util_mean", "pcie_util_max"
         "fabric_util_mean", "fabric_util_max")
 
 
-def link_bytes(plan, tokens: list[float], steps: list[int]) -> dict[tuple[str, str], float]:
-    """Bytes each directed link carried: ``tokens[r]`` and ``steps[r]`` of replica r."""
+def replica_link_bytes(plan, tokens: list[float], steps: list[int]
+                       ) -> list[dict[tuple[str, str], float]]:
+    """Bytes each directed link carried for each replica: ``tokens[r]`` and ``steps[r]``
+    of replica r (proportional to its tokens, the algorithm fixed by its mean step)."""
     paths = Paths(plan.graph)
     links = Links(paths)
     h = plan.model.hidden
-    out: dict[tuple[str, str], float] = defaultdict(float)
+    out = []
     for rp, t, n_steps in zip(plan.replicas, tokens, steps, strict=True):
+        carried: dict[tuple[str, str], float] = defaultdict(float)
+        out.append(carried)
         if t <= 0:
             continue
         groups = rp.placement.stages
@@ -56,10 +60,19 @@ def link_bytes(plan, tokens: list[float], steps: list[int]) -> dict[tuple[str, s
                 for ph in sched.phases:
                     for edges, share in ph.flows:
                         for e in edges:
-                            out[e] += ph.steps * share * total
+                            carried[e] += ph.steps * share * total
             if i + 1 < len(groups):
                 for e in links(group[0], groups[i + 1][0]):
-                    out[e] += t * h * ACT_BYTES
+                    carried[e] += t * h * ACT_BYTES
+    return out
+
+
+def link_bytes(plan, tokens: list[float], steps: list[int]) -> dict[tuple[str, str], float]:
+    """Bytes each directed link carried, all replicas together."""
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for carried in replica_link_bytes(plan, tokens, steps):
+        for e, b in carried.items():
+            out[e] += b
     return out
 
 
@@ -107,6 +120,7 @@ def link_windows(plan, tokens: list[float], steps: list[int], step_table: pd.Dat
     stepped = (first["prefill_tokens"] + first["decode_tokens"]).to_numpy(float)
     per_window = np.bincount(win * reps + rep, weights=stepped,
                              minlength=n * reps).reshape(n, reps)
+    carried = replica_link_bytes(plan, tokens, steps)
     out = {}
     for kind, links in _measured_links(plan.graph).items():
         if not links:
@@ -115,11 +129,8 @@ def link_windows(plan, tokens: list[float], steps: list[int], step_table: pd.Dat
         index = {e: j for j, (e, _) in enumerate(links)}
         cap = np.array([bw for _, bw in links]) * width
         per_token = np.zeros((reps, len(links)))  # bytes per token stepped, replica x link
-        for r in range(reps):
-            if tokens[r] <= 0:
-                continue
-            alone = [t if i == r else 0.0 for i, t in enumerate(tokens)]
-            for e, b in link_bytes(plan, alone, steps).items():
+        for r, by_link in enumerate(carried):
+            for e, b in by_link.items():
                 if e in index:
                     per_token[r, index[e]] = b / tokens[r]
         per_cap = per_token / cap
