@@ -273,7 +273,6 @@ class Cluster:
             if rep.run_ahead:
                 # It also takes the arrivals itself as its time passes them: no event each.
                 rep.pull = self._puller(times, prompts, outputs)
-                rep.next_arrival = lambda: self.next_arrival_s
                 self.next_arrival_s = times[0] if times else float("inf")
                 rep.wake()
                 return

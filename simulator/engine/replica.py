@@ -52,10 +52,11 @@ class Inbox:
     waits on an event only when its inbox is empty (a ``simpy.Store`` schedules two
     events per hand-off, a third of a pipelined replica's events)."""
 
-    __slots__ = ("env", "items", "waiter")
+    __slots__ = ("items", "waiter")
 
-    def __init__(self, env: simpy.Environment):
-        self.env, self.items, self.waiter = env, deque(), None
+    def __init__(self) -> None:
+        self.items: deque[MicroBatch] = deque()
+        self.waiter: simpy.Event | None = None
 
     def put(self, item: MicroBatch) -> None:
         if self.waiter is not None:
@@ -115,7 +116,6 @@ class Replica:
         self.streams, self.stages, self.sends = streams, stages, sends
         self.overhead = step_overhead_s
         self.swap_s = swap_s_per_block
-        self._overhead_ticks = ticks(step_overhead_s)
         self._one_stage, self._stage0 = len(stages) == 1, stages[0]
         self.on_finish, self.record_step = on_finish, record_step
         self.record_bulk = record_bulk
@@ -145,7 +145,7 @@ class Replica:
         env = self.env
         self._active, self._active_since = 0, 0.0
         if len(self.streams) > 1:
-            self.inboxes = [Inbox(env) for _ in self.stages]
+            self.inboxes = [Inbox() for _ in self.stages]
             for i in range(len(self.stages)):
                 env.process(self.forward(i, self.generation))
         self.procs = [env.process(self.serve(s, self.generation))
@@ -178,7 +178,7 @@ class Replica:
             req.blocks = req.computed = 0
             req.target = req.prompt + req.generated
             if req.generated and req.last_token_s != req.last_token_s:  # NaN: not known
-                req.last_token_s = self.env.now
+                req.last_token_s = now
         self._idle = [None] * len(self.streams)
         self._running = [False] * len(self.streams)
         self._runs = [None] * len(self.streams)
@@ -341,7 +341,8 @@ class Replica:
         scheduled step is then computed (and counted) with the others; else
         ``first_rows`` are its records, kept once the run ends. Returns when the run's last
         applied step ended: ``env.now``, or later when the replica runs ahead. A failure
-        during the run drops its records (its steps' tokens are lost with the replica).
+        during the run keeps the records of the steps that ended before it (whose tokens
+        :meth:`fail` counts) and drops the rest.
 
         Step j reads ``decode_kv + j * n`` KV entries; its end is computed from its start
         exactly as a single step would be. An arrival that could join the batch interrupts
@@ -357,7 +358,6 @@ class Replica:
         horizon = self.next_arrival() if self.next_arrival is not None else float("inf")
         if extra >= (VECTOR_MIN if rec is None else VECTOR_MIN_RECORDS):
             ends, busy, bulk = self._decode_many(end, batch, needs, rec is not None)
-            cut = ends.searchsorted  # first index whose end is past a time
         elif self._one_stage:
             ends, busy = self._decode_few(end, batch, needs if rec is not None else extra,
                                           horizon, rec, now)
@@ -367,9 +367,6 @@ class Replica:
                 if rec is not None:
                     first_rows = [rows.pop(0)]
             extra = len(ends) - 1
-
-            def cut(x: float, side: str) -> int:
-                return bisect.bisect_right(ends, x)
         else:
             ends, busy = [end], []
             used, t = batch.kv_blocks, end
@@ -382,15 +379,12 @@ class Replica:
                 ends.append(t)
                 busy.append(b)
             extra = len(ends) - 1
-
-            def cut(x: float, side: str) -> int:
-                return bisect.bisect_right(ends, x)
         steps = extra
         self._runs[s] = (ends, extra)
         if self.next_arrival is not None:
             # The next arrival is known (open loop, one replica): stop at the step in progress
             # when it comes; nothing else can join earlier, so no interrupt is needed.
-            steps = min(int(cut(horizon, "right")), steps)
+            steps = min(bisect.bisect_right(ends, horizon), steps)
             self._run_len[s] = (min(2 * self._run_len[s], MAX_RUN) if steps == extra
                                 else max(MIN_RUN, 2 * steps))
             stop = float(ends[steps])
@@ -404,7 +398,7 @@ class Replica:
                 # planning far past the next interruption only wastes work).
                 self._run_len[s] = min(2 * self._run_len[s], MAX_RUN)
             except simpy.Interrupt:
-                steps = min(int(cut(env.now, "right")), steps)
+                steps = min(bisect.bisect_right(ends, env.now), steps)
                 self._run_len[s] = max(MIN_RUN, 2 * steps)
                 yield env.timeout(float(ends[steps]) - env.now)
             self._running[s] = False
