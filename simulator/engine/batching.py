@@ -157,10 +157,11 @@ class ContinuousBatcher:
         g[1] -= 1
         return g[0]
 
-    def emit_cut_run(self, ends) -> None:
-        """The decoders produced a token at each of ``ends`` (the steps of a decode run that
-        a failure cut short): their gaps are counted and their last token is at
-        ``ends[-1]``; nothing else changes (the stream is being discarded)."""
+    def emit_run(self, ends) -> None:
+        """Every decoder produced a token at each of ``ends`` (steps of a decode run): the
+        gaps are counted and every decoder's last token is at ``ends[-1]``. Nothing else
+        changes (:meth:`skip_decode_steps` also advances the steps; a run that a failure
+        cut short only needs its tokens emitted)."""
         if len(ends) == 0:
             return
         self._emit(float(ends[0]))
@@ -426,7 +427,4 @@ class ContinuousBatcher:
         self.kv.allocate(self.run_blocks(steps))
         self.k += steps
         self.sum_kv += len(self.decoding) * steps
-        self._emit(float(ends[0]))
-        if self.gaps is not None and steps > 1:
-            self.gaps.add_run(ends[:steps], len(self.decoding))
-        self._groups = [[float(ends[steps - 1]), len(self.decoding)]]
+        self.emit_run(ends[:steps])

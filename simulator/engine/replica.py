@@ -169,7 +169,7 @@ class Replica:
             if run is not None:  # (not its last step: that one may finish requests)
                 done = min(int(np.searchsorted(run[0], now, side="right")), len(run[0]) - 1)
             if done:
-                st.emit_cut_run(run[0][:done])
+                st.emit_run(run[0][:done])
             for req, last in zip(st.decoding.values(), st.last_tokens(), strict=True):
                 req.generated += st.k - req.k0 + done  # tokens it had produced
                 req.last_token_s = last  # the next gap runs from its last token
