@@ -54,3 +54,23 @@ def test_fit_on_half_brings_every_family_within_the_h100_targets_on_the_other(ha
         # The fit did the work: the uncalibrated forms miss by more (kernels by far more).
         assert before.loc[family, "median_abs_error_pct"] > after.loc[
             family, "median_abs_error_pct"] * (3 if family != "nccl all_reduce" else 1.2)
+
+
+def test_every_shipped_gpu_names_a_known_generation():
+    from simulator.calibration.generations import GENERATIONS
+    for name in ("a100_sxm", "h100_sxm", "h200_sxm", "b200", "gb200", "l40s"):
+        assert load_gpu(name).generation in GENERATIONS, name
+    assert not GENERATIONS["ampere"]["nvls"] and GENERATIONS["blackwell"]["nvlink"] == 5
+
+
+def test_sm_second_costs_carry_over_by_clock_and_nothing_else_does():
+    h100, a100, h200 = load_gpu("h100_sxm"), load_gpu("a100_sxm"), load_gpu("h200_sxm")
+    factor = h100.boost_clock_hz / a100.boost_clock_hz  # 1.98 / 1.41 GHz
+    ref, car = h100.calibration.decode_for("bf16"), a100.calibration.decode_for("bf16")
+    assert car.seq_sm_s == pytest.approx(ref.seq_sm_s * factor, rel=1e-12)
+    assert car.seq_head_sm_s == pytest.approx(ref.seq_head_sm_s * factor, rel=1e-12)
+    assert (car.floor_s, car.bandwidth_eff) == (ref.floor_s, ref.bandwidth_eff)
+    g_ref, g_car = h100.calibration.gemm_for("fp8"), a100.calibration.gemm_for("fp8")
+    assert g_car.quant_row_sm_s == pytest.approx(g_ref.quant_row_sm_s * factor, rel=1e-12)
+    assert (g_car.launch_s, g_car.compute_eff) == (g_ref.launch_s, g_ref.compute_eff)
+    assert h200.calibration.prefill_for("bf16") == h100.calibration.prefill_for("bf16")
