@@ -54,6 +54,8 @@ def test_capture_sizes_of_each_engine_by_hand():
     assert capture_sizes("vllm-v0.6", 20)[0] == (1, 2, 4, 8, 16, 24)  # 20 -> 24
     assert capture_sizes("vllm-v1", 1024) == (v1, True)
     assert sglang_sizes(40) == (1, 2, 4, 8, 12, 16, 24, 32, 40)
+    assert capture_sizes("sglang", 256, tp=2)[0][-3:] == (240, 248, 256)
+    assert capture_sizes("sglang", 256, tp=8)[0][-4:] == (464, 480, 496, 512)
     assert trtllm_sizes(128) == (1, 2, 4, *range(8, 129, 8))
     assert trtllm_sizes(300) == (1, 2, 4, *range(8, 129, 8), 256, 300)
     assert capture_sizes("none", 256) == ((), False)

@@ -90,7 +90,8 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
     """
     eng, tp, pp = s.engine, s.parallel.tp, s.parallel.pp
     layers = split_layers(model.layers, pp)
-    graphs, mixed = capture_sizes(eng.cuda_graphs, eng.max_num_seqs, eng.cuda_graph_max_batch)
+    graphs, mixed = capture_sizes(eng.cuda_graphs, eng.max_num_seqs, eng.cuda_graph_max_batch,
+                                  tp)
     stages = []
     for i, group in enumerate(pl.stages):
         # A TP group placed in one NVLink domain may use its switch (NVLS) and vLLM's

@@ -74,10 +74,9 @@ PROFILES: dict[str, dict[str, Any]] = {
                 "cuda_graphs": "vllm-v1", "cuda_graph_max_batch": None,
                 "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0},
     # SGLang (server_args.py defaults on 80-160 GB GPUs): chunked_prefill_size 8192,
-    # overlap scheduler on, cuda_graph_max_bs 256 below TP4 and 512 from TP4 (here 256:
-    # the profile does not know TP; set cuda_graph_max_batch = 512 for TP >= 4).
+    # overlap scheduler on, cuda_graph_max_bs 256 below TP4 and 512 from TP4 (the rule).
     "sglang": {"scheduler": "vllm", "max_num_batched_tokens": 8192,
-               "cuda_graphs": "sglang", "cuda_graph_max_batch": 256,
+               "cuda_graphs": "sglang", "cuda_graph_max_batch": None,
                "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0},
     # TensorRT-LLM PyTorch backend (llm_args.py defaults): max_batch_size 2048,
     # max_num_tokens 8192, chunked prefill, overlap scheduler on, CUDA graphs with padding
@@ -88,28 +87,29 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 #: Capture rules: name -> (sizes from the bound, whether graphs cover mixed steps, the
-#: rule's own bound from max_num_seqs).
+#: rule's own bound from max_num_seqs, and for SGLang the TP degree).
 CAPTURE_RULES = {
     "vllm-v0.6": (lambda top: tuple(s for s in VLLM_V06_SIZES if s <= top), False,
-                  lambda seqs: min(256, -(-seqs // 8) * 8)),
-    "vllm-v1": (vllm_v1_ladder, True, lambda seqs: min(2 * seqs, 512)),
-    "sglang": (sglang_sizes, False, lambda seqs: 256),
-    "trtllm": (trtllm_sizes, False, lambda seqs: 128),
+                  lambda seqs, tp: min(256, -(-seqs // 8) * 8)),
+    "vllm-v1": (vllm_v1_ladder, True, lambda seqs, tp: min(2 * seqs, 512)),
+    "sglang": (sglang_sizes, False, lambda seqs, tp: 256 if tp < 4 else 512),
+    "trtllm": (trtllm_sizes, False, lambda seqs, tp: 128),
 }
 
 
-def capture_sizes(rule: str, max_num_seqs: int, max_batch: int | None = None
-                  ) -> tuple[tuple[int, ...], bool]:
+def capture_sizes(rule: str, max_num_seqs: int, max_batch: int | None = None,
+                  tp: int = 1) -> tuple[tuple[int, ...], bool]:
     """Captured sizes (ascending) and whether mixed steps use them, for a rule name.
 
     ``"none"`` gives no sizes (graphs not modelled). ``max_batch`` overrides the rule's own
     bound (vLLM 0.6: max_num_seqs rounded up to 8, at most 256; vLLM V1:
-    ``min(2 * max_num_seqs, 512)``; SGLang 256; TensorRT-LLM 128).
+    ``min(2 * max_num_seqs, 512)``; SGLang 256 below TP 4 and 512 from TP 4 on 80-160 GB
+    GPUs; TensorRT-LLM 128).
     """
     if rule == "none":
         return (), False
     sizes_of, mixed, bound = CAPTURE_RULES[rule]
-    top = max_batch if max_batch is not None else bound(max_num_seqs)
+    top = max_batch if max_batch is not None else bound(max_num_seqs, tp)
     return tuple(sizes_of(top)), mixed
 
 
