@@ -113,12 +113,21 @@ def capture_sizes(rule: str, max_num_seqs: int, max_batch: int | None = None,
     return tuple(sizes_of(top)), mixed
 
 
+#: The profile of a scenario that names none. None keeps the engine keys' own defaults
+#: (every earlier result); "vllm-v1" would make the newest vLLM the default, which changes
+#: the results of every scenario without a profile (see docs/cost-model.md).
+DEFAULT_PROFILE: str | None = None
+
+
 def apply_profile(data: dict) -> dict:
     """``data`` (a raw scenario dict) with the profile's keys filled into ``[engine]``
     where the scenario does not set them. Unknown names are left for validation."""
-    engine = data.get("engine")
-    if not isinstance(engine, dict) or engine.get("profile") not in PROFILES:
+    engine = data.get("engine", {})
+    if not isinstance(engine, dict):
+        return data
+    name = engine.get("profile", DEFAULT_PROFILE)
+    if name not in PROFILES:
         return data
     out = dict(data)
-    out["engine"] = {**PROFILES[engine["profile"]], **engine}
+    out["engine"] = {**PROFILES[name], "profile": name, **engine}
     return out
