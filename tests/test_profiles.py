@@ -175,3 +175,12 @@ def test_cpu_overlap_hides_the_step_overhead_behind_the_gpu_step():
     c, m = cost.step(1, 0.0, 0, 64 + 16, 1)
     assert serial["tpot_s"] - hidden["tpot_s"] == pytest.approx(
         0.003 + c - max(c, 0.003), abs=2e-5)
+
+
+def test_default_profile_switch_applies_to_scenarios_that_name_none(monkeypatch):
+    from simulator.engine import profiles
+    monkeypatch.setattr(profiles, "DEFAULT_PROFILE", "vllm-v1")
+    eng = simulator.load_scenario(_scenario()).engine
+    assert eng.profile == "vllm-v1" and eng.cpu_overlap and eng.max_num_seqs == 1024
+    eng = simulator.load_scenario(_scenario(profile="sglang")).engine
+    assert eng.profile == "sglang" and eng.cuda_graphs == "sglang"
