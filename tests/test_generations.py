@@ -74,3 +74,18 @@ def test_sm_second_costs_carry_over_by_clock_and_nothing_else_does():
     assert g_car.quant_row_sm_s == pytest.approx(g_ref.quant_row_sm_s * factor, rel=1e-12)
     assert (g_car.launch_s, g_car.compute_eff) == (g_ref.launch_s, g_ref.compute_eff)
     assert h200.calibration.prefill_for("bf16") == h100.calibration.prefill_for("bf16")
+
+
+def test_a_node_cannot_claim_nvls_on_a_generation_without_it(tmp_path):
+    from simulator.errors import ScenarioError
+    from simulator.hardware.specs import load_node
+    from simulator.paths import TOPOLOGIES
+    text = (TOPOLOGIES / "dgx-a100.toml").read_text()
+    text = text.replace("in_switch_reduction = false", "in_switch_reduction = true")
+    text = text.replace('gpu = "a100_sxm"', f'gpu = "{TOPOLOGIES / "gpus" / "a100_sxm.toml"}"')
+    (tmp_path / "my-a100.toml").write_text(text)
+    with pytest.raises(ScenarioError, match=r"in_switch_reduction = true, but a100_sxm is "
+                                            r"ampere"):
+        load_node("my-a100.toml", tmp_path)
+    assert not load_node("dgx-a100").scale_up.in_switch_reduction
+    assert load_node("hgx-b200").scale_up.in_switch_reduction

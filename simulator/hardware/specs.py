@@ -159,6 +159,16 @@ def _generation(data: dict, key: str) -> str:
     return gen
 
 
+def _check_nvls(data: dict, gpu: GPUSpec, path: Path, key: str) -> None:
+    """NCCL's NVLS (in-switch reduction) needs NVSwitch 3 or later: a node of a generation
+    without it (Ampere's NVSwitch 2, Ada without NVLink) cannot claim it."""
+    claims = bool(data.get("scale_up", {}).get("in_switch_reduction", False))
+    if claims and gpu.generation and not GENERATIONS[gpu.generation]["nvls"]:
+        raise ScenarioError(f"{key}: node file {str(path)!r}: [scale_up] in_switch_reduction = "
+                            f"true, but {gpu.name} is {gpu.generation}, whose switches do not "
+                            f"reduce (NVLS needs NVSwitch 3+: hopper, blackwell)")
+
+
 def _link(data: dict, section: str) -> LinkSpec:
     d = data[section]
     return LinkSpec(float(d["bandwidth_Bps"]), float(d["latency_s"]), d.get("kind", section),
@@ -174,6 +184,7 @@ def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topolog
     try:
         gpu = load_gpu(data["gpu"], path.parent, key=f"{key} (gpu)")
         fabric = data.get("fabric", {})
+        _check_nvls(data, gpu, path, key)
         return NodeSpec(name=data["name"], gpu=gpu, gpus_per_node=int(data["gpus_per_node"]),
                         scale_up=_link(data, "scale_up"), host=_link(data, "host"),
                         nic=_link(data, "nic"),
