@@ -8,7 +8,8 @@
    replaying the APEX+ traces (custom all-reduce off, output lengths scaled to the tokens the
    real runs generated, LMSYS prompts +20% for the chat template).
 
-Usage: ``python benchmarks/calibration_report.py [--skip-kernels]`` (about a minute).
+Usage: ``python benchmarks/calibration_report.py [--skip-kernels] [--profiles P ...]``
+(about a minute per APEX+ table).
 """
 
 from __future__ import annotations
@@ -84,9 +85,12 @@ def splitwise_table() -> str:
     return "\n".join(lines)
 
 
-def apex_table() -> str:
-    lines = ["| vLLM, Llama-3.1-70B bf16, 8xH100 | measured TTFT / TPOT ms | "
-             "simulated TTFT / TPOT ms | errors |", "|---|---|---|---|"]
+def apex_table(profile: str | None = None) -> str:
+    """APEX+ cases with no profile (the engine keys' defaults, prefill-first as vLLM 0.6)
+    or with an engine profile (its keys, then the runs' own settings on top)."""
+    lines = [f"| vLLM, Llama-3.1-70B bf16, 8xH100, profile {profile or '(none)'} | "
+             "measured TTFT / TPOT ms | simulated TTFT / TPOT ms | errors |",
+             "|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         for (trace, tp), (ttft, tpot, generated) in APEX.items():
             d = pd.read_csv(WORKLOADS / f"apex_llama_{trace}_05.csv")
@@ -100,8 +104,10 @@ def apex_table() -> str:
             # vLLM 0.6 with max_model_len <= 32k: prefill-first scheduling, whole prompts.
             sc = {"name": f"apex-{trace}-tp{tp}", "model": {"name": "llama-3.1-70b"},
                   "cluster": {"topology": "dgx-h100"}, "parallel": {"tp": tp},
-                  "engine": {"scheduler": "vllm_v0", "max_model_len": 8192,
-                             "max_num_batched_tokens": 8192, "custom_allreduce": False},
+                  "engine": ({"profile": profile, "max_model_len": 8192,
+                              "custom_allreduce": False} if profile else
+                             {"scheduler": "vllm_v0", "max_model_len": 8192,
+                              "max_num_batched_tokens": 8192, "custom_allreduce": False}),
                   "workload": {"arrival": "trace", "trace": str(path), "rate_per_s": None,
                                "num_requests": None},
                   "output": {"steps": False}}
@@ -115,6 +121,8 @@ def apex_table() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--skip-kernels", action="store_true", help="only the end-to-end tables")
+    ap.add_argument("--profiles", nargs="*", default=["vllm-v0.6"],
+                    help="engine profiles to run the APEX+ cases with, besides none")
     args = ap.parse_args()
     if not args.skip_kernels:
         print("### Kernel families on H100 SXM\n")
@@ -122,6 +130,9 @@ def main() -> None:
     print("### End to end (REFERENCE.md section 4)\n")
     print(splitwise_table() + "\n")
     print(apex_table())
+    for profile in args.profiles:
+        print()
+        print(apex_table(profile))
 
 
 if __name__ == "__main__":

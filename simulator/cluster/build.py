@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
+from simulator.engine.profiles import capture_sizes
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, load_node
@@ -89,6 +90,8 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
     """
     eng, tp, pp = s.engine, s.parallel.tp, s.parallel.pp
     layers = split_layers(model.layers, pp)
+    graphs, mixed = capture_sizes(eng.cuda_graphs, eng.max_num_seqs, eng.cuda_graph_max_batch,
+                                  tp)
     stages = []
     for i, group in enumerate(pl.stages):
         # A TP group placed in one NVLink domain may use its switch (NVLS) and vLLM's
@@ -102,7 +105,10 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
         cost = shared.get(key) if shared is not None else None
         if cost is None:
             cost = StageCost(model, node.gpu, tp, layers[i], i == 0, i == pp - 1,
-                             s.model.weight_dtype, s.model.kv_dtype, ar, eng.layer_launch_s)
+                             s.model.weight_dtype, s.model.kv_dtype, ar, eng.layer_launch_s,
+                             graphs, mixed,
+                             # async scheduling: the CPU's step work hides behind stage 0
+                             eng.step_overhead_s if eng.cpu_overlap and i == 0 else 0.0)
             if shared is not None:
                 shared[key] = cost
         stages.append(cost)

@@ -98,9 +98,12 @@ class Cluster:
         self.replicas = [
             Replica(env, rp.placement.replica,
                     [self._scheduler() for _ in range(plan.streams_per_replica)],
-                    list(rp.stages), sends[k], eng.step_overhead_s,
+                    list(rp.stages), sends[k],
+                    0.0 if eng.cpu_overlap else eng.step_overhead_s,  # else in stage 0
+
                     self.finish, recorder.step, fast=eng.fast_forward,
-                    swap_s_per_block=rp.swap_s_per_block, record_bulk=recorder.step_bulk)
+                    swap_s_per_block=rp.swap_s_per_block, record_bulk=recorder.step_bulk,
+                    token_delay_s=eng.token_delay_s)
             for k, rp in enumerate(plan.replicas)]
         self.max_len = plan.max_model_len
         self.completed = 0

@@ -95,6 +95,10 @@ class Replica:
         Receives the records of a decode run as columns (same fields as ``record_step``).
     swap_s_per_block : float
         Seconds to copy one KV block between GPU and CPU memory (the slowest stage's PCIe).
+    token_delay_s : float
+        Delay before a produced token reaches the client (output processing,
+        detokenization, streaming): added to each finished request's first-token and
+        finish times, so TTFT and end-to-end latency grow by it and TPOT does not change.
 
     Attributes
     ----------
@@ -111,11 +115,13 @@ class Replica:
                  step_overhead_s: float, on_finish: Callable[[Request], None],
                  record_step: Callable[[tuple], None] | None, fast: bool = True,
                  swap_s_per_block: float = 0.0,
-                 record_bulk: Callable[[dict], None] | None = None):
+                 record_bulk: Callable[[dict], None] | None = None,
+                 token_delay_s: float = 0.0):
         self.env, self.index = env, index
         self.streams, self.stages, self.sends = streams, stages, sends
         self.overhead = step_overhead_s
         self.swap_s = swap_s_per_block
+        self.token_delay = token_delay_s
         self._one_stage, self._stage0 = len(stages) == 1, stages[0]
         self.on_finish, self.record_step = on_finish, record_step
         self.record_bulk = record_bulk
@@ -327,6 +333,9 @@ class Replica:
                 return
             for req in stream.complete(batch, now):
                 self.outstanding -= 1
+                if self.token_delay:
+                    req.first_token_s += self.token_delay
+                    req.finish_s += self.token_delay
                 self.on_finish(req)
 
     def _record(self, rows) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+from simulator.calibration.generations import GENERATIONS, transfer
 from simulator.calibration.params import Calibration, from_legacy, from_toml
 from simulator.errors import ScenarioError
 from simulator.paths import GPUS, TOPOLOGIES, catalog
@@ -34,6 +35,11 @@ class GPUSpec:
     calibration: Calibration = field(default_factory=Calibration)
     sm_count: int = 1  # streaming multiprocessors (1: no wave quantization)
     description: str = ""
+    # Generation facts (calibration/generations.py): the generation's name, the SM boost
+    # clock (Hz; scales SM-second costs carried from another GPU) and the L2 size (bytes).
+    generation: str = ""
+    boost_clock_hz: float | None = None
+    l2_bytes: float | None = None
 
     def peak(self, dtype: str) -> float:
         """Dense tensor FLOP/s for ``dtype``; 16-bit math when the GPU lacks the dtype."""
@@ -99,14 +105,23 @@ def _reference_calibration() -> Calibration:
     return replace(cal, source=f"carried over from {REFERENCE_GPU}: {cal.source}")
 
 
+@lru_cache(maxsize=1)
+def _reference_clock() -> float | None:
+    clock = _read(GPUS / f"{REFERENCE_GPU}.toml", "gpu").get("boost_clock_hz")
+    return None if clock is None else float(clock)
+
+
 def _calibration(data: dict, key: str) -> Calibration:
     """The file's ``[calibration]``; else its legacy ``[efficiency]`` table; else the
-    reference GPU's calibration, which carries over by physics (docs/cost-model.md)."""
+    reference GPU's calibration, which carries over by physics (docs/cost-model.md;
+    SM-second costs scaled by the clocks, :func:`~simulator.calibration.generations.transfer`)."""
     if "calibration" in data:
         return from_toml(data["calibration"], f"{key}: calibration")
     if "efficiency" in data:
         return from_legacy(data["efficiency"], f"{key}: efficiency")
-    return _reference_calibration()
+    clock = data.get("boost_clock_hz")
+    return transfer(_reference_calibration(), _reference_clock(),
+                    None if clock is None else float(clock))
 
 
 def read_gpu_file(name: str, base_dir: str | Path = ".", key: str = "--gpu") -> dict:
@@ -123,10 +138,35 @@ def load_gpu(name: str, base_dir: str | Path = ".", key: str = "gpu") -> GPUSpec
                        peak_flops={k: float(v) for k, v in data["peak_flops"].items()},
                        calibration=_calibration(data, key),
                        sm_count=int(data.get("sm_count", 1)),
-                       description=data.get("description", ""))
+                       description=data.get("description", ""),
+                       generation=_generation(data, key),
+                       boost_clock_hz=_optional(data, "boost_clock_hz"),
+                       l2_bytes=_optional(data, "l2_bytes"))
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"{key}: GPU file for {name!r} is missing or has a bad field "
                             f"({exc})") from None
+
+
+def _optional(data: dict, name: str) -> float | None:
+    return None if data.get(name) is None else float(data[name])
+
+
+def _generation(data: dict, key: str) -> str:
+    gen = data.get("generation", "")
+    if gen and gen not in GENERATIONS:
+        raise ScenarioError(f"{key}: GPU file for {data.get('name')!r}: generation {gen!r} is "
+                            f"not one of {', '.join(GENERATIONS)}")
+    return gen
+
+
+def _check_nvls(data: dict, gpu: GPUSpec, path: Path, key: str) -> None:
+    """NCCL's NVLS (in-switch reduction) needs NVSwitch 3 or later: a node of a generation
+    without it (Ampere's NVSwitch 2, Ada without NVLink) cannot claim it."""
+    claims = bool(data.get("scale_up", {}).get("in_switch_reduction", False))
+    if claims and gpu.generation and not GENERATIONS[gpu.generation]["nvls"]:
+        raise ScenarioError(f"{key}: node file {str(path)!r}: [scale_up] in_switch_reduction = "
+                            f"true, but {gpu.name} is {gpu.generation}, whose switches do not "
+                            f"reduce (NVLS needs NVSwitch 3+: hopper, blackwell)")
 
 
 def _link(data: dict, section: str) -> LinkSpec:
@@ -144,6 +184,7 @@ def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topolog
     try:
         gpu = load_gpu(data["gpu"], path.parent, key=f"{key} (gpu)")
         fabric = data.get("fabric", {})
+        _check_nvls(data, gpu, path, key)
         return NodeSpec(name=data["name"], gpu=gpu, gpus_per_node=int(data["gpus_per_node"]),
                         scale_up=_link(data, "scale_up"), host=_link(data, "host"),
                         nic=_link(data, "nic"),

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
 from simulator.io.schema import (
     LENGTH_DISTS,
@@ -205,6 +206,7 @@ def load_scenario(source: str | Path | dict | Scenario,
         raise exc.with_source(origin) from None
     if seed is not None:
         data["seed"] = seed
+    data = apply_profile(data)  # [engine] profile: fills the engine keys not set
     problems: list[str] = []
     faults, random_faults = _faults(data.get("faults"), problems)
     for k in data:

@@ -22,6 +22,9 @@ SCHEDULER_PARAMS = {"vllm": (), "vllm_v0": (), "sarathi": ("chunk_size",),
                     "orca": ("reserve_tokens",), "static": ("reserve_tokens",)}
 PREEMPTION = ("recompute", "swap")
 LENGTH_DISTS = ("constant", "uniform", "normal", "lognormal", "exponential")
+#: Engine profiles (simulator/engine/profiles.py) and CUDA-graph capture rules.
+PROFILES = ("vllm-v0.6", "vllm-v1", "sglang", "trtllm")
+CUDA_GRAPHS = ("none", "vllm-v0.6", "vllm-v1", "sglang", "trtllm")
 
 
 def _f(default: Any = None, **meta: Any) -> Any:
@@ -88,6 +91,20 @@ class EngineKeys:
     # CPU time to launch one layer's kernels without CUDA graphs (eager mode), seconds;
     # 0 with CUDA graphs. A stage takes at least layers x this.
     layer_launch_s: float = _f(0.0, min=0.0)
+    # A named bundle of the keys below and above (docs/cost-model.md, "Engine profiles");
+    # keys set here override it. None: the defaults above.
+    profile: str | None = _f(None, choices=PROFILES, optional=True)
+    # CUDA graphs: the capture-size rule of an engine ("none": not modelled) and its largest
+    # captured batch (None: the rule's default). Covered steps run padded to a captured
+    # size; larger ones run eagerly (layer_launch_s applies).
+    cuda_graphs: str = _f("none", choices=CUDA_GRAPHS)
+    cuda_graph_max_batch: int | None = _f(None, min=1, optional=True)
+    # The CPU's per-step work overlaps the GPU step (async scheduling): a step takes
+    # max(step_overhead_s, GPU compute) + communication instead of their sum.
+    cpu_overlap: bool = _f(False)
+    # Seconds between a token's step end and the client seeing it (output processing,
+    # detokenization, streaming); shifts first-token and finish times.
+    token_delay_s: float = _f(0.0, min=0.0)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ every added latency >= 0, so no step beats :func:`roofline_time`.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -118,11 +119,24 @@ class StageCost:
         CPU time to launch one layer's kernels when the engine runs without CUDA graphs;
         the stage then takes at least ``layers * layer_launch_s`` (launches are
         asynchronous, so CPU and GPU time overlap). 0 with CUDA graphs.
+    graph_sizes : tuple of int
+        Token counts the engine captured CUDA graphs for, ascending (empty: graphs are not
+        modelled, every step runs at its own size). A step that a graph covers runs its
+        dense kernels and all-reduces padded up to the next captured size and pays no
+        launch floor; a larger one runs eagerly (``layer_launch_s`` applies). See
+        :meth:`graph_tokens`.
+    graph_mixed : bool
+        Whether graphs also cover steps with prefill tokens (vLLM V1's piecewise graphs
+        are keyed by token count); else decode-only steps only (vLLM 0.6).
+    cpu_floor_s : float
+        CPU time per step that overlaps the GPU step (async scheduling): the stage's
+        compute then takes at least this long, graphed or not.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, layers: int, first: bool,
                  last: bool, weight_dtype: str, kv_dtype: str, allreduce: AllReduceCost,
-                 layer_launch_s: float = 0.0):
+                 layer_launch_s: float = 0.0, graph_sizes: tuple[int, ...] = (),
+                 graph_mixed: bool = False, cpu_floor_s: float = 0.0):
         self.shapes = sh = LayerShapes(model, tp, weight_dtype, kv_dtype)
         self.gpu, self.weight_dtype = gpu, weight_dtype
         self.layers, self.first, self.last = layers, first, last
@@ -135,7 +149,9 @@ class StageCost:
         self.elem_launch = ELEMENTWISE_KERNELS * elem.launch_s
         self.hidden_bytes = model.hidden * ACT_BYTES
         self.vocab_shard = model.vocab // tp
-        self._launch = layers * layer_launch_s
+        self._launch = max(layers * layer_launch_s, cpu_floor_s)
+        self._cpu = cpu_floor_s
+        self.graph_sizes, self.graph_mixed = tuple(graph_sizes), graph_mixed
         self._head: dict[int, tuple[float, float]] = {}
         self._fixed: dict[int, tuple[float, float]] = {}
         # Attention: seconds per unit of each step aggregate (forms.prefill/decode_time).
@@ -147,6 +163,22 @@ class StageCost:
         (self._dfloor, self._dseq, self._dflop, self._dkv, self._dtok,
          self._dexp) = shape.decode_coeffs(
             cal.decode_for(kv_dtype))
+
+    def graph_tokens(self, tokens: int, decode_only: bool) -> tuple[int, float]:
+        """Token count the step's dense kernels run at, and its CPU launch floor (s).
+
+        A step covered by a captured CUDA graph (``tokens`` <= the largest captured size,
+        and decode-only unless ``graph_mixed``) replays the graph of the smallest captured
+        size >= ``tokens``: GEMMs, elementwise kernels and all-reduces process the padded
+        rows, launches cost nothing on the CPU (only ``cpu_floor_s`` applies). Attention and
+        the LM head see the real sequences only (padded slots have no KV; logits are taken
+        at the sampled rows).
+        Without captured sizes every step runs at its own size with the launch floor.
+        """
+        sizes = self.graph_sizes
+        if not sizes or tokens > sizes[-1] or not (decode_only or self.graph_mixed):
+            return tokens, self._launch
+        return sizes[bisect.bisect_left(sizes, tokens)], self._cpu
 
     def gemm_time(self, tokens: int, n: int, k: int) -> float:
         """One of the layer's GEMMs at ``tokens`` rows, in the weight dtype."""
@@ -224,7 +256,8 @@ class StageCost:
         """
         if tokens <= 0:
             return 0.0, 0.0
-        fixed = self._fixed.get(tokens) or self._fixed_time(tokens)
+        padded, launch = self.graph_tokens(tokens, not prefill_pairs)
+        fixed = self._fixed.get(padded) or self._fixed_time(padded)
         if prefill_pairs:
             attn = self.prefill_attention(tokens, prefill_pairs, prefill_ctx,
                                           1 if decode_kv or not sampled else sampled)
@@ -240,8 +273,8 @@ class StageCost:
             c, g = self._head.get(sampled) or self.head_time(sampled)
             compute += c
             comm += g
-        if self._launch:
-            compute = max(compute, self._launch)
+        if launch:
+            compute = max(compute, launch)
         return compute, comm
 
     def decode_run(self, n: int, decode_kv: int, k: int) -> tuple[list[float], float]:
@@ -251,7 +284,8 @@ class StageCost:
         overhead exceeds the work. Bit-identical to ``step(n, 0.0, 0, kv, n)`` (the same
         operations in the same order). Returns the compute times and the communication time.
         """
-        fixed = self._fixed.get(n) or self._fixed_time(n)
+        padded, launch = self.graph_tokens(n, True)
+        fixed = self._fixed.get(padded) or self._fixed_time(padded)
         fixed0, comm = fixed
         head = 0.0
         if self.last and n:
@@ -259,7 +293,7 @@ class StageCost:
             comm += g
         dkv, dflop, dfloor, dexp, layers = (self._dkv, self._dflop, self._dfloor, self._dexp,
                                             self.layers)
-        tok, per, launch = self._dtok * n, self._dseq * n, self._launch
+        tok, per = self._dtok * n, self._dseq * n
         out = []
         kv = decode_kv
         for _ in range(k):
@@ -286,7 +320,8 @@ class StageCost:
         bit-identical to ``step(n, 0.0, 0, decode_kv[j], n)``. Returns the compute times and
         the (constant) communication time.
         """
-        fixed = self._fixed.get(n) or self._fixed_time(n)
+        padded, launch = self.graph_tokens(n, True)
+        fixed = self._fixed.get(padded) or self._fixed_time(padded)
         # In place, in step()'s order (x + y == y + x exactly; int KV counts convert exactly).
         stream = self._dkv * decode_kv
         stream += self._dtok * n
@@ -304,8 +339,8 @@ class StageCost:
             c, g = self._head.get(n) or self.head_time(n)
             attn += c
             comm += g
-        if self._launch:
-            np.maximum(attn, self._launch, out=attn)
+        if launch:
+            np.maximum(attn, launch, out=attn)
         return attn, comm
 
 def roofline_time(model: ModelSpec, gpu: GPUSpec, tp: int, weight_dtype: str, kv_dtype: str,

@@ -121,7 +121,8 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
     eng = plan.scenario.engine
     streams = plan.streams_per_replica
     lanes = plan.scenario.parallel.dp * streams
-    model = StepModel(plan, eng.step_overhead_s, streams)
+    # With cpu_overlap the CPU time is a floor inside stage 0 (cluster/build.py), not added.
+    model = StepModel(plan, 0.0 if eng.cpu_overlap else eng.step_overhead_s, streams)
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
     budget = limits.budget
 

@@ -1,0 +1,81 @@
+"""What differs between GPU generations, and how a calibration carries from one to another.
+
+A GPU file names its generation (``generation = "hopper"``) and its SM boost clock
+(``boost_clock_hz``). :data:`GENERATIONS` holds the public facts of each generation that the
+cost model's parameters depend on: the attention kernel the engines run on it, the
+tensor-core instruction, L2, NVLink and NVSwitch generation (and so whether NCCL's NVLS
+in-switch reduction exists), and the HBM generation. They are data for docs and checks;
+the transfer rule that changes numbers is :func:`transfer`.
+
+Transfer rule (docs/cost-model.md, "Other GPUs"): efficiencies and latencies carry over;
+SM-second costs (``*_sm_s``: work of one SM per unit) are per SM *cycle* costs of the same
+kernel design, so they scale with the clock: ``x_target = x_ref * f_ref / f_target`` (the
+division by the SM count happens where they are used). Without a clock on either file
+nothing scales (the previous behaviour).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass, replace
+
+from simulator.calibration.params import Calibration
+
+#: Public facts per generation (whitepapers, datasheets, the engines' backend selection).
+GENERATIONS: dict[str, dict[str, object]] = {
+    "ampere": {  # A100 (sm_80)
+        "attention_kernel": "FlashAttention 2 (vLLM's default backend on sm_80)",
+        "tensor_core": "mma.sync, warp-level; cp.async (no TMA)",
+        "nvlink": 3, "nvswitch": 2, "nvls": False, "hbm": "HBM2e"},
+    "ada": {  # L40S (sm_89)
+        "attention_kernel": "FlashAttention 2",
+        "tensor_core": "mma.sync, warp-level (FP8)", "nvlink": None, "nvswitch": None,
+        "nvls": False, "hbm": "GDDR6"},
+    "hopper": {  # H100, H200 (sm_90)
+        "attention_kernel": "FlashAttention 3 (wgmma, TMA, warp specialization)",
+        "tensor_core": "wgmma, warpgroup-level, 64 x N x 16", "nvlink": 4, "nvswitch": 3,
+        "nvls": True, "hbm": "HBM3 (H100), HBM3e (H200)"},
+    "blackwell": {  # B200, GB200 (sm_100)
+        "attention_kernel": "FlashInfer / TRT-LLM Blackwell kernels (tcgen05), cuDNN",
+        "tensor_core": "tcgen05 UMMA, tensor memory, 2-CTA 256 x N", "nvlink": 5,
+        "nvswitch": 4, "nvls": True, "hbm": "HBM3e"},
+}
+
+
+def _scale_sm(p: object, factor: float) -> object:
+    """``p`` (a parameter dataclass) with every ``*_sm_s`` field multiplied by ``factor``."""
+    changes = {f.name: getattr(p, f.name) * factor for f in fields(p)
+               if f.name.endswith("_sm_s")}
+    return replace(p, **changes) if changes else p
+
+
+def transfer(cal: Calibration, ref_clock_hz: float | None, clock_hz: float | None,
+             note: str = "") -> Calibration:
+    """A reference GPU's calibration carried to a GPU with SM clock ``clock_hz``.
+
+    Parameters
+    ----------
+    cal : Calibration
+        The reference GPU's fitted parameters.
+    ref_clock_hz, clock_hz : float or None
+        SM boost clocks (Hz) of the reference and the target; None on either: unchanged.
+
+    Notes
+    -----
+    An SM does a fixed number of operations per cycle for a kernel of a given design, so a
+    per-SM cost in seconds scales as ``1 / clock``. Efficiencies (fractions of the target's
+    own peak and bandwidth, which already include its clock) and latencies (driver, DRAM
+    round trips) carry over unchanged.
+    """
+    if not ref_clock_hz or not clock_hz or ref_clock_hz == clock_hz:
+        return cal
+    factor = ref_clock_hz / clock_hz
+    out = {}
+    for f in fields(cal):
+        v = getattr(cal, f.name)
+        if isinstance(v, dict):
+            out[f.name] = {k: _scale_sm(p, factor) for k, p in v.items()}
+        elif is_dataclass(v):
+            out[f.name] = _scale_sm(v, factor)
+    return replace(cal, **out, source=f"{cal.source}; SM-second costs x {factor:.3f} "
+                                      f"(clock {ref_clock_hz / 1e9:.2f} -> "
+                                      f"{clock_hz / 1e9:.2f} GHz){note}")
