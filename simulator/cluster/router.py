@@ -144,7 +144,9 @@ class SessionAffinity:
     def _ring(self, indices: tuple) -> tuple[list[int], list[int]]:
         ring = self._rings.get(indices)
         if ring is None:
-            points = sorted((_mix((i << 16) + v), k) for k, i in enumerate(indices)
+            # Points hash inputs >= 2**63, keys < 2**63: splitmix64 is a bijection, so a key
+            # never lands exactly on a point.
+            points = sorted((_mix((1 << 63) | (i << 16) | v), k) for k, i in enumerate(indices)
                             for v in range(self.VNODES))
             ring = self._rings[indices] = ([p for p, _ in points], [k for _, k in points])
         return ring

@@ -25,7 +25,9 @@ Python work is O(units) per admission, chunk and finish, never per token.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+
+import numpy as np
 
 from simulator.engine.kvcache import KVCache
 from simulator.engine.request import Request
@@ -171,3 +173,31 @@ class PrefixCache:
                 host[h] = None
                 if len(host) > self.host_units:
                     host.popitem(last=False)
+
+
+def infinite_cache_tokens(hashes: Iterable[Sequence[Hashable] | None], prompts: Iterable[int],
+                          outputs: Iterable[int], unit_tokens: int) -> np.ndarray:
+    """Prompt tokens each request would find cached with an unbounded cache, requests taken
+    in the given (arrival) order: the ceiling of any simulated hit, by the same rules
+    (longest cached run of full units from the start, never the last token's block; a
+    request leaves behind its units inside prompt + output - 1 tokens, the KV it had).
+
+    Parameters
+    ----------
+    hashes, prompts, outputs
+        Per request: its full units' hashes (None: none), prompt and output tokens.
+    unit_tokens : int
+        Tokens per hash.
+    """
+    seen: set = set()
+    out = []
+    for h, p, o in zip(hashes, prompts, outputs, strict=True):
+        if not h:
+            out.append(0)
+            continue
+        limit, n = min(len(h), (p - 1) // unit_tokens), 0
+        while n < limit and h[n] in seen:
+            n += 1
+        out.append(n * unit_tokens)
+        seen.update(h[: min(len(h), (p + o - 1) // unit_tokens)])
+    return np.array(out, dtype=np.int64)
