@@ -19,9 +19,11 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from simulator.engine.decoderun import DecodeRuns
 from simulator.engine.kvcache import KVCache, blocks_for
+from simulator.engine.preemption import Preemption
 from simulator.engine.prefix import PrefixCache
-from simulator.engine.request import DECODE, DONE, PREFILL, SWAPPED, WAITING, Request
+from simulator.engine.request import DECODE, DONE, PREFILL, WAITING, Request
 
 NAN = float("nan")
 
@@ -45,8 +47,12 @@ class Batch:
         self.swap_blocks = swap_blocks  # KV blocks copied to or from CPU memory first
 
 
-class ContinuousBatcher:
+class ContinuousBatcher(Preemption, DecodeRuns):
     """Scheduler state of one micro-batch stream (one virtual engine) of a replica.
+
+    Preemption and swap live in :class:`~simulator.engine.preemption.Preemption`, decode
+    runs (fast-forward) in :class:`~simulator.engine.decoderun.DecodeRuns`, prefix caching
+    in :class:`~simulator.engine.prefix.PrefixCache` (``self.prefix``).
 
     Parameters
     ----------
@@ -195,64 +201,6 @@ class ContinuousBatcher:
                 if c:
                     self.gaps.add(now - t, c)
         self._groups = [[now, len(self.decoding)]]
-
-    # -- preemption ----------------------------------------------------------------------
-    def _preempt(self, req: Request, now: float) -> None:
-        """Free a running request's blocks: swap a decoder out if CPU blocks allow, else
-        recompute (re-prefill prompt + generated tokens later)."""
-        req.preemptions += 1
-        self.preemptions += 1
-        if req.state == DECODE:
-            req.last_token_s = self._leave()
-            kv = self._stop_decode(req)
-            if req.hashes is not None and self.prefix is not None:
-                self.prefix.fill(req, kv)  # its full blocks stay cached (a re-admission hits)
-            blocks = self._held_blocks(req, kv)
-            self.kv.release(blocks)
-            if req.shared:  # a swap copies all its KV; the cached blocks stay behind
-                blocks += req.shared
-                self.prefix.release(req)
-            if self.swap and blocks <= self.cpu_free:
-                self.cpu_free -= blocks
-                self._swap_io += blocks
-                req.state, req.kv0, req.blocks = SWAPPED, kv, blocks
-                self.swapped.append(req)
-                return
-        else:
-            self.prefilling.remove(req)
-            self.kv.release(req.blocks)
-            if req.units:
-                self.prefix.release(req)
-            self.prefilled_tokens -= req.computed
-            self.pending_tokens -= req.target - req.computed
-        req.blocks = 0
-        req.computed = 0
-        req.next_unit = 0
-        req.target = req.prompt + req.generated
-        self.pending_tokens += req.target
-        req.state = WAITING
-        self.waiting.appendleft(req)
-
-    def _victim(self) -> Request | None:
-        """The most recently admitted running request."""
-        last_p = self.prefilling[-1] if self.prefilling else None
-        last_d = self.decoding[next(reversed(self.decoding))] if self.decoding else None
-        if last_p is None or (last_d is not None and last_d.admit_seq > last_p.admit_seq):
-            return last_d
-        return last_p
-
-    def _swap_in(self) -> None:
-        """Bring swapped decoders back, oldest first, while their blocks (and one more
-        token) fit and a sequence slot is free."""
-        while self.swapped and self.running < self.max_seqs:
-            req = self.swapped[0]
-            if blocks_for(req.kv0 + 1, self.bs) > self.kv.free:
-                return
-            self.swapped.popleft()
-            self.kv.allocate(req.blocks)
-            self.cpu_free += req.blocks
-            self._swap_io += req.blocks
-            self._start_decode(req, req.kv0, req.last_token_s)
 
     # -- building a step -------------------------------------------------------------------
     def _schedule_decodes(self, now: float) -> int:
@@ -428,65 +376,3 @@ class ContinuousBatcher:
     def _finish(req: Request, now: float, done: list[Request]) -> None:
         req.state, req.finish_s, req.status = DONE, now, "completed"
         done.append(req)
-
-    # -- decode runs (several decode-only steps in one event) ------------------------------
-    def can_admit(self) -> bool:
-        """Whether a request arriving now could join the next step (nothing blocks the
-        queue and a sequence slot is free)."""
-        return not self.waiting and not self.swapped and self.running < self.max_seqs
-
-    def decode_run(self, max_steps: int) -> int:
-        """How many decode-only steps can follow the one just scheduled with nothing else
-        changing: no request finishes before the last of them, and their KV blocks fit
-        (else a step-by-step schedule would preempt). At most ``max_steps``.
-
-        Call right after :meth:`schedule` returned a batch without prefill chunks; the
-        steps' effects are applied by :meth:`skip_decode_steps`.
-        """
-        fin = self.finishes
-        while fin and (fin[0][3].state != DECODE or fin[0][3].epoch != fin[0][2]):
-            heapq.heappop(fin)  # stale entries of preempted requests
-        if not fin:
-            return 0
-        steps = min(fin[0][0] - self.k - 1, max_steps)
-        free = self.kv.free
-        if steps <= 0 or self.run_blocks(steps) <= free:
-            return max(steps, 0)
-        lo, hi = 0, steps  # largest j with run_blocks(j) <= free (monotone in j)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.run_blocks(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def run_blocks(self, steps: int) -> int:
-        """KV blocks the first ``steps`` decode steps after the scheduled one allocate.
-
-        Over any ``block_size`` consecutive steps each residue class needs a block once, so
-        whole periods cost one block per decoder; O(block_size) work, not O(steps).
-        """
-        full, rem = divmod(steps, self.bs)
-        total = full * len(self.decoding)
-        residue, bs, first = self.residue, self.bs, self.k + 2
-        for step in range(first, first + rem):
-            total += residue[-step % bs]
-        return total
-
-    def run_needs(self, steps: int) -> list[int]:
-        """Blocks allocated at each of the first ``steps`` decode steps after the scheduled
-        one (for per-step records)."""
-        residue, bs, first = self.residue, self.bs, self.k + 2
-        return [residue[-step % bs] for step in range(first, first + steps)]
-
-    def skip_decode_steps(self, steps: int, ends) -> None:
-        """Apply decode-only steps counted by :meth:`decode_run` (all but the last step of
-        the run, which :meth:`complete` applies): lengths grow, blocks are allocated, and
-        every decoder's gaps are recorded. ``ends[j]`` is when step j of the run ended."""
-        if steps == 0:
-            return
-        self.kv.allocate(self.run_blocks(steps))
-        self.k += steps
-        self.sum_kv += len(self.decoding) * steps
-        self.emit_run(ends[:steps])
