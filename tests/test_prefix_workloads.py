@@ -11,7 +11,7 @@ from test_bad_input import TRACE, assert_rejected
 
 import simulator
 from simulator.cluster.simulation import _rngs, workload_requests
-from simulator.engine.prefix import infinite_cache_tokens
+from simulator.engine.prefix import hit_rate_ceiling, infinite_cache_tokens
 from simulator.errors import ScenarioError
 from simulator.paths import ROOT
 from simulator.workload.mooncake import load_mooncake, read_jsonl, trace_reuse
@@ -44,10 +44,9 @@ def sessions(router: str = "round_robin", dp: int = 4, engine: dict | None = Non
 
 
 def _ceiling(s: dict) -> float:
-    df = workload_requests(simulator.load_scenario(s))
-    hits = infinite_cache_tokens(df["hashes"], df["prompt_tokens"], df["output_tokens"],
-                                 s["workload"].get("hash_block_tokens", 512))
-    return hits.sum() / df["prompt_tokens"].sum()
+    sc = simulator.load_scenario(s)
+    return hit_rate_ceiling(workload_requests(sc), sc.workload.hash_block_tokens,
+                            simulator.build_plan(sc).max_model_len)
 
 
 # -- the traces ----------------------------------------------------------------------------
@@ -118,6 +117,16 @@ def test_hit_rate_never_above_the_infinite_cache_ceiling(router, dp):
     assert (got.to_numpy() <= best[got.index.to_numpy()]).all()
     assert res.summary["prefill_tokens_saved"] == int(got.sum())
     assert res.requests["cached_prompt_tokens"].mod(512).eq(0).all()
+
+
+def test_rejected_requests_leave_the_ceiling():
+    # The synthetic trace has prompts beyond Llama-3.1's 131,072 positions: rejected, they
+    # never reach a cache, and the hit rate counts completed requests only.
+    s = mooncake("prefix_aware", duration_s=120.0, kv_offload_gib=1000.0)
+    s["workload"].update(trace=str(SYNTH), time_scale=4.0)
+    res = simulator.run(s)
+    assert (res.requests["status"] == "rejected").sum() > 0
+    assert 0.0 < res.summary["prefix_hit_rate"] <= _ceiling(s)
 
 
 def test_a_large_cache_reaches_the_ceiling_of_a_light_load():

@@ -201,3 +201,17 @@ def infinite_cache_tokens(hashes: Iterable[Sequence[Hashable] | None], prompts: 
         out.append(n * unit_tokens)
         seen.update(h[: min(len(h), (p + o - 1) // unit_tokens)])
     return np.array(out, dtype=np.int64)
+
+
+def hit_rate_ceiling(requests, unit_tokens: int, max_len: int | None = None) -> float:
+    """The infinite-cache hit rate (tokens) of an open-loop request table (``hashes``,
+    ``prompt_tokens``, ``output_tokens`` in arrival order): the ceiling of a run's
+    ``prefix_hit_rate``. Requests over ``max_len`` (prompt + output) are left out, as the
+    cluster rejects them before any cache sees them (and the summary counts completed
+    requests only)."""
+    if max_len is not None:
+        requests = requests[requests["prompt_tokens"] + requests["output_tokens"] <= max_len]
+    hits = infinite_cache_tokens(requests["hashes"], requests["prompt_tokens"],
+                                 requests["output_tokens"], unit_tokens)
+    total = float(requests["prompt_tokens"].sum())
+    return float(hits.sum()) / total if total > 0 else 0.0
