@@ -151,6 +151,10 @@ def run_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[P
         kv = [c for c in ts.columns if c.startswith("kv_util_r")][:16]
         over_time(ts, kv, al, axes[2], "KV cache utilization")
         files.append(_save(fig, out / "timeseries.png"))
+        if "prefix_hit_rate" in ts and ts["prefix_hit_rate"].fillna(0).gt(0).any():
+            fig, ax = plt.subplots(figsize=(10, 3))  # prefix caching (docs/prefix-caching.md)
+            over_time(ts, ["prefix_hit_rate"], al, ax, "prefix hit rate (tokens)")
+            files.append(_save(fig, out / "prefix_hit_rate.png"))
     if (run / "steps.csv").exists():
         steps = pd.read_csv(run / "steps.csv")
         fig, ax = plt.subplots(figsize=(12, 4))

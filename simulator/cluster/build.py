@@ -42,6 +42,7 @@ class ClusterPlan:
     streams_per_replica: int
     max_model_len: int
     swap_blocks_per_stream: int  # CPU blocks for swapped KV
+    offload_units_per_stream: int = 0  # prefix-cache hash blocks the host tier holds
 
     @property
     def gpus_used(self) -> int:
@@ -195,4 +196,27 @@ def _build(s: Scenario) -> ClusterPlan:
                 for i, g in enumerate(pl.stages)]
         replicas.append(ReplicaPlan(pl, stages, sends, max(host)))
     swap = int(eng.swap_space_gib * GIB // max(memory.block_bytes_per_gpu)) // streams
-    return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len, swap)
+    offload = _offload_units(s, memory, streams)
+    return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len, swap,
+                       offload)
+
+
+def _offload_units(s: Scenario, memory: MemoryPlan, streams: int) -> int:
+    """Hash blocks of the prefix cache's host tier per stream (``kv_offload_gib`` per GPU);
+    checks that a hash block is a whole number of KV blocks."""
+    w, eng = s.workload, s.engine
+    if prefix_unit(s) and w.hash_block_tokens % eng.block_size:
+        raise ScenarioError(f"workload.hash_block_tokens: {w.hash_block_tokens} is not a "
+                            f"multiple of engine.block_size ({eng.block_size}); prefix "
+                            f"caching maps each hash block onto whole KV blocks")
+    per_block = max(memory.block_bytes_per_gpu) * max(1, w.hash_block_tokens // eng.block_size)
+    return int(eng.kv_offload_gib * GIB // per_block) // streams
+
+
+def prefix_unit(s: Scenario) -> int:
+    """Tokens per prefix-cache hash block, or 0 (no prefix cache: prefix caching off, or
+    a workload without block hashes: a Mooncake .jsonl trace or sessions have them)."""
+    w = s.workload
+    hashed = w.arrival == "sessions" or (w.arrival == "trace"
+                                         and str(w.trace).endswith(".jsonl"))
+    return w.hash_block_tokens if s.engine.prefix_caching and hashed else 0

@@ -2,18 +2,22 @@
 
 A policy is any object with ``choose(replicas, request) -> int``. ``replicas`` is a sequence
 of views exposing ``outstanding`` (requests in flight), ``kv_used_fraction`` (KV blocks in
-use / capacity) and ``load_tokens`` (prompt tokens still to prefill plus KV tokens held);
-policies are testable without SimPy. Register new ones in :data:`ROUTERS`. Ties go to the
-lowest replica index.
+use / capacity), ``load_tokens`` (prompt tokens still to prefill plus KV tokens held),
+``index`` (the replica's number) and ``cached_tokens(request)`` (prompt tokens of the request
+found in the replica's prefix cache); policies are testable without SimPy. Register new ones
+in :data:`ROUTERS`. Ties go to the lowest replica index.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any, Protocol
 
 import numpy as np
+
+MASK = (1 << 64) - 1
 
 
 class Router(Protocol):
@@ -88,14 +92,85 @@ class PowerOfTwo:
         return a if (replicas[a].outstanding, a) <= (replicas[b].outstanding, b) else b
 
 
+class PrefixAware:
+    """Most cached prompt tokens (longest cached prefix), ties by fewest requests in flight
+    (as llm-d's prefix-cache scorer, SGLang's cache-aware router without its balance
+    threshold)."""
+
+    def __init__(self, rng: np.random.Generator | None = None, **_: float) -> None:
+        pass
+
+    def choose(self, replicas: Sequence[Any], request: Any) -> int:
+        keys = [(-r.cached_tokens(request), r.outstanding) for r in replicas]
+        return keys.index(min(keys))
+
+
+class KVAware:
+    """Cached overlap against load, as the KV-aware routers (Dynamo, Mooncake's conductor):
+    score = cached prompt tokens - ``load_weight`` x load tokens (prefill still queued plus
+    KV held); the highest score wins. ``load_weight`` 0 is :class:`PrefixAware` without its
+    tie-break; a large one is :class:`LeastTokens`."""
+
+    def __init__(self, rng: np.random.Generator | None = None, load_weight: float = 1.0,
+                 **_: float) -> None:
+        self.weight = load_weight
+
+    def choose(self, replicas: Sequence[Any], request: Any) -> int:
+        w = self.weight
+        scores = [r.cached_tokens(request) - w * r.load_tokens for r in replicas]
+        return scores.index(max(scores))
+
+
+def _mix(x: int) -> int:
+    """splitmix64: a fixed, well-spread 64-bit hash of an integer (stable across runs,
+    unlike Python's salted ``hash`` of strings)."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+class SessionAffinity:
+    """Consistent hashing of the session (Karger et al. 1997): each replica owns
+    ``VNODES`` points on a 64-bit ring; a request goes to the first point clockwise of its
+    session's hash, so every turn of a session lands on one replica and a replica going down
+    moves only its own sessions. A request without a session hashes its id."""
+
+    VNODES = 64
+
+    def __init__(self, rng: np.random.Generator | None = None, **_: float) -> None:
+        self._rings: dict[tuple, tuple[list[int], list[int]]] = {}
+
+    def _ring(self, indices: tuple) -> tuple[list[int], list[int]]:
+        ring = self._rings.get(indices)
+        if ring is None:
+            # Points hash inputs >= 2**63, keys < 2**63: splitmix64 is a bijection, so a key
+            # never lands exactly on a point.
+            points = sorted((_mix((1 << 63) | (i << 16) | v), k) for k, i in enumerate(indices)
+                            for v in range(self.VNODES))
+            ring = self._rings[indices] = ([p for p, _ in points], [k for _, k in points])
+        return ring
+
+    def choose(self, replicas: Sequence[Any], request: Any) -> int:
+        indices = tuple(getattr(r, "index", k) for k, r in enumerate(replicas))
+        points, owners = self._ring(indices)
+        key = request.session if request.session >= 0 else (1 << 40) + request.id
+        j = bisect.bisect_left(points, _mix(key))
+        return owners[j % len(points)]
+
+
 ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "random": Random,
                             "least_outstanding": LeastOutstanding, "least_kv": LeastKV,
-                            "least_tokens": LeastTokens, "power_of_two": PowerOfTwo}
+                            "least_tokens": LeastTokens, "power_of_two": PowerOfTwo,
+                            "prefix_aware": PrefixAware, "kv_aware": KVAware,
+                            "session_affinity": SessionAffinity}
 
 
-def make_router(policy: str | Router, rng: np.random.Generator | None = None) -> Router:
-    """A router by registered name (given the run's router random stream), or the given
-    object when it already has ``choose``."""
+def make_router(policy: str | Router, rng: np.random.Generator | None = None,
+                load_weight: float = 1.0) -> Router:
+    """A router by registered name (given the run's router random stream and, for
+    ``kv_aware``, its ``load_weight``), or the given object when it already has
+    ``choose``."""
     if hasattr(policy, "choose"):
         return policy  # type: ignore[return-value]
     try:
@@ -103,4 +178,5 @@ def make_router(policy: str | Router, rng: np.random.Generator | None = None) ->
     except KeyError:
         raise ValueError(f"router.policy: unknown policy {policy!r} "
                          f"(allowed: {', '.join(ROUTERS)})") from None
-    return cls(rng if rng is not None else np.random.default_rng(0))
+    rng = rng if rng is not None else np.random.default_rng(0)
+    return cls(rng, load_weight=load_weight) if cls is KVAware else cls(rng)

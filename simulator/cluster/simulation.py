@@ -20,7 +20,7 @@ import simpy
 from simpy.core import EmptySchedule
 from tqdm import tqdm
 
-from simulator.cluster.build import ClusterPlan, build_plan, replica_costs
+from simulator.cluster.build import ClusterPlan, build_plan, prefix_unit, replica_costs
 from simulator.cluster.contention import shared_sends
 from simulator.cluster.faults import (
     FaultState,
@@ -50,6 +50,8 @@ from simulator.paths import ROOT
 from simulator.topology.graph import Paths
 from simulator.workload.arrivals import arrival_times, trace_window
 from simulator.workload.lengths import LengthStream, sample_lengths
+from simulator.workload.mooncake import load_mooncake
+from simulator.workload.sessions import session_requests
 from simulator.workload.trace import load_trace
 
 
@@ -76,9 +78,13 @@ def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.
         if not path.exists() and not path.is_absolute() and (ROOT / w.trace).exists():
             path = ROOT / w.trace  # shipped traces, for dict scenarios run from anywhere
         try:
+            if path.suffix == ".jsonl":  # Mooncake: with prefix-block hashes
+                return trace_window(load_mooncake(path, w.hash_block_tokens), w)
             return trace_window(load_trace(path), w)
         except ScenarioError as exc:
             raise exc.with_source(s.source) from None
+    if w.arrival == "sessions":
+        return session_requests(w, rngs)
     t = arrival_times(w, rngs["arrivals"])
     n = len(t)
     return pd.DataFrame({"arrival_s": t,
@@ -120,6 +126,8 @@ class Cluster:
         self._restarting = [False] * len(self.replicas)
         self.retries = 0
         self.last_event_s = 0.0  # last arrival or completion: the end of the workload
+        self._hashes: list | None = None  # open loop: each request's block hashes
+        self._sessions: list = []
 
     def _scheduler(self) -> ContinuousBatcher:
         """One stream's scheduler, as the scenario names it, with its parameters."""
@@ -131,7 +139,9 @@ class Cluster:
         blocks = plan.memory.kv_blocks // plan.streams_per_replica
         return cls(KVCache(blocks, eng.block_size), eng.max_num_seqs,
                    eng.max_num_batched_tokens, preemption=eng.preemption,
-                   swap_blocks=plan.swap_blocks_per_stream, gaps=self.gaps, **kwargs)
+                   swap_blocks=plan.swap_blocks_per_stream, gaps=self.gaps,
+                   prefix_tokens=prefix_unit(plan.scenario),
+                   offload_units=plan.offload_units_per_stream, **kwargs)
 
     def submit(self, req: Request, now: float | None = None) -> None:
         """Route a new request to an up replica (or hold it until one is back), or reject
@@ -266,6 +276,10 @@ class Cluster:
         times = (np.rint(df["arrival_s"].to_numpy(dtype=float) * SCALE) / SCALE).tolist()
         prompts = df["prompt_tokens"].to_numpy().tolist()
         outputs = df["output_tokens"].to_numpy().tolist()
+        if "hashes" in df:  # prefix-block hashes, and sessions
+            self._hashes = df["hashes"].tolist()
+            self._sessions = (df["session"].tolist() if "session" in df
+                              else [-1] * len(df))
         timeout, submit = env.timeout, self.submit
         if len(self.replicas) == 1:  # every arrival goes to it: tell it when the next comes
             rep = self.replicas[0]
@@ -283,8 +297,16 @@ class Cluster:
             self.next_arrival_s = t
             if t > env.now:
                 yield timeout(t - env.now)
-            submit(Request(i, t, prompts[i], outputs[i]))
+            submit(self._new(i, t, prompts[i], outputs[i]))
         self.next_arrival_s = float("inf")
+
+    def _new(self, i: int, t: float, prompt: int, output: int) -> Request:
+        """Open-loop request i, with its block hashes and session when the workload has
+        them."""
+        req = Request(i, t, prompt, output)
+        if self._hashes is not None:
+            req.hashes, req.session = self._hashes[i], self._sessions[i]
+        return req
 
     def _puller(self, times: list[float], prompts: list[int], outputs: list[int]):
         """``pull(now)``: submit every request that arrives by ``now`` (at its own time)."""
@@ -293,7 +315,7 @@ class Cluster:
         def pull(now: float) -> None:
             i = state[0]
             while i < n and times[i] <= now:
-                submit(Request(i, times[i], prompts[i], outputs[i]), times[i])
+                submit(self._new(i, times[i], prompts[i], outputs[i]), times[i])
                 i += 1
             state[0] = i
             self.next_arrival_s = times[i] if i < n else float("inf")
@@ -346,7 +368,7 @@ def _start_faults(env: simpy.Environment, cluster: Cluster, s: Scenario,
 
 
 def _rngs(seed: int) -> dict[str, np.random.Generator]:
-    names = ("arrivals", "prompts", "outputs", "router", "faults")
+    names = ("arrivals", "prompts", "outputs", "router", "faults", "sessions")
     seqs = np.random.SeedSequence(seed).spawn(len(names))
     return {n: np.random.default_rng(q) for n, q in zip(names, seqs, strict=True)}
 
@@ -399,7 +421,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     rngs = _rngs(s.seed)
     env = simpy.Environment()
     recorder = Recorder(keep_steps=s.output.steps and keep_steps)
-    cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"]), recorder)
+    cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"],
+                                             load_weight=s.router.load_weight), recorder)
     w = s.workload
     if w.arrival == "closed_loop":
         counter = [0]

@@ -19,8 +19,11 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from simulator.engine.decoderun import DecodeRuns
 from simulator.engine.kvcache import KVCache, blocks_for
-from simulator.engine.request import DECODE, DONE, PREFILL, SWAPPED, WAITING, Request
+from simulator.engine.preemption import Preemption
+from simulator.engine.prefix import PrefixCache
+from simulator.engine.request import DECODE, DONE, PREFILL, WAITING, Request
 
 NAN = float("nan")
 
@@ -44,8 +47,12 @@ class Batch:
         self.swap_blocks = swap_blocks  # KV blocks copied to or from CPU memory first
 
 
-class ContinuousBatcher:
+class ContinuousBatcher(Preemption, DecodeRuns):
     """Scheduler state of one micro-batch stream (one virtual engine) of a replica.
+
+    Preemption and swap live in :class:`~simulator.engine.preemption.Preemption`, decode
+    runs (fast-forward) in :class:`~simulator.engine.decoderun.DecodeRuns`, prefix caching
+    in :class:`~simulator.engine.prefix.PrefixCache` (``self.prefix``).
 
     Parameters
     ----------
@@ -59,15 +66,23 @@ class ContinuousBatcher:
         CPU blocks available for swapped KV (beyond them, swap falls back to recompute).
     gaps : object, optional
         Receives inter-token gaps: ``add(gap_s, count)`` and ``add_run(times, count)``.
+    prefix_tokens : int
+        Tokens per prefix-cache hash block (0: no prefix caching); see
+        :mod:`simulator.engine.prefix`.
+    offload_units : int
+        Hash blocks the host-memory tier of the prefix cache holds (0: none).
     """
 
     #: Scheduler parameters this class accepts (name -> default); see schedulers.py.
     PARAMS: dict = {}
     #: Whether prompts may be split over steps (else max_model_len <= the token budget).
     CHUNKED = True
+    #: Whether the scheduler can share cached prefix blocks (paged KV).
+    PREFIX = True
 
     def __init__(self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int,
-                 preemption: str = "recompute", swap_blocks: int = 0, gaps=None):
+                 preemption: str = "recompute", swap_blocks: int = 0, gaps=None,
+                 prefix_tokens: int = 0, offload_units: int = 0):
         self.kv = kv
         self.bs = kv.block_size
         self.max_seqs, self.max_tokens = max_num_seqs, max_num_batched_tokens
@@ -88,6 +103,8 @@ class ContinuousBatcher:
         self.gaps = gaps
         self._groups: list[list] = []  # decoders by time of their last token: [time, count]
         self._swap_io = 0  # blocks swapped out or in while forming this batch
+        self.prefix = (PrefixCache(kv, prefix_tokens, offload_units)
+                       if prefix_tokens and self.PREFIX else None)
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -102,6 +119,8 @@ class ContinuousBatcher:
     # -- arrivals ------------------------------------------------------------------------
     def add(self, req: Request) -> None:
         req.state = WAITING
+        if req.shared or req.units:  # references into a cache that failed with its replica
+            req.units, req.shared, req.next_unit = [], 0, 0
         self.waiting.append(req)
         self.pending_tokens += req.target
 
@@ -116,11 +135,11 @@ class ContinuousBatcher:
 
     def _chunk_blocks(self, req: Request, tokens: int) -> int:
         """More blocks an admitted request needs for its next chunk of ``tokens``."""
-        return blocks_for(req.computed + tokens, self.bs) - req.blocks
+        return blocks_for(req.computed + tokens, self.bs) - req.blocks - req.shared
 
     def _held_blocks(self, req: Request, kv_tokens: int) -> int:
-        """Blocks a decoder holds with ``kv_tokens`` in its cache."""
-        return blocks_for(kv_tokens, self.bs)
+        """Private blocks a decoder holds with ``kv_tokens`` in its cache."""
+        return blocks_for(kv_tokens, self.bs) - req.shared
 
     # -- decoding set ----------------------------------------------------------------------
     def _start_decode(self, req: Request, kv_tokens: int, last_token_s: float) -> None:
@@ -183,56 +202,6 @@ class ContinuousBatcher:
                     self.gaps.add(now - t, c)
         self._groups = [[now, len(self.decoding)]]
 
-    # -- preemption ----------------------------------------------------------------------
-    def _preempt(self, req: Request, now: float) -> None:
-        """Free a running request's blocks: swap a decoder out if CPU blocks allow, else
-        recompute (re-prefill prompt + generated tokens later)."""
-        req.preemptions += 1
-        self.preemptions += 1
-        if req.state == DECODE:
-            req.last_token_s = self._leave()
-            kv = self._stop_decode(req)
-            blocks = self._held_blocks(req, kv)
-            self.kv.release(blocks)
-            if self.swap and blocks <= self.cpu_free:
-                self.cpu_free -= blocks
-                self._swap_io += blocks
-                req.state, req.kv0, req.blocks = SWAPPED, kv, blocks
-                self.swapped.append(req)
-                return
-        else:
-            self.prefilling.remove(req)
-            self.kv.release(req.blocks)
-            self.prefilled_tokens -= req.computed
-            self.pending_tokens -= req.target - req.computed
-        req.blocks = 0
-        req.computed = 0
-        req.target = req.prompt + req.generated
-        self.pending_tokens += req.target
-        req.state = WAITING
-        self.waiting.appendleft(req)
-
-    def _victim(self) -> Request | None:
-        """The most recently admitted running request."""
-        last_p = self.prefilling[-1] if self.prefilling else None
-        last_d = self.decoding[next(reversed(self.decoding))] if self.decoding else None
-        if last_p is None or (last_d is not None and last_d.admit_seq > last_p.admit_seq):
-            return last_d
-        return last_p
-
-    def _swap_in(self) -> None:
-        """Bring swapped decoders back, oldest first, while their blocks (and one more
-        token) fit and a sequence slot is free."""
-        while self.swapped and self.running < self.max_seqs:
-            req = self.swapped[0]
-            if blocks_for(req.kv0 + 1, self.bs) > self.kv.free:
-                return
-            self.swapped.popleft()
-            self.kv.allocate(req.blocks)
-            self.cpu_free += req.blocks
-            self._swap_io += req.blocks
-            self._start_decode(req, req.kv0, req.last_token_s)
-
     # -- building a step -------------------------------------------------------------------
     def _schedule_decodes(self, now: float) -> int:
         """Allocate the decoders' blocks for the next step, preempting until they fit."""
@@ -256,7 +225,7 @@ class ContinuousBatcher:
             while extra > kv.free and self.prefilling[-1] is not req:
                 self._preempt(self.prefilling[-1], now)
             if extra > kv.free:
-                x = (req.blocks + kv.free) * bs - c
+                x = (req.blocks + req.shared + kv.free) * bs - c
                 if x <= 0:
                     self._preempt(req, now)
                     continue
@@ -276,13 +245,21 @@ class ContinuousBatcher:
         limit = self.max_seqs if limit is None else limit
         while waiting and budget > 0 and self.running < limit and not self.swapped:
             req = waiting[0]
-            x = min(req.target, budget)
-            if not chunked and x < req.target:
-                break
-            blocks = self._admit_blocks(req, x)
-            if blocks > kv.free:
-                break
-            waiting.popleft()
+            if self.prefix is not None and req.hashes:
+                c = self._admit_cached(req, budget, chunked)
+                if c < 0:
+                    break
+                x = min(req.target - c, budget)
+                blocks = req.blocks
+            else:
+                c = 0
+                x = min(req.target, budget)
+                if not chunked and x < req.target:
+                    break
+                blocks = self._admit_blocks(req, x)
+                if blocks > kv.free:
+                    break
+                waiting.popleft()
             kv.allocate(blocks)
             req.blocks = blocks
             req.state = PREFILL
@@ -290,10 +267,35 @@ class ContinuousBatcher:
             req.admit_seq = self.admitted
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time
                 req.first_scheduled_s = now
+                req.cached_tokens = c
             self.prefilling.append(req)
             chunks.append((req, x))
             budget -= x
         return budget
+
+    def _admit_cached(self, req: Request, budget: int, chunked: bool) -> int:
+        """Admit the head of the queue reusing its longest cached prefix: references the
+        cached blocks (loading host ones, counted as swapped blocks), sets ``computed`` to
+        the cached tokens and ``blocks`` to the private blocks its first chunk needs (not
+        yet allocated), and returns the cached tokens; -1 (nothing changed) when its chunk
+        or its blocks do not fit."""
+        pc = self.prefix
+        hit, loads, pinned = pc.match(req.hashes, req.target)
+        c = hit * pc.unit
+        x = min(req.target - c, budget)
+        if not chunked and x < req.target - c:
+            return -1
+        blocks = self._admit_blocks(req, c + x) - hit * pc.ub
+        if blocks + pinned + loads * pc.ub > self.kv.free:
+            return -1
+        self.waiting.popleft()
+        if hit:
+            self._swap_io += pc.acquire(req, hit)
+            req.computed = c
+            self.pending_tokens -= c
+            self.prefilled_tokens += c
+        req.blocks = blocks
+        return c
 
     def _batch(self, n_decode: int, chunks: list) -> Batch | None:
         """The Batch of the decoders (if ``n_decode``) and the chunks, or None if empty."""
@@ -308,7 +310,7 @@ class ContinuousBatcher:
             sampled += c + x == req.target
         swap, self._swap_io = self._swap_io, 0
         return Batch(n_decode, self.sum_kv + n_decode if n_decode else 0, chunks,
-                     prefill_tokens, pairs, ctx, sampled, self.kv.used, swap)
+                     prefill_tokens, pairs, ctx, sampled, self.kv.in_use, swap)
 
     def schedule(self, now: float) -> Batch | None:
         """Form the next step's batch, allocating its KV blocks; None when idle."""
@@ -337,7 +339,11 @@ class ContinuousBatcher:
             _, _, epoch, req = heapq.heappop(fin)
             if req.state == DECODE and req.epoch == epoch:
                 kv = self._stop_decode(req)
+                if req.hashes is not None and self.prefix is not None:
+                    self.prefix.fill(req, kv)  # its answer's full blocks become cached
                 self.kv.release(self._held_blocks(req, kv))
+                if req.units:
+                    self.prefix.release(req)
                 req.blocks = 0
                 self._groups[-1][1] -= 1  # it left after emitting at ``now``
                 self._finish(req, now, done)
@@ -345,6 +351,8 @@ class ContinuousBatcher:
             req.computed += x
             self.pending_tokens -= x
             self.prefilled_tokens += x
+            if req.hashes is not None and self.prefix is not None:
+                req.blocks -= self.prefix.fill(req, req.computed)
             if req.computed < req.target:
                 continue
             self.prefilling.remove(req)
@@ -356,6 +364,8 @@ class ContinuousBatcher:
                 self.gaps.add(now - req.last_token_s, 1)  # re-prefill: gap since its last
             if req.generated >= req.output:
                 self.kv.release(req.blocks)
+                if req.units:
+                    self.prefix.release(req)
                 req.blocks = 0
                 self._finish(req, now, done)
             else:
@@ -366,65 +376,3 @@ class ContinuousBatcher:
     def _finish(req: Request, now: float, done: list[Request]) -> None:
         req.state, req.finish_s, req.status = DONE, now, "completed"
         done.append(req)
-
-    # -- decode runs (several decode-only steps in one event) ------------------------------
-    def can_admit(self) -> bool:
-        """Whether a request arriving now could join the next step (nothing blocks the
-        queue and a sequence slot is free)."""
-        return not self.waiting and not self.swapped and self.running < self.max_seqs
-
-    def decode_run(self, max_steps: int) -> int:
-        """How many decode-only steps can follow the one just scheduled with nothing else
-        changing: no request finishes before the last of them, and their KV blocks fit
-        (else a step-by-step schedule would preempt). At most ``max_steps``.
-
-        Call right after :meth:`schedule` returned a batch without prefill chunks; the
-        steps' effects are applied by :meth:`skip_decode_steps`.
-        """
-        fin = self.finishes
-        while fin and (fin[0][3].state != DECODE or fin[0][3].epoch != fin[0][2]):
-            heapq.heappop(fin)  # stale entries of preempted requests
-        if not fin:
-            return 0
-        steps = min(fin[0][0] - self.k - 1, max_steps)
-        free = self.kv.free
-        if steps <= 0 or self.run_blocks(steps) <= free:
-            return max(steps, 0)
-        lo, hi = 0, steps  # largest j with run_blocks(j) <= free (monotone in j)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.run_blocks(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def run_blocks(self, steps: int) -> int:
-        """KV blocks the first ``steps`` decode steps after the scheduled one allocate.
-
-        Over any ``block_size`` consecutive steps each residue class needs a block once, so
-        whole periods cost one block per decoder; O(block_size) work, not O(steps).
-        """
-        full, rem = divmod(steps, self.bs)
-        total = full * len(self.decoding)
-        residue, bs, first = self.residue, self.bs, self.k + 2
-        for step in range(first, first + rem):
-            total += residue[-step % bs]
-        return total
-
-    def run_needs(self, steps: int) -> list[int]:
-        """Blocks allocated at each of the first ``steps`` decode steps after the scheduled
-        one (for per-step records)."""
-        residue, bs, first = self.residue, self.bs, self.k + 2
-        return [residue[-step % bs] for step in range(first, first + steps)]
-
-    def skip_decode_steps(self, steps: int, ends) -> None:
-        """Apply decode-only steps counted by :meth:`decode_run` (all but the last step of
-        the run, which :meth:`complete` applies): lengths grow, blocks are allocated, and
-        every decoder's gaps are recorded. ``ends[j]`` is when step j of the run ended."""
-        if steps == 0:
-            return
-        self.kv.allocate(self.run_blocks(steps))
-        self.k += steps
-        self.sum_kv += len(self.decoding) * steps
-        self.emit_run(ends[:steps])

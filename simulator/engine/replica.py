@@ -222,7 +222,7 @@ class Replica:
         """KV blocks in use over capacity, as a step-by-step run would show now."""
         used = cap = 0
         for s, st in enumerate(self.streams):
-            used += st.kv.used + (st.run_blocks(self._run_progress(s)[1])
+            used += st.kv.in_use + (st.run_blocks(self._run_progress(s)[1])
                                   if self._runs[s] else 0)
             cap += st.kv.capacity
         return used / max(cap, 1)
@@ -236,6 +236,11 @@ class Replica:
             total += (st.pending_tokens + st.prefilled_tokens + st.sum_kv
                       + done * len(st.decoding))
         return total
+
+    def cached_tokens(self, req: Request) -> int:
+        """Prompt tokens of ``req`` cached in the prefix cache of a stream (the best one)."""
+        return max((st.prefix.cached_tokens(req) for st in self.streams
+                    if st.prefix is not None), default=0)
 
     def wake(self) -> None:
         """Wake idle streams (they then look for work: arrivals to pull, or requests)."""

@@ -17,7 +17,8 @@ class Request:
     __slots__ = ("id", "arrival_s", "prompt", "output", "replica", "state", "target",
                  "computed", "blocks", "generated", "k0", "kv0", "epoch", "admit_seq",
                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status",
-                 "client", "last_token_s", "retries", "reason")
+                 "client", "last_token_s", "retries", "reason", "hashes", "session",
+                 "units", "shared", "next_unit", "cached_tokens")
 
     def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, client: int = -1):
         self.id, self.arrival_s, self.prompt, self.output = rid, arrival_s, prompt, output
@@ -40,3 +41,13 @@ class Request:
         self.last_token_s = float("nan")  # set when preempted: time of its last token
         self.retries = 0  # times its replica went down under it
         self.reason = ""  # why it did not complete
+        # Prefix caching (simulator.engine.prefix): chained hashes of the request's full
+        # token blocks (None: nothing known, nothing shared), its session, the cached blocks
+        # it references, their KV blocks, the next block to cache, the prompt tokens found
+        # cached at its first admission.
+        self.hashes = None
+        self.session = -1
+        self.units: list = []
+        self.shared = 0
+        self.next_unit = 0
+        self.cached_tokens = 0

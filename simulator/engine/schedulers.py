@@ -50,6 +50,7 @@ class Reserving(ContinuousBatcher):
 
     PARAMS = {"reserve_tokens": None}
     CHUNKED = False
+    PREFIX = False  # memory is reserved per request, never shared
 
     def __init__(self, *args, reserve_tokens: int | None = None, max_model_len: int = 0,
                  **kwargs):

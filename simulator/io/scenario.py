@@ -277,7 +277,7 @@ def _faults(raw: Any, problems: list[str]) -> tuple[tuple[FaultSpec, ...], Rando
 
 def _workload_problems(s: Scenario) -> list[str]:
     w, p = s.workload, []
-    if w.arrival in ("poisson", "gamma", "constant") and w.rate_per_s is None:
+    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is None:
         p.append(f"workload.rate_per_s: required for arrival = \"{w.arrival}\" (a number > 0)")
     if w.arrival == "closed_loop" and w.concurrency is None:
         p.append("workload.concurrency: required for arrival = \"closed_loop\" (an integer >= 1)")

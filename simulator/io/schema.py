@@ -13,9 +13,9 @@ from typing import Any
 #: Weight dtypes (int4: weight-only; fp8, int8, fp4: weights and activations) and KV dtypes
 #: (bf16, fp16, fp8). What a GPU supports is checked when the cluster is built.
 DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
-ARRIVALS = ("poisson", "gamma", "constant", "closed_loop", "trace")
+ARRIVALS = ("poisson", "gamma", "constant", "closed_loop", "trace", "sessions")
 ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv", "least_tokens",
-           "power_of_two")
+           "power_of_two", "prefix_aware", "kv_aware", "session_affinity")
 SCHEDULERS = ("vllm", "vllm_v0", "sarathi", "orca", "static")
 #: Keyword parameters each scheduler takes in ``[engine] scheduler_args`` (all integers >= 1).
 SCHEDULER_PARAMS = {"vllm": (), "vllm_v0": (), "sarathi": ("chunk_size",),
@@ -105,11 +105,18 @@ class EngineKeys:
     # Seconds between a token's step end and the client seeing it (output processing,
     # detokenization, streaming); shifts first-token and finish times.
     token_delay_s: float = _f(0.0, min=0.0)
+    # Automatic prefix caching (vLLM v1 default): reuse cached KV blocks of shared prefixes
+    # (needs a workload with block hashes: a Mooncake trace or sessions).
+    prefix_caching: bool = _f(True)
+    # Host-memory tier of the prefix cache, GiB per GPU (0: evicted blocks are lost).
+    kv_offload_gib: float = _f(0.0, min=0.0)
 
 
 @dataclass(frozen=True)
 class RouterKeys:
     policy: str = _f("round_robin", choices=ROUTERS)
+    # kv_aware: score = cached prompt tokens - load_weight x load tokens.
+    load_weight: float = _f(1.0, min=0.0)
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,13 @@ class WorkloadKeys:
     trace: str | None = _f(None, kind="path", optional=True)
     time_scale: float = _f(1.0, gt=0.0)  # trace: arrival times are multiplied by this
     start_s: float = _f(0.0, min=0.0)  # trace: skip arrivals before this offset
+    # Tokens per prefix hash block (a Mooncake trace's hash_ids: 512; sessions' blocks).
+    hash_block_tokens: int = _f(512, min=1)
+    # sessions: turns per session (a length spec), system prompt shared by each of
+    # prefix_groups groups (sessions pick one uniformly).
+    turns: Any = _f(4, kind="length")
+    shared_prefix_tokens: int = _f(0, min=0)
+    prefix_groups: int = _f(1, min=1)
 
 
 @dataclass(frozen=True)

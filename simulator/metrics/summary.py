@@ -20,6 +20,7 @@ SUMMARY_KEYS = [
     "queue_mean_s", "queue_p99_s", "throughput_tok_per_s", "throughput_req_per_s",
     "goodput_req_per_s", "slo_attainment", "preemptions_total", "batch_efficiency_mean",
     "pp_bubble_fraction", "pp_stage_idle_s", "steps_total", "simulated_time_s",
+    "prefix_hit_rate", "prefill_tokens_saved", "prefix_hit_rate_per_replica",
     "kv_blocks_per_replica", "kv_tokens_per_replica", "max_model_len", "gpus",
     "simpy_events", "availability_mean", "availability_min", "retries_total",
     "nvlink_util_mean", "nvlink_util_max", "pcie_util_mean", "pcie_util_max",
@@ -117,4 +118,24 @@ def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
     out["pp_stage_idle_s"] = [max(0.0, engine["union_s"] - b) for b in busy]
     out["steps_total"] = int(steps)
     out["simulated_time_s"] = float(done["finish_s"].max()) if len(done) else 0.0
+    out.update(prefix_hits(done))
     return out
+
+
+def prefix_hits(done: pd.DataFrame) -> dict:
+    """Prefix caching over completed requests: hit rate = cached prompt tokens / prompt
+    tokens (0 without prefix caching), the prefill tokens saved (the cached ones), and the
+    hit rate of each replica (NaN for one that completed nothing)."""
+    cached = done["cached_prompt_tokens"] if "cached_prompt_tokens" in done else done[
+        "prompt_tokens"] * 0
+    prompt = float(done["prompt_tokens"].sum())
+    saved = int(cached.sum())
+    n = int(done["replica"].max()) + 1 if len(done) else 0
+    per = pd.DataFrame({"r": done["replica"], "c": cached, "p": done["prompt_tokens"]}
+                       ).groupby("r")[["c", "p"]].sum()
+    rates = [float("nan")] * n
+    for r, row in per.iterrows():
+        if r >= 0 and row["p"] > 0:
+            rates[int(r)] = float(row["c"] / row["p"])
+    return {"prefix_hit_rate": saved / prompt if prompt > 0 else 0.0,
+            "prefill_tokens_saved": saved, "prefix_hit_rate_per_replica": rates}

@@ -67,6 +67,13 @@ def request_windows(requests: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
         v = requests[metric].to_numpy(float)
         for q in (50, 99):
             out[f"{metric[:-2]}_p{q}_s"] = _pct_by_window(fin_done, v, edges, q)
+    if "cached_prompt_tokens" in requests:
+        # Prefix hit rate of the requests that completed in the window (tokens).
+        cached = np.histogram(fin_done[done], bins=edges, weights=requests[
+            "cached_prompt_tokens"].to_numpy(float)[done])[0]
+        prompt = np.histogram(fin_done[done], bins=edges,
+                              weights=requests["prompt_tokens"].to_numpy(float)[done])[0]
+        out["prefix_hit_rate"] = np.where(prompt > 0, cached / np.maximum(prompt, 1), np.nan)
     return out
 
 
