@@ -410,19 +410,22 @@ class Replica:
             if done:
                 self._record(first_rows)
                 self._keep(rows, bulk, done - 1)
+                self._count(done - 1, (done - 1) * n, self._busy_of(busy, done - 1))
             return now
         self._runs[s] = None
         stream.skip_decode_steps(steps, ends)
-        if isinstance(busy, np.ndarray):
-            applied = busy[..., :steps].sum(axis=-1)
-        elif self._one_stage:
-            applied = sum(busy[:steps])
-        else:
-            applied = [sum(b[i] for b in busy[:steps]) for i in range(len(self.stages))]
-        self._count(steps, steps * n, applied)
+        self._count(steps, steps * n, self._busy_of(busy, steps))
         self._record(first_rows)
         self._keep(rows, bulk, steps)
         return float(ends[steps])
+
+    def _busy_of(self, busy, steps: int):
+        """Busy time of the first ``steps`` extra steps of a run (per stage, or a float)."""
+        if isinstance(busy, np.ndarray):
+            return busy[..., :steps].sum(axis=-1)
+        if self._one_stage:
+            return sum(busy[:steps])
+        return [sum(b[i] for b in busy[:steps]) for i in range(len(self.stages))]
 
     def _keep(self, rows: list[tuple], bulk: dict | None, steps: int) -> None:
         """Records of the first ``steps`` extra steps of a run (rows or bulk columns)."""
