@@ -226,9 +226,16 @@ def cmd_calibrate(args) -> int:
     return calibrate.main(args.action, args.gpu, args.data, args.out)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Command-line misuse as one line on stderr (no usage block), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m simulator",
-                                 description="Simulate an LLM inference cluster.")
+    ap = _OneLineParser(prog="python -m simulator",
+                        description="Simulate an LLM inference cluster.")
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="simulate a scenario (default: the embedded one)")
     r.add_argument("scenario", nargs="?", help="scenario TOML file")

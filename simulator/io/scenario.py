@@ -109,6 +109,15 @@ def _excerpt(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def key_bounds(key: str) -> dict:
+    """The allowed range of a numeric key, e.g. ``key_bounds("workload.rate_per_s")`` ->
+    ``{"gt": 0.0, "min": 1e-06, "max": 1e6}`` (``faults.random.*`` for random faults)."""
+    section, _, name = key.rpartition(".")
+    cls = RandomFaults if section == "faults.random" else SECTIONS[section]
+    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}[name]
+    return _bounds(key, meta)
+
+
 def _bounds(key: str, meta) -> dict:
     """The field's ``gt``/``min``/``max``, with :data:`LIMITS` for its dotted key."""
     general = re.sub(r"^faults(\[\d+\])?\.", "faults.", key)

@@ -130,8 +130,12 @@ def check_out(out: str | Path) -> bool:
         parent = parent.parent
     if not parent.is_dir():
         raise ScenarioError(f"{where}: {str(parent)!r} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ScenarioError(f"{where}: cannot write in {str(parent)!r} (permission denied)")
+    try:  # the one honest test of writing there (permissions, read-only or virtual file
+        # systems like /proc): make and remove an empty folder
+        os.rmdir(tempfile.mkdtemp(prefix=".probe.", dir=parent))
+    except OSError as exc:
+        raise ScenarioError(f"{where}: cannot write in {str(parent)!r} "
+                            f"({exc.strerror})") from None
     if not out.exists():
         return False
     foreign = [p.name for p in out.iterdir()
