@@ -64,6 +64,9 @@ def cmd_run(args) -> int:
 def cmd_validate(args) -> int:
     scenario = _load(args)
     plan, requests = check(scenario)
+    if requests is not None and requests.empty:
+        raise ScenarioError("workload: no request arrives (check num_requests, duration_s, "
+                            "start_s against the trace)", source=scenario.source)
     p, m = scenario.parallel, plan.model
     print(f"{scenario.source or 'default scenario'}: valid")
     print(f"  model      {m.name}: {m.total_params / 1e9:.1f} B params, {m.layers} layers, "

@@ -491,3 +491,16 @@ def test_real_process_exits_2_with_one_line(argv, needle, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr
     assert proc.stdout == "" and not (tmp_path / "runs").exists()
+
+
+def test_a_node_without_gpus_names_the_field(tmp_path, monkeypatch, capsys):
+    data = Path(__file__).parent / "data"
+    node = (data / "toy_node.toml").read_text()
+    node = "\n".join("gpus_per_node = 0" if line.startswith("gpus_per_node") else line
+                     for line in node.splitlines())
+    (tmp_path / "node.toml").write_text(node.replace('"toy_gpu.toml"',
+                                                     repr(str(data / "toy_gpu.toml"))))
+    path = tmp_path / "s.toml"
+    path.write_text(tomli_w.dumps(_with(cluster={"topology": "node.toml"})))
+    _rejected(tmp_path, monkeypatch, capsys, ["run", path, "--out", tmp_path / "out"],
+              ["cluster.topology", "gpus_per_node must be in [1, 1024], got 0"], str(path))

@@ -3,8 +3,10 @@ and runs that serve nothing (or need too many windows) say so."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,8 @@ import simulator
 import simulator.io.writers as writers
 from simulator.cli import main
 from simulator.cluster.simulation import MAX_WINDOWS
+from simulator.io.scenario import key_bounds
+from simulator.io.schema import SECTIONS, RandomFaults
 
 SMALL = {"workload": {"arrival": "poisson", "rate_per_s": 20.0, "num_requests": 20,
                       "prompt_tokens": 100, "output_tokens": 8}}
@@ -175,3 +179,20 @@ def test_windows_are_capped(toy):
     width = res.timeseries["window_end_s"] - res.timeseries["window_start_s"]
     assert width.iloc[0] == pytest.approx(res.requests["finish_s"].max() / MAX_WINDOWS)
     assert len(res.warnings) == 1 and "output.window_s = 0.001 s" in res.warnings[0]
+
+
+# -- docs ----------------------------------------------------------------------------------
+
+def test_docs_give_every_numeric_key_its_range():
+    text = (Path(__file__).parents[1] / "docs" / "scenario.md").read_text()
+    rows = dict(re.findall(r"^\| `([\w.]+)` \| (?:int|float) \| `(.+?)` \|", text, re.M))
+    for section, cls in [*SECTIONS.items(), ("faults.random", RandomFaults)]:
+        for f in dataclasses.fields(cls):
+            if str(f.type).split(" ")[0].split("|")[0] not in ("int", "float"):
+                continue
+            key = f"{section}.{f.name}"
+            assert key in rows, f"{key} has no range in docs/scenario.md"
+            lo, hi = (float(x.replace("2^23", str(2**23))) for x in rows[key][1:-1].split(","))
+            b = key_bounds(key)
+            assert (lo, rows[key][0]) == ((b["min"], "[") if "min" in b else (b["gt"], "("))
+            assert hi == b["max"]
