@@ -508,7 +508,8 @@ def _outcome_warnings(requests: pd.DataFrame, cluster: Cluster) -> list[str]:
         t, targets = cluster.hopeless
         out.append(f"no replica can ever serve again after t = {t:.6g} s (faults without "
                    f"a duration: {targets}); the requests waiting then and arriving later "
-                   f"were dropped at the end of the workload")
+                   f"were dropped (when their clients gave up, else at the end of the "
+                   f"workload)")
     status = requests["status"]
     if len(requests) and not (status == "completed").any():
         counts = status.value_counts()
