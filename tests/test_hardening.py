@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import tomli_w
@@ -23,7 +24,8 @@ import simulator.io.writers as writers
 from simulator.cli import main
 from simulator.cluster.simulation import MAX_WINDOWS
 from simulator.io.scenario import key_bounds
-from simulator.io.schema import SECTIONS, RandomFaults
+from simulator.io.schema import MAX_TOKENS, SECTIONS, RandomFaults
+from simulator.workload.lengths import sample_lengths
 
 SMALL = {"workload": {"arrival": "poisson", "rate_per_s": 20.0, "num_requests": 20,
                       "prompt_tokens": 100, "output_tokens": 8}}
@@ -196,3 +198,13 @@ def test_docs_give_every_numeric_key_its_range():
             b = key_bounds(key)
             assert (lo, rows[key][0]) == ((b["min"], "[") if "min" in b else (b["gt"], "("))
             assert hi == b["max"]
+
+
+def test_length_draws_stay_within_the_token_range():
+    # The widest tails the ranges allow: nothing overflows int64 into a negative prompt.
+    rng = np.random.default_rng(0)
+    for spec in ({"dist": "lognormal", "mean": MAX_TOKENS, "sigma": 10},
+                 {"dist": "normal", "mean": MAX_TOKENS, "std": MAX_TOKENS},
+                 {"dist": "exponential", "mean": MAX_TOKENS}):
+        x = sample_lengths(spec, 100_000, rng)
+        assert x.dtype == np.int64 and x.min() >= 1 and x.max() <= MAX_TOKENS
