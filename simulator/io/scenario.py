@@ -127,9 +127,11 @@ def _bounds(key: str, meta) -> dict:
 
 def _range_problem(key: str, value: float, bounds: dict) -> str | None:
     """One line when ``value`` is outside ``bounds``, stating the whole allowed range."""
-    lo = ([f"> {bounds['gt']:g}"] if "gt" in bounds else []) + (
-        [f">= {bounds['min']:g}"] if "min" in bounds else [])
-    allowed = " and ".join(lo + ([f"<= {bounds['max']:g}"] if "max" in bounds else []))
+    if "min" in bounds and bounds["min"] > bounds.get("gt", -math.inf):
+        lo = f"[{bounds['min']:g}"
+    else:
+        lo = f"({bounds['gt']:g}" if "gt" in bounds else "(-inf"
+    allowed = f"{lo}, {bounds['max']:g}]" if "max" in bounds else f"{lo}, inf)"
     for rule, bad in (("gt", value <= bounds.get("gt", -math.inf)),
                       ("min", value < bounds.get("min", -math.inf)),
                       ("max", value > bounds.get("max", math.inf))):
