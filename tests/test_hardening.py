@@ -208,3 +208,13 @@ def test_length_draws_stay_within_the_token_range():
                  {"dist": "exponential", "mean": MAX_TOKENS}):
         x = sample_lengths(spec, 100_000, rng)
         assert x.dtype == np.int64 and x.min() >= 1 and x.max() <= MAX_TOKENS
+
+
+def test_a_closed_loop_that_rejects_everything_ends_with_a_warning(toy):
+    res = simulator.run(toy(engine={"max_model_len": 64},
+                            workload={"arrival": "closed_loop", "concurrency": 4,
+                                      "num_requests": 3000, "prompt_tokens": 100,
+                                      "output_tokens": 8}))
+    assert (res.requests["status"] == "rejected").sum() == 3000
+    assert res.warnings == ["no request completed: 3000 rejected (prompt + output tokens > "
+                            "max_model_len 64)"]

@@ -338,7 +338,8 @@ class Cluster:
             self.submit(req)
             yield done
             stalls = stalls + 1 if env.now == before else 0
-            if stalls > 1000:
+            # With no count to reach, rejections that take no time would never end the run.
+            if stalls > 1000 and w.num_requests is None:
                 raise ScenarioError("workload: closed-loop requests are all rejected at once "
                                     f"(prompt + output > max_model_len {self.max_len})")
             if w.think_time_s:
