@@ -209,8 +209,8 @@ class Cluster:
     def act_permanent(self, target: str) -> None:
         """A fault that never ends was applied. When the faults that never end leave no
         replica that could ever be healthy, the cluster can never serve again: random
-        faults stop (they alone would keep the run going forever) and requests waiting or
-        still to come are dropped at the end of the workload."""
+        faults stop (they alone would keep the run going forever), and requests waiting or
+        still to come are dropped when their clients give up, else by :meth:`close`."""
         nodes, edges = resolve_target(self.plan.graph, target)
         self.permanent.apply(nodes, edges, 1)
         self.permanent_targets.append(target)
