@@ -59,8 +59,7 @@ def cmd_validate(args) -> int:
     plan, requests = check(scenario)
     p, m = scenario.parallel, plan.model
     print(f"{scenario.source or 'default scenario'}: valid")
-    print(f"  model      {m.name}: {m.total_params / 1e9:.1f} B params, {m.layers} layers, "
-          f"{m.q_heads} heads / {m.kv_heads} KV heads, {scenario.model.weight_dtype} weights")
+    print(f"  model      {m.name}: {m.describe()}, {scenario.model.weight_dtype} weights")
     print(f"  cluster    {scenario.cluster.nodes} x {plan.node.name} "
           f"({plan.graph.graph['gpu'].name}), {plan.gpus_used} GPUs used")
     print(f"  layout     tp={p.tp} pp={p.pp} dp={p.dp}, "
