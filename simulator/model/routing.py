@@ -73,7 +73,8 @@ def placement(p: np.ndarray, ranks: int, redundant: int = 0) -> np.ndarray:
     Without redundancy, expert e lives on rank ``e // (E / ranks)`` (contiguous blocks, as
     vLLM and SGLang lay experts out). With ``redundant`` extra slots, the expert with the
     largest load per replica gets the next replica (EPLB), and all replicas are packed
-    largest-first onto the least-loaded rank that has a free slot; a replicated expert's
+    largest-first onto the least-loaded rank that has a free slot (and no copy of
+    that expert yet); a replicated expert's
     tokens split evenly over its replicas.
     """
     experts = p.size
@@ -83,13 +84,16 @@ def placement(p: np.ndarray, ranks: int, redundant: int = 0) -> np.ndarray:
         return share
     copies = np.ones(experts, dtype=int)
     for _ in range(redundant):
-        copies[np.argmax(p / copies)] += 1
+        # At most one copy per rank: a second copy on one rank would not split its load.
+        copies[np.argmax(np.where(copies < ranks, p / copies, -1.0))] += 1
     slots = math.ceil((experts + redundant) / ranks)
     load, used = np.zeros(ranks), np.zeros(ranks, dtype=int)
     items = sorted(((p[e] / copies[e], e) for e in range(experts) for _ in range(copies[e])),
                    reverse=True)
     for w, e in items:
-        free = np.where(used < slots)[0]
+        free = np.where((used < slots) & (share[:, e] == 0))[0]  # replicas on distinct ranks
+        if free.size == 0:
+            free = np.where(used < slots)[0]
         r = free[np.argmin(load[free])]
         load[r] += w
         used[r] += 1
