@@ -50,7 +50,8 @@ def expert_time(rank_tokens, active, hidden: int, intermediate: int, gpu: GPUSpe
 
     ``rank_tokens`` rows are spread over ``active`` experts (each with at least one
     token); each expert is one GEMM of ``M = rank_tokens / active`` rows, priced by
-    :func:`simulator.calibration.forms.gemm_time` in ``dtype``. Array arguments broadcast.
+    :func:`simulator.calibration.forms.gemm_time` in ``dtype``, and the grouped kernel
+    pays one launch per projection. Array arguments broadcast.
     """
     cal, w_b = gpu.calibration.gemm_for(dtype), BYTES_PER_DTYPE[dtype]
     quantized = dtype in ACTIVATION_QUANTIZED
@@ -60,7 +61,9 @@ def expert_time(rank_tokens, active, hidden: int, intermediate: int, gpu: GPUSpe
     peak, bw, sms = gpu.peak(dtype), gpu.hbm_bandwidth_Bps, gpu.sm_count
     t = (gemm_time(m, 2 * intermediate, hidden, cal, peak, bw, sms, w_b, in_b, quantized)
          + gemm_time(m, hidden, intermediate, cal, peak, bw, sms, w_b, in_b, quantized))
-    return np.where(np.asarray(rank_tokens) > 0, active * t, 0.0)
+    # One fused kernel per projection (grouped GEMM): one launch, not one per expert.
+    grouped = active * (t - 2 * cal.launch_s) + 2 * cal.launch_s
+    return np.where(np.asarray(rank_tokens) > 0, grouped, 0.0)
 
 
 def mla_shapes(model: ModelSpec, heads: int, kv_bytes: float,
