@@ -49,9 +49,12 @@ def expert_time(rank_tokens, active, hidden: int, intermediate: int, gpu: GPUSpe
     """Grouped GEMM of one rank's routed experts (gate-up then down), seconds.
 
     ``rank_tokens`` rows are spread over ``active`` experts (each with at least one
-    token); each expert is one GEMM of ``M = rank_tokens / active`` rows, priced by
-    :func:`simulator.calibration.forms.gemm_time` in ``dtype``, and the grouped kernel
-    pays one launch per projection. Array arguments broadcast.
+    token), ``M = rank_tokens / active`` rows per expert. A grouped GEMM is one kernel
+    whose output tiles are those of every expert: it is priced by
+    :func:`simulator.calibration.forms.gemm_time` at ``(M, active * n, k)``, which has the
+    experts' tile count (waves over the SMs), FLOPs ``2 M_rank n k``, weight bytes
+    ``active * n * k * b_w`` and output bytes, and one launch per projection. Array
+    arguments broadcast.
     """
     cal, w_b = gpu.calibration.gemm_for(dtype), BYTES_PER_DTYPE[dtype]
     quantized = dtype in ACTIVATION_QUANTIZED
@@ -59,11 +62,11 @@ def expert_time(rank_tokens, active, hidden: int, intermediate: int, gpu: GPUSpe
     active = np.maximum(np.asarray(active, dtype=float), 1.0)
     m = np.maximum(np.asarray(rank_tokens, dtype=float) / active, 1.0)
     peak, bw, sms = gpu.peak(dtype), gpu.hbm_bandwidth_Bps, gpu.sm_count
-    t = (gemm_time(m, 2 * intermediate, hidden, cal, peak, bw, sms, w_b, in_b, quantized)
-         + gemm_time(m, hidden, intermediate, cal, peak, bw, sms, w_b, in_b, quantized))
-    # One fused kernel per projection (grouped GEMM): one launch, not one per expert.
-    grouped = active * (t - 2 * cal.launch_s) + 2 * cal.launch_s
-    return np.where(np.asarray(rank_tokens) > 0, grouped, 0.0)
+    t = (gemm_time(m, 2 * intermediate * active, hidden, cal, peak, bw, sms, w_b, in_b,
+                   quantized)
+         + gemm_time(m, hidden * active, intermediate, cal, peak, bw, sms, w_b, in_b,
+                     quantized))
+    return np.where(np.asarray(rank_tokens) > 0, t, 0.0)
 
 
 def mla_shapes(model: ModelSpec, heads: int, kv_bytes: float,
