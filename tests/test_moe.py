@@ -213,3 +213,48 @@ def test_ep_needs_moe_model():
         build_plan(load_scenario({"model": {"name": "llama-3.1-8b"},
                                   "parallel": {"tp": 2, "ep": 2},
                                   "workload": {"rate_per_s": 1.0, "num_requests": 4}}))
+
+
+def test_two_batch_overlap_hides_all_to_all():
+    # EP16 over two H200 nodes: the all-to-all crosses the NICs.
+    base = _ds("hgx-h200", attention_dp=True)
+    base["parallel"].update(tp=16, ep=16)
+    base["cluster"]["nodes"] = 2
+    plain = build_plan(load_scenario(base)).replicas[0].stages[0]
+    tbo = build_plan(load_scenario({**base, "model": {**base["model"],
+                                                      "two_batch_overlap": True}})
+                     ).replicas[0].stages[0]
+    tokens, pairs = 8192, 8 * 1024 * 1025 / 2  # eight 1024-token prompts
+    t_plain, t_tbo = plain.step(tokens, pairs, 0, 0, 8)[0], tbo.step(tokens, pairs, 0, 0, 8)[0]
+    a2a = plain.moe_columns(np.array([tokens]), np.array([pairs]), np.array([0]))[0][0]
+    assert 0 < a2a < t_plain
+    assert t_tbo < t_plain  # the all-to-all hides under the other half's compute
+    assert t_tbo >= t_plain - a2a  # but splitting the batch saves no compute
+    # Small decode batches: two halves read every expert's weights twice.
+    assert tbo.step(256, 0.0, 0, 256 * 2000, 256)[0] > plain.step(256, 0.0, 0, 256 * 2000,
+                                                                  256)[0]
+    with pytest.raises(ScenarioError, match="two_batch_overlap"):
+        build_plan(load_scenario({**_ds("hgx-h200"), "model": {**base["model"],
+                                                              "two_batch_overlap": True}}))
+
+
+def test_bad_routing_keys_exit_2(tmp_path, capsys):
+    f = tmp_path / "bad.toml"
+    f.write_text('[model]\nname = "qwen3-30b-a3b"\n[model.routing]\ndistribution = "pareto"\n'
+                 'skew = -1\nwieghts_file = "w.txt"\n[workload]\nrate_per_s = 1.0\n'
+                 'num_requests = 4\n')
+    assert main(["validate", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "model.routing.distribution" in err and "model.routing.skew" in err
+    assert "did you mean 'weights_file'" in err
+
+
+def test_weights_file_routing(tmp_path):
+    w = tmp_path / "w.txt"
+    w.write_text("\n".join(["10"] + ["1"] * 127))
+    s = _qwen(routing={"weights_file": str(w)})
+    cost = build_plan(s).replicas[0].stages[0]
+    assert cost.routing.p[0] == pytest.approx(10 / 137)
+    w.write_text("1 2 3")
+    with pytest.raises(ScenarioError, match="weights_file"):
+        build_plan(_qwen(routing={"weights_file": str(w)}))

@@ -115,7 +115,8 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
             cost = MoEStageCost(model, node.gpu, tp, sum(layers[:i]), layers[i], i == 0,
                                 i == pp - 1, s.model.weight_dtype, s.model.kv_dtype, ar,
                                 layout, routing, a2a_paths(paths, group),
-                                s.model.moe_a2a_mode, eng.layer_launch_s)
+                                s.model.moe_a2a_mode, eng.layer_launch_s,
+                                s.model.two_batch_overlap)
             if shared is not None:
                 shared[key] = cost
         if cost is None:
@@ -168,6 +169,9 @@ def a2a_paths(paths: Paths, group: tuple[str, ...]) -> A2APaths:
 
 def _check_moe(model: ModelSpec, s: Scenario) -> list[str]:
     par, problems = s.parallel, []
+    if model.moe is None and s.model.two_batch_overlap:
+        problems.append(f"model.two_batch_overlap: needs a mixture-of-experts model; "
+                        f"{model.name} is dense")
     if model.moe is None:
         for key, value, default in (("ep", par.ep, 1), ("attention_dp", par.attention_dp,
                                                         False),
@@ -182,6 +186,9 @@ def _check_moe(model: ModelSpec, s: Scenario) -> list[str]:
     if par.attention_dp and (par.ep != par.tp or par.tp == 1):
         problems.append(f"parallel.attention_dp: needs ep = tp > 1 (the MoE layer spans the "
                         f"attention-DP ranks), got tp={par.tp}, ep={par.ep}")
+    if s.model.two_batch_overlap and not par.attention_dp:
+        problems.append("model.two_batch_overlap: needs parallel.attention_dp = true (it "
+                        "overlaps the all-to-all, which only DP attention has)")
     if par.redundant_experts and par.ep == 1:
         problems.append("parallel.redundant_experts: needs expert parallelism (ep > 1)")
     return problems

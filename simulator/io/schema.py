@@ -39,6 +39,8 @@ class ModelSpecKeys:
     # [model.routing]: distribution = "uniform" | "zipf", skew (zipf exponent),
     # weights_file (one weight per expert). Checked in simulator.io.scenario.
     routing: dict | None = _f(None, kind="table", optional=True)
+    # Two micro-batches per step whose all-to-all and compute overlap (attention DP only).
+    two_batch_overlap: bool = _f(False)
 
 
 @dataclass(frozen=True)

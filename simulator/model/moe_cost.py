@@ -157,17 +157,21 @@ class MoEStageCost(StageCost):
         The EP group's paths (attention DP only).
     a2a_mode : {"auto", "normal", "low_latency"}
         ``auto``: normal for steps with prefill, low_latency for decode-only steps.
+    two_batch_overlap : bool
+        Split each step into two half batches whose all-to-all and compute overlap
+        (:meth:`_overlap`); attention DP only.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, start: int, layers: int,
                  first: bool, last: bool, weight_dtype: str, kv_dtype: str,
                  allreduce: AllReduceCost, layout: ExpertLayout, routing: Routing,
                  paths: A2APaths | None, a2a_mode: str = "auto",
-                 layer_launch_s: float = 0.0):
+                 layer_launch_s: float = 0.0, two_batch_overlap: bool = False):
         super().__init__(model, gpu, tp, layers, first, last, weight_dtype, kv_dtype,
                          allreduce, layer_launch_s)
         self.model, self.layout, self.routing, self.paths = model, layout, routing, paths
         self.a2a_mode = a2a_mode
+        self.tbo = two_batch_overlap
         self.dp = layout.attention_dp
         self.split = tp if self.dp else 1
         attn_tp = 1 if self.dp else tp
@@ -277,19 +281,37 @@ class MoEStageCost(StageCost):
         return tab
 
     # -- the StageCost interface ----------------------------------------------------------
-    def _decode_vec(self, n: int, kv: np.ndarray) -> np.ndarray:
-        """Compute seconds of decode-only steps of ``n`` sequences reading ``kv`` KV
-        entries each (array)."""
+    def _decode_core(self, n: int, kv: np.ndarray, idx) -> tuple[np.ndarray, np.ndarray]:
+        """(compute without all-to-all and LM head, all-to-all) of decode-only steps."""
         fixed0 = (self._fixed.get(n) or self._fixed_time(n))[0]
         s, nr = self.split, self._rank_tokens(n)
-        kvr = np.asarray(kv, dtype=float) / s
+        kvr = kv / s
         stream = self._dkv * kvr + self._dtok * nr
         stream = np.maximum(stream, self._dflop * kvr)
         per = self._dseq * nr
         attn = (self._dfloor + np.maximum(stream, per)) + self._dexp * np.minimum(stream, per)
         tab = self.table(n, self._mode(True))
-        idx = step_index(np.asarray(kv))
-        out = fixed0 + self.layers * attn + self.n_moe * (tab.expert_s[idx] + tab.a2a_s[idx])
+        return (fixed0 + self.layers * attn + self.n_moe * tab.expert_s[idx],
+                self.n_moe * tab.a2a_s[idx])
+
+    def _overlap(self, compute, a2a):
+        """Two-batch overlap of two half batches: each half's all-to-all runs under the
+        other half's compute, ``max(2 C_h, 2 A_h)``, plus one MoE layer's share of the
+        shorter one exposed at the ends (pipeline fill and drain)."""
+        return np.maximum(2 * compute, 2 * a2a) + np.minimum(compute, a2a) / max(self.n_moe,
+                                                                                   1)
+
+    def _decode_vec(self, n: int, kv: np.ndarray) -> np.ndarray:
+        """Compute seconds of decode-only steps of ``n`` sequences reading ``kv`` KV
+        entries each (array)."""
+        kv = np.asarray(kv)
+        idx = step_index(kv)
+        kv = kv.astype(float)
+        if self.tbo and n > 1:
+            out = self._overlap(*self._decode_core(math.ceil(n / 2), kv / 2, idx))
+        else:
+            compute, a2a = self._decode_core(n, kv, idx)
+            out = compute + a2a
         if self.last and n:
             out = out + (self._head.get(n) or self.head_time(n))[0]
         if self._launch:
@@ -307,14 +329,9 @@ class MoEStageCost(StageCost):
         """Routing-draw key of a step with prefill (decode-only steps use decode_kv)."""
         return tokens + 7 * decode_kv + prefill_pairs
 
-    def step(self, tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
-             sampled: int) -> tuple[float, float]:
-        """See :meth:`StageCost.step`; here on the slowest rank of the stage."""
-        if tokens <= 0:
-            return 0.0, 0.0
-        if not prefill_pairs:
-            return float(self._decode_vec(tokens, np.array([decode_kv]))[0]), self._comm(
-                tokens, sampled)
+    def _prefill_core(self, tokens: int, prefill_pairs: float, prefill_ctx: float,
+                      decode_kv: float, sampled: int, idx: int) -> tuple[float, float]:
+        """(compute without all-to-all and LM head, all-to-all) of a step with prefill."""
         s = self.split
         fixed0 = (self._fixed.get(tokens) or self._fixed_time(tokens))[0]
         seqs_d = math.ceil(sampled / s)
@@ -325,9 +342,26 @@ class MoEStageCost(StageCost):
             kv = decode_kv / s
             attn += self._decode(seqs_d, max(self._dkv * kv, self._dflop * kv))
         tab = self.table(tokens, self._mode(False))
+        return (fixed0 + self.layers * attn + self.n_moe * float(tab.expert_s[idx]),
+                self.n_moe * float(tab.a2a_s[idx]))
+
+    def step(self, tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
+             sampled: int) -> tuple[float, float]:
+        """See :meth:`StageCost.step`; here on the slowest rank of the stage."""
+        if tokens <= 0:
+            return 0.0, 0.0
+        if not prefill_pairs:
+            return float(self._decode_vec(tokens, np.array([decode_kv]))[0]), self._comm(
+                tokens, sampled)
         idx = step_index(self._key(tokens, int(prefill_pairs), int(decode_kv)))
-        compute = fixed0 + self.layers * attn + self.n_moe * float(
-            tab.expert_s[idx] + tab.a2a_s[idx])
+        if self.tbo:
+            compute = float(self._overlap(*self._prefill_core(
+                math.ceil(tokens / 2), prefill_pairs / 2, prefill_ctx / 2, decode_kv / 2,
+                math.ceil(sampled / 2), idx)))
+        else:
+            compute, a2a = self._prefill_core(tokens, prefill_pairs, prefill_ctx, decode_kv,
+                                              sampled, idx)
+            compute += a2a
         if self.last and sampled:
             compute += (self._head.get(sampled) or self.head_time(sampled))[0]
         if self._launch:
@@ -356,7 +390,8 @@ class MoEStageCost(StageCost):
             rows = (tokens == t) & (decode == d)
             if t <= 0:
                 continue
-            tab = self.table(t, self._mode(d))
-            a2a[rows] = self.n_moe * tab.a2a_s[idx[rows]]
+            half = self.tbo and (t > 1 if d else True)
+            tab = self.table(math.ceil(t / 2) if half else t, self._mode(d))
+            a2a[rows] = (2 if half else 1) * self.n_moe * tab.a2a_s[idx[rows]]
             imb[rows] = tab.imbalance[idx[rows]]
         return a2a, imb
