@@ -76,6 +76,8 @@ def cmd_validate(args) -> int:
     mem = plan.memory
     print(f"  memory     weights {max(mem.weights_per_gpu) / GIB:.1f} GiB per GPU, KV cache "
           f"{mem.kv_blocks} blocks = {mem.kv_tokens} tokens per replica")
+    if mem.note:
+        print(f"  layout     {mem.note}")
     print(f"  max_model_len {plan.max_model_len}")
     w = scenario.workload
     if requests is None:

@@ -3,6 +3,7 @@ bytes, step cost invariants, fast-forward identity, and dense results unchanged.
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -258,3 +259,24 @@ def test_weights_file_routing(tmp_path):
     w.write_text("1 2 3")
     with pytest.raises(ScenarioError, match="weights_file"):
         build_plan(_qwen(routing={"weights_file": str(w)}))
+
+
+def test_sliding_window_layers_read_at_most_the_window():
+    s = load_scenario({"model": {"name": "gpt-oss-20b"}, "cluster": {"topology": "dgx-h100"},
+                       "workload": {"rate_per_s": 1.0, "num_requests": 4}})
+    cost = build_plan(s).replicas[0].stages[0]
+    assert cost.n_window == 12 and cost.window == 128
+    n = 16
+    short = cost.step(n, 0.0, 0, n * 100, n)[0]  # contexts inside the window
+    long = cost.step(n, 0.0, 0, n * 50_000, n)[0]
+    # Past the window only the 12 full-attention layers read more: the growth is that of
+    # the full layers alone, so doubling the context adds the same again.
+    longer = cost.step(n, 0.0, 0, n * 100_000, n)[0]
+    assert short < long < longer
+    full = copy.copy(cost)
+    full.n_window = 0  # the same stage with every layer reading its whole context
+    grow_full = full.step(n, 0.0, 0, n * 100_000, n)[0] - full.step(n, 0.0, 0, n * 50_000,
+                                                                     n)[0]
+    assert longer - long == pytest.approx(grow_full * 12 / 24, rel=1e-6)
+    # MXFP4 experts run weight-only 4-bit on H100 (no fp4 tensor cores).
+    assert cost.layout.expert_dtype == "int4"

@@ -71,6 +71,7 @@ class MemoryPlan:
     block_bytes_per_gpu: tuple[int, ...]
     kv_blocks: int
     block_size: int
+    note: str = ""  # how the KV cache and experts are laid out (MoE / MLA models)
 
     @property
     def kv_tokens(self) -> int:
@@ -227,4 +228,25 @@ def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
             f"(memory x gpu_memory_utilization); short by {need - budget / GIB:.1f} GiB. "
             f"Add GPUs (tp/ep or pp), or use lower-precision weights")
     replicas = tp if layout.attention_dp else 1
-    return MemoryPlan(tuple(weights), tuple(free), tuple(block), blocks * replicas, block_size)
+    return MemoryPlan(tuple(weights), tuple(free), tuple(block), blocks * replicas, block_size,
+                      _note(model, tp, layout))
+
+
+def _note(model: ModelSpec, tp: int, layout: ExpertLayout) -> str:
+    """One line on the layout: experts per GPU, and where the KV cache lives."""
+    parts = []
+    if model.moe is not None:
+        if layout.ep > 1:
+            extra = (f" (with {layout.redundant_experts} redundant over the group)"
+                     if layout.redundant_experts else "")
+            parts.append(f"EP{layout.ep}: {layout.experts_per_rank(model.moe.experts)} "
+                         f"whole experts per GPU{extra}")
+        else:
+            parts.append(f"all {model.moe.experts} experts sliced {tp} ways (MoE-TP)")
+        parts.append(f"experts in {layout.expert_dtype}")
+    if layout.attention_dp:
+        parts.append(f"attention DP: each of {tp} GPUs caches its own requests' KV")
+    elif model.mla is not None and tp > 1:
+        parts.append(f"MLA cache replicated on all {tp} GPUs of the TP group (attention_dp "
+                     f"would hold {tp}x the tokens)")
+    return "; ".join(parts)

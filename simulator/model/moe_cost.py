@@ -179,6 +179,10 @@ class MoEStageCost(StageCost):
         moe_set = set(model.moe.layers) if model.moe else set()
         self.n_moe = sum(1 for i in range(start, start + layers) if i in moe_set)
         self.n_dense = layers - self.n_moe
+        # Sliding-window / chunked-attention layers read at most `window` keys per query.
+        self.window = model.sliding_window or 0
+        win = set(model.window_layers)
+        self.n_window = sum(1 for i in range(start, start + layers) if i in win)
         heads = model.q_heads // attn_tp
         kv_b = BYTES_PER_DTYPE[kv_dtype]
         pshape, dshape = mla_shapes(model, heads, kv_b, gpu)
@@ -285,14 +289,20 @@ class MoEStageCost(StageCost):
         """(compute without all-to-all and LM head, all-to-all) of decode-only steps."""
         fixed0 = (self._fixed.get(n) or self._fixed_time(n))[0]
         s, nr = self.split, self._rank_tokens(n)
-        kvr = kv / s
-        stream = self._dkv * kvr + self._dtok * nr
-        stream = np.maximum(stream, self._dflop * kvr)
         per = self._dseq * nr
-        attn = (self._dfloor + np.maximum(stream, per)) + self._dexp * np.minimum(stream, per)
+
+        def attention(kvr):
+            stream = self._dkv * kvr + self._dtok * nr
+            stream = np.maximum(stream, self._dflop * kvr)
+            return (self._dfloor + np.maximum(stream, per)) + self._dexp * np.minimum(stream,
+                                                                                     per)
+
+        kvr = kv / s
+        attn = (self.layers - self.n_window) * attention(kvr)
+        if self.n_window:  # sum_i min(l_i, W) <= min(sum_i l_i, n W): an upper bound
+            attn = attn + self.n_window * attention(np.minimum(kvr, self.window * nr))
         tab = self.table(n, self._mode(True))
-        return (fixed0 + self.layers * attn + self.n_moe * tab.expert_s[idx],
-                self.n_moe * tab.a2a_s[idx])
+        return (fixed0 + attn + self.n_moe * tab.expert_s[idx], self.n_moe * tab.a2a_s[idx])
 
     def _overlap(self, compute, a2a):
         """Two-batch overlap of two half batches: each half's all-to-all runs under the
@@ -335,14 +345,23 @@ class MoEStageCost(StageCost):
         s = self.split
         fixed0 = (self._fixed.get(tokens) or self._fixed_time(tokens))[0]
         seqs_d = math.ceil(sampled / s)
-        attn = self.prefill_attention(self._rank_tokens(tokens), prefill_pairs / s,
-                                      prefill_ctx / s, 1 if decode_kv or not sampled
-                                      else seqs_d)
-        if decode_kv:
-            kv = decode_kv / s
-            attn += self._decode(seqs_d, max(self._dkv * kv, self._dflop * kv))
+        t_r = self._rank_tokens(tokens)
+
+        def attention(pairs, ctx, kv):
+            a = self.prefill_attention(t_r, pairs, ctx, 1 if decode_kv or not sampled
+                                       else seqs_d)
+            if kv:
+                a += self._decode(seqs_d, max(self._dkv * kv, self._dflop * kv))
+            return a
+
+        pairs, ctx, kv = prefill_pairs / s, prefill_ctx / s, decode_kv / s
+        attn = (self.layers - self.n_window) * attention(pairs, ctx, kv)
+        if self.n_window:  # each query sees at most W keys (upper bounds, as in decode)
+            w = self.window
+            attn += self.n_window * attention(min(pairs, t_r * w), min(ctx, t_r * w),
+                                              min(kv, seqs_d * w))
         tab = self.table(tokens, self._mode(False))
-        return (fixed0 + self.layers * attn + self.n_moe * float(tab.expert_s[idx]),
+        return (fixed0 + attn + self.n_moe * float(tab.expert_s[idx]),
                 self.n_moe * float(tab.a2a_s[idx]))
 
     def step(self, tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
