@@ -194,6 +194,12 @@ def test_moe_run_records_columns_and_summary():
     assert (steps["a2a_s"] < steps["compute_s"]).all()  # a part of the step's time
     assert 0 < result.summary["moe_a2a_share"] < 1
     assert result.summary["moe_imbalance_mean"] >= 1
+    # GPU utilization from the MoE stage's own work: within capacity; the all-to-all of
+    # one node runs on NVLink only.
+    gpu = result.gpu_timeseries
+    for col in ("compute_util", "hbm_util", "nvlink_util"):
+        assert gpu[col].between(0, 1).all() and gpu[col].max() > 0
+    assert (gpu["nic_util"] == 0).all()
 
 
 def test_dense_default_scenario_summary_unchanged():

@@ -155,16 +155,18 @@ def a2a_paths(paths: Paths, group: tuple[str, ...]) -> A2APaths:
     and over the rest (NICs and fabric), and the largest path latency."""
     g, src = paths.g, group[0]
     intra = inter = lat = 0.0
+    peers = 0
     for dst in group[1:]:
         path = paths.path(src, dst)
         s_per_byte = 1.0 / (paths.bandwidth(src, dst) * BANDWIDTH_EFFICIENCY)
         if all(g.edges[a, b]["kind"] == "nvlink" for a, b in zip(path, path[1:],
                                                                  strict=False)):
             intra += s_per_byte
+            peers += 1
         else:
             inter += s_per_byte
         lat = max(lat, paths.latency(src, dst))
-    return A2APaths(intra, inter, lat, len(group))
+    return A2APaths(intra, inter, lat, len(group), peers)
 
 
 def _check_moe(model: ModelSpec, s: Scenario) -> list[str]:

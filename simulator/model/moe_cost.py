@@ -30,7 +30,7 @@ import numpy as np
 from simulator.calibration.forms import ACT_BYTES, AttentionShape, gemm_time
 from simulator.calibration.params import ACTIVATION_QUANTIZED
 from simulator.hardware.specs import GPUSpec
-from simulator.model.cost import StageCost
+from simulator.model.cost import StageCost, gemm_work
 from simulator.model.memory import ExpertLayout, attention_params_per_gpu
 from simulator.model.routing import Routing, imbalance, step_index
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, kv_heads_per_gpu
@@ -101,6 +101,7 @@ class A2APaths:
     inter_s_per_byte: float
     latency_s: float
     ranks: int
+    intra_peers: int = 0  # peers reached over NVLink only
 
 
 def a2a_time(nbytes_per_peer, paths: A2APaths, mode: str):
@@ -414,3 +415,69 @@ class MoEStageCost(StageCost):
             a2a[rows] = (2 if half else 1) * self.n_moe * tab.a2a_s[idx[rows]]
             imb[rows] = tab.imbalance[idx[rows]]
         return a2a, imb
+
+    def work(self, tokens: np.ndarray, pairs: np.ndarray, ctx: np.ndarray,
+             kv: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, ...]:
+        """FLOPs, HBM bytes, NVLink bytes and NIC bytes on a mean rank of the stage for
+        each recorded step (for GPU utilization; no efficiency, no floors): projections,
+        dense MLPs, routers, shared experts, the rank's share of the routed tokens through
+        its active experts' weights, attention reads and writes, elementwise traffic, the
+        TP all-reduces or the all-to-all, the LM head."""
+        m, lay, sh, moe = self.model, self.layout, self.shapes, self.model.moe
+        tokens = np.asarray(tokens, dtype=float)
+        t_r = tokens / self.split
+        flops, hbm = np.zeros(tokens.size), np.zeros(tokens.size)
+
+        def add(gemms, times, w_b=sh.w_bytes, in_b=sh.in_bytes):
+            nonlocal flops, hbm
+            for n, k in gemms:
+                w = gemm_work(t_r, n, k, w_b, in_b)
+                flops, hbm = flops + times * w.flops, hbm + times * np.where(t_r > 0, w.bytes,
+                                                                               0.0)
+
+        add(self.attn_gemms, self.layers)
+        add(self.dense_gemms, self.n_dense)
+        add(self.shared_gemms, self.n_moe)
+        h = m.hidden
+        if self.n_moe:
+            add([(self.router_n, h)], self.n_moe, ACT_BYTES, ACT_BYTES)
+            ranks = lay.ep
+            inter = moe.intermediate // (1 if ranks > 1 else sh.tp)
+            routed = tokens * moe.top_k / ranks
+            uniq, inv = np.unique(tokens, return_inverse=True)
+            active = np.array([self.routing.active_experts(t).mean() for t in uniq])[inv]
+            e_b = BYTES_PER_DTYPE[lay.expert_dtype]
+            flops = flops + self.n_moe * 2 * routed * 3 * h * inter
+            hbm = hbm + self.n_moe * (np.where(routed > 0, active * 3 * h * inter * e_b, 0.0)
+                                      + routed * (2 * h + 3 * inter) * ACT_BYTES)
+        heads = m.q_heads // (1 if self.dp else sh.tp)
+        if m.mla is not None:
+            width, kv_tok = m.mla.cache_width, m.mla.cache_width * sh.kv_bytes
+        else:
+            width = m.head_dim
+            kv_tok = 2 * kv_heads_per_gpu(m.kv_heads, 1 if self.dp else sh.tp) * width \
+                * sh.kv_bytes
+        s = self.split
+        att_flops = 4.0 * heads * width * (np.asarray(pairs) + np.asarray(kv)) / s
+        att_bytes = ((np.asarray(kv) + np.asarray(ctx)) / s + t_r) * kv_tok \
+            + 2 * t_r * heads * width * ACT_BYTES
+        flops = flops + self.layers * att_flops
+        hbm = hbm + self.layers * (att_bytes + t_r * self.elem_bytes_attn) \
+            + self.n_dense * t_r * self.elem_bytes_dense + self.n_moe * t_r * self.elem_bytes_moe
+        if self.first:
+            hbm = hbm + t_r * h * ACT_BYTES
+        if self.last:
+            head = gemm_work(np.asarray(sampled, dtype=float), self.vocab_shard, h, ACT_BYTES)
+            flops = flops + head.flops
+            hbm = hbm + np.where(np.asarray(sampled) > 0, head.bytes, 0.0)
+        n = sh.tp
+        nvlink, nic = np.zeros(tokens.size), np.zeros(tokens.size)
+        if not self.dp and n > 1:
+            nvlink = 2 * self.layers * 2 * (n - 1) / n * tokens * h * ACT_BYTES
+        elif self.dp and self.n_moe and self.paths is not None:
+            out = dispatch_bytes_per_peer(1.0, self.routing, h, self.dispatch_bytes, "normal")
+            back = dispatch_bytes_per_peer(1.0, self.routing, h, ACT_BYTES, "normal")
+            sent = self.n_moe * (out + back) * tokens / lay.ep
+            intra = self.paths.intra_peers
+            nvlink, nic = sent * intra, sent * (lay.ep - 1 - intra)
+        return flops, hbm, nvlink, nic
