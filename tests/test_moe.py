@@ -286,3 +286,31 @@ def test_sliding_window_layers_read_at_most_the_window():
     assert longer - long == pytest.approx(grow_full * 12 / 24, rel=1e-6)
     # MXFP4 experts run weight-only 4-bit on H100 (no fp4 tensor cores).
     assert cost.layout.expert_dtype == "int4"
+
+
+@pytest.mark.parametrize("topology, nodes, tp, intra_only", [
+    ("hgx-h200", 1, 8, True), ("hgx-h200", 2, 16, False), ("gb200-nvl72", 1, 72, True)])
+def test_all_to_all_on_graph_paths(topology, nodes, tp, intra_only):
+    s = load_scenario({"model": {"name": "deepseek-v3", "weight_dtype": "fp8"},
+                       "cluster": {"topology": topology, "nodes": nodes},
+                       "parallel": {"tp": tp, "ep": tp, "attention_dp": True},
+                       "workload": {"rate_per_s": 1.0, "num_requests": 2}})
+    p = build_plan(s).replicas[0].stages[0].paths
+    assert p.ranks == tp and (p.inter_s_per_byte == 0) == intra_only
+    assert p.intra_peers == (tp - 1 if intra_only else 7)
+    # With a non-blocking fabric and one NIC per GPU, the fluid model of all ranks sending
+    # at once equals one rank's serialized sends over its own links (NVLink and NIC in
+    # parallel): the GPU's ports are the only bottleneck.
+    assert p.s_per_byte == pytest.approx(max(p.intra_s_per_byte, p.inter_s_per_byte))
+
+
+def test_oversubscribed_fabric_slows_cross_node_all_to_all():
+    def paths(over):
+        s = load_scenario({"model": {"name": "deepseek-v3", "weight_dtype": "fp8"},
+                           "cluster": {"topology": "hgx-h200", "nodes": 2,
+                                       "fabric": "leaf_spine", "oversubscription": over,
+                                       "rail_optimized": False},
+                           "parallel": {"tp": 16, "ep": 16, "attention_dp": True},
+                           "workload": {"rate_per_s": 1.0, "num_requests": 2}})
+        return build_plan(s).replicas[0].stages[0].paths
+    assert paths(4.0).s_per_byte > paths(1.0).s_per_byte

@@ -27,6 +27,7 @@ from simulator.model.routing import Routing, popularity, read_weights
 from simulator.model.spec import KV_DTYPES, ModelSpec, load_model
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce
 from simulator.parallel.placement import ReplicaPlacement, place
+from simulator.topology.flows import Flow, finish_times
 from simulator.topology.graph import Paths, build_graph, nvlink_domains
 
 
@@ -151,22 +152,33 @@ def expert_setup(s: Scenario, model: ModelSpec, node: NodeSpec) -> tuple[ExpertL
 
 
 def a2a_paths(paths: Paths, group: tuple[str, ...]) -> A2APaths:
-    """Seconds per byte from the group's first rank to the others, over NVLink-only paths
-    and over the rest (NICs and fabric), and the largest path latency."""
-    g, src = paths.g, group[0]
+    """The group's all-to-all on the graph: one byte from every rank to every other at once
+    through the max-min fair fluid model (the last one lands after ``s_per_byte``), and for
+    the first rank alone the seconds per byte over NVLink-only paths and over the rest."""
+    g = paths.g
+    capacity = {(a, b): d["bandwidth_Bps"] * BANDWIDTH_EFFICIENCY
+                for a, b, d in g.edges(data=True)}
+    flows = []
+    for a in group:
+        for b in group:
+            if a != b:
+                hops = paths.path(a, b)
+                flows.append(Flow(tuple(zip(hops, hops[1:], strict=False)), 1.0))
+    s_per_byte = float(finish_times(flows, capacity).max()) if flows else 0.0
+    src = group[0]
     intra = inter = lat = 0.0
     peers = 0
     for dst in group[1:]:
         path = paths.path(src, dst)
-        s_per_byte = 1.0 / (paths.bandwidth(src, dst) * BANDWIDTH_EFFICIENCY)
+        one = 1.0 / (paths.bandwidth(src, dst) * BANDWIDTH_EFFICIENCY)
         if all(g.edges[a, b]["kind"] == "nvlink" for a, b in zip(path, path[1:],
                                                                  strict=False)):
-            intra += s_per_byte
+            intra += one
             peers += 1
         else:
-            inter += s_per_byte
+            inter += one
         lat = max(lat, paths.latency(src, dst))
-    return A2APaths(intra, inter, lat, len(group), peers)
+    return A2APaths(intra, inter, lat, len(group), peers, s_per_byte)
 
 
 def _check_moe(model: ModelSpec, s: Scenario) -> list[str]:

@@ -92,24 +92,29 @@ def mla_shapes(model: ModelSpec, heads: int, kv_bytes: float,
 
 @dataclass(frozen=True)
 class A2APaths:
-    """Sums of ``1 / bandwidth`` (s/byte) from one rank to the others of its EP group over
-    NVLink-only paths and over paths that leave the NVLink domain, and the largest path
-    latency. Intra- and inter-domain traffic leave the GPU on different links and run in
-    parallel; messages on one kind of link share it."""
+    """How an EP group's all-to-all runs on the graph.
+
+    ``s_per_byte``: seconds per byte sent to each peer when every rank sends to every
+    other at once, from the max-min fair fluid model of :mod:`simulator.topology.flows`
+    on the graph's paths (NVLink ports, NICs, fabric links and their oversubscription all
+    shared). ``intra_s_per_byte`` / ``inter_s_per_byte``: the same for one rank alone,
+    summed over its NVLink-only peers and over the others (what the fluid model gives when
+    the GPU's own links are the only bottleneck); ``latency_s`` the largest path latency.
+    """
 
     intra_s_per_byte: float
     inter_s_per_byte: float
     latency_s: float
     ranks: int
     intra_peers: int = 0  # peers reached over NVLink only
+    s_per_byte: float = 0.0
 
 
 def a2a_time(nbytes_per_peer, paths: A2APaths, mode: str):
-    """One dispatch or combine: ``launch + latency + bytes * max(intra, inter)`` seconds,
-    where ``nbytes_per_peer`` is what one rank sends to each other rank (array allowed)."""
+    """One dispatch or combine: ``launch + latency + bytes * s_per_byte`` seconds, where
+    ``nbytes_per_peer`` is what one rank sends to each other rank (array allowed)."""
     return (A2A_LAUNCH_S[mode] + paths.latency_s
-            + np.asarray(nbytes_per_peer) * max(paths.intra_s_per_byte,
-                                                paths.inter_s_per_byte))
+            + np.asarray(nbytes_per_peer) * paths.s_per_byte)
 
 
 def dispatch_bytes_per_peer(tokens_per_rank: float, routing: Routing, hidden: int,
