@@ -22,7 +22,8 @@ from simulator.model.memory import (
     plan_moe_memory,
     split_layers,
 )
-from simulator.model.moe_cost import A2APaths, MoEStageCost
+from simulator.model.moe_cost import A2APaths
+from simulator.model.moe_stage import MoEStageCost
 from simulator.model.routing import Routing, popularity, read_weights
 from simulator.model.spec import KV_DTYPES, ModelSpec, load_model
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce
