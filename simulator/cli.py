@@ -14,7 +14,7 @@ from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import write_result
 from simulator.model.memory import GIB
-from simulator.sweep import BACKENDS, sweep
+from simulator.sweep import BACKENDS, SweepInterrupted, sweep
 
 ROWS = [("requests completed / total", "requests_completed", "{:.0f}", "requests_total"),
         ("TTFT mean / p50 / p99 (s)", "ttft_mean_s", "{:.3f}", "ttft_p50_s", "ttft_p99_s"),
@@ -92,13 +92,26 @@ def cmd_validate(args) -> int:
 def cmd_sweep(args) -> int:
     base = load_scenario(args.scenario)
     out = Path(args.out) if args.out else Path("runs") / f"{base.name}-sweep.csv"
-    df = sweep(args.scenario, args.grid, seeds=args.seeds, jobs=args.jobs,
-               backend=args.backend, out=out, ray_address=args.ray_address,
-               progress=not args.quiet and sys.stderr.isatty())
+    try:
+        df = sweep(args.scenario, args.grid, seeds=args.seeds, jobs=args.jobs,
+                   backend=args.backend, out=out, ray_address=args.ray_address,
+                   progress=not args.quiet and sys.stderr.isatty())
+    except SweepInterrupted as stop:
+        print(f"sweep interrupted: {stop.done} of {stop.total} runs kept in {out}; rerun the "
+              f"same command to resume", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # before the first run started
+        print(f"sweep interrupted before any run finished; nothing new in {out}",
+              file=sys.stderr)
+        return 130
     ok = int((df["status"] == "ok").sum())
     print(f"sweep {base.name}: {len(df)} runs in {out} ({ok} ok, {len(df) - ok} failed)")
-    for _, row in df[df["status"] != "ok"].head(5).iterrows():
-        print(f"  failed {row['run_id']}: {row['error']}")
+    # Every distinct failure once, with how many runs it hit.
+    for error, n in df.loc[df["status"] != "ok", "error"].value_counts(sort=False).items():
+        print(f"  failed x{n}: {error}")
+    if len(df) and ok == 0:
+        print("sweep: every run failed", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -241,11 +254,13 @@ def parser() -> argparse.ArgumentParser:
     w = sub.add_parser("sweep", help="run a grid of scenario variants x seeds into a CSV")
     w.add_argument("scenario", help="base scenario TOML file")
     w.add_argument("--grid", required=True, help="grid TOML: dotted keys -> lists of values")
-    w.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per point (default 1)")
-    w.add_argument("--jobs", type=int, help="local worker processes (default: the CPUs)")
+    w.add_argument("--seeds", type=int, default=1,
+                   help="seeds 0..N-1 per point, N >= 1 (default 1)")
+    w.add_argument("--jobs", type=int, help="local worker processes, >= 1 (default: the CPUs)")
     w.add_argument("--out", help="results CSV, appended and resumed "
                                  "(default runs/<name>-sweep.csv)")
-    w.add_argument("--backend", choices=BACKENDS, default="local")
+    w.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="local: a process pool (default); ray: one Ray task per run")
     w.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.set_defaults(func=cmd_sweep)
