@@ -39,12 +39,13 @@ from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, resolve_path
 from simulator.io.schema import Scenario
+from simulator.metrics.alerts import THRESHOLD_KEYS as ALERT_KEYS
 from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.records import Recorder
 from simulator.metrics.summary import summarize
-from simulator.metrics.timeseries import timeseries, window_edges
+from simulator.metrics.timeseries import down_windows, timeseries, window_edges
 from simulator.metrics.utilization import StageHardware, gpu_windows
 from simulator.paths import ROOT
 from simulator.topology.graph import Paths
@@ -138,6 +139,8 @@ class Cluster:
         self.last_event_s = now
         if req.prompt + req.output > self.max_len:
             req.status, req.finish_s = "rejected", now
+            req.reason = (f"prompt + output = {req.prompt + req.output} tokens exceed "
+                          f"max_model_len {self.max_len}")
             self.finish(req)
             return
         up = [r for r in self.replicas if r.up] if self.any_down else self.replicas
@@ -440,13 +443,20 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
                                     summary["simulated_time_s"]))
     eng = s.engine
     kept = steps if not steps.empty else None
+    stream_blocks = plan.memory.kv_blocks // plan.streams_per_replica
     ts = timeseries(requests, kept, window_s=s.output.window_s,
                     budget=eng.max_num_batched_tokens,
-                    kv_capacity={r: plan.memory.kv_blocks for r in range(s.parallel.dp)})
-    thresholds = {k: getattr(s.alerts, k) for k in ("ttft_p99_s", "e2e_p99_s",
-                                                    "batch_efficiency_min")}
+                    kv_capacity={r: plan.memory.kv_blocks for r in range(s.parallel.dp)},
+                    max_num_seqs=eng.max_num_seqs, stream_blocks=stream_blocks)
+    ts["replicas_down"] = down_windows(cluster.downtime, window_edges(
+        float(ts["window_end_s"].iloc[-1]), s.output.window_s))
+    thresholds = {k: getattr(s.alerts, k) for k in ALERT_KEYS}
     events_df = alerts(requests, kept, ts, thresholds, window_s=s.output.window_s,
-                       budget=eng.max_num_batched_tokens)
+                       budget=eng.max_num_batched_tokens, max_num_seqs=eng.max_num_seqs,
+                       stream_blocks=stream_blocks)
+    # [replica, down at (s), up again at (s) or None if never]
+    summary["downtime_spans"] = [[i, a, b if np.isfinite(b) else None]
+                                 for i, spans in enumerate(cluster.downtime) for a, b in spans]
     gpu_ts = pd.DataFrame()
     if kept is not None:
         edges = window_edges(float(ts["window_end_s"].iloc[-1]), s.output.window_s)

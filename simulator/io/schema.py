@@ -163,6 +163,10 @@ class AlertKeys:
     ttft_p99_s: float = _f(2.0, min=0.0)
     e2e_p99_s: float = _f(30.0, min=0.0)
     batch_efficiency_min: float = _f(0.6, min=0.0, max=1.0)
+    queue_len_max: float = _f(0.0, min=0.0)
+    oldest_queued_s: float = _f(0.0, min=0.0)
+    waiting_ttft_s: float = _f(5.0, min=0.0)
+    min_completions: int = _f(10, min=1)
 
 
 @dataclass(frozen=True)
