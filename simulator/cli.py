@@ -117,7 +117,7 @@ def cmd_sweep(args) -> int:
 
 def cmd_plot(args) -> int:
     # Imported on use: matplotlib (and scipy below) would add ~2 s to every start.
-    from simulator.plotting import run_report, sweep_plot  # noqa: PLC0415
+    from simulator.plotting import run_report, save_sweep_plot  # noqa: PLC0415
 
     target = Path(args.target)
     if target.is_dir():
@@ -134,11 +134,8 @@ def cmd_plot(args) -> int:
                                 f"; columns: {cols}")
         out = Path(args.out) if args.out else target.parent
         out.mkdir(parents=True, exist_ok=True)
-        ax = sweep_plot(df, args.x, args.y, args.hue)
         path = out / f"{target.stem}_{args.y}_vs_{args.x}.png".replace("/", "_")
-        ax.figure.tight_layout()
-        ax.figure.savefig(path, dpi=110)
-        files = [path]
+        files = [save_sweep_plot(df, args.x, args.y, args.hue, path)]
     else:
         raise ScenarioError(f"plot: {str(target)!r} is neither a run folder nor a sweep CSV")
     for f in files:

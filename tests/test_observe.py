@@ -254,3 +254,36 @@ def test_rejected_requests_have_a_reason_and_count_against_the_slo():
     assert rej[["finish_s", "e2e_s", "ttft_s"]].isna().all().all()
     done = req[req["status"] == "completed"]
     assert s["slo_attainment"] == pytest.approx(len(done) / len(req))  # all met, some rejected
+
+
+def test_sweep_plot_draws_one_line_per_other_swept_value_with_seed_ranges():
+    from matplotlib.figure import Figure
+
+    from simulator.plotting import sweep_plot
+
+    # Two swept keys and two seeds: at rate 8, tp=1 reads 69.6 / 70.4 s and tp=2 0.3 / 0.5 s.
+    df = pd.DataFrame({"run_id": list("abcdefgh"), "workload.rate_per_s": [4, 4, 8, 8] * 2,
+                       "parallel.tp": [1, 2, 1, 2] * 2, "seed": [0] * 4 + [1] * 4,
+                       "status": "ok", "error": "",
+                       "e2e_p99_s": [10.0, 0.2, 69.6, 0.3, 12.0, 0.2, 70.4, 0.5]})
+    ax = sweep_plot(df, "workload.rate_per_s", "e2e_p99_s", ax=Figure().add_subplot())
+    lines = {c.get_label(): c for c in ax.containers}
+    assert set(lines) == {"parallel.tp=1", "parallel.tp=2"}  # never averaged over tp
+    line, _, (bars,) = lines["parallel.tp=1"]
+    assert line.get_ydata().tolist() == pytest.approx([11.0, 70.0])
+    lo_hi = [seg[:, 1].tolist() for seg in bars.get_segments()]
+    assert lo_hi == [pytest.approx([10.0, 12.0]), pytest.approx([69.6, 70.4])]
+    assert "mean of 2 seeds" in ax.get_ylabel()
+
+
+def test_run_plots_say_why_a_panel_is_empty_without_steps(tmp_path):
+    res = simulator.run(toy_scenario(workload={"num_requests": 20, "rate_per_s": 5.0}))
+    simulator.write_result(res, tmp_path, steps=False)
+    from simulator.plotting import run_figures
+
+    figs = run_figures(tmp_path)
+    gantt = figs["pipeline_gantt"].axes[0]
+    assert any("no per-step records" in t.get_text() for t in gantt.texts)
+    assert "toy" in figs["timeseries"].texts[0].get_text()  # the scenario name as title
+    legend = [t.get_text() for t in figs["timeseries"].axes[1].get_legend().get_texts()]
+    assert "queued" in legend and "queue_len" not in legend
