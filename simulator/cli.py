@@ -21,8 +21,11 @@ ROWS = [("requests completed / total", "requests_completed", "{:.0f}", "requests
         ("TPOT mean / p50 / p99 (s)", "tpot_mean_s", "{:.4f}", "tpot_p50_s", "tpot_p99_s"),
         ("E2E mean / p99 (s)", "e2e_mean_s", "{:.2f}", "e2e_p99_s"),
         ("queue mean / p99 (s)", "queue_mean_s", "{:.3f}", "queue_p99_s"),
-        ("throughput (tok/s)", "throughput_tok_per_s", "{:.1f}"),
+        ("output throughput (tok/s)", "throughput_tok_per_s", "{:.1f}"),
         ("throughput / goodput (req/s)", "throughput_req_per_s", "{:.3f}", "goodput_req_per_s"),
+        ("steady output tok/s, goodput", "throughput_steady_tok_per_s", "{:.1f}",
+         "goodput_steady_req_per_s"),
+        ("SLO attainment", "slo_attainment", "{:.3f}"),
         ("batch efficiency (mean)", "batch_efficiency_mean", "{:.3f}"),
         ("pipeline bubble fraction", "pp_bubble_fraction", "{:.3f}"),
         ("preemptions", "preemptions_total", "{:.0f}"),
@@ -30,12 +33,41 @@ ROWS = [("requests completed / total", "requests_completed", "{:.0f}", "requests
         ("wall time (s)", "wall_time_s", "{:.2f}")]
 
 
-def format_summary(name: str, summary: dict) -> str:
+def format_summary(name: str, summary: dict, requests: pd.DataFrame | None = None) -> str:
+    """The run's printout: the ROWS, then what did not go as asked (requests not completed
+    and why, replica outages, retries) when there is any."""
     lines = [f"scenario {name}"]
     for label, first, fmt, *rest in ROWS:
         values = " / ".join(fmt.format(summary[k]) for k in (first, *rest))
         lines.append(f"  {label:<30} {values}")
-    return "\n".join(lines)
+    return "\n".join(lines + trouble_lines(summary, requests))
+
+
+def trouble_lines(summary: dict, requests: pd.DataFrame | None = None) -> list[str]:
+    """Rejected / dropped / failed counts with their commonest reason, availability,
+    retries and each outage, only when not trivial."""
+    out = []
+    for status, key in (("rejected", "requests_rejected"), ("dropped", "requests_dropped"),
+                        ("failed_after_retries", "requests_failed")):
+        n = summary.get(key, 0)
+        if not n:
+            continue
+        why = ""
+        if requests is not None:
+            reasons = requests.loc[requests["status"] == status, "reason"].value_counts()
+            if len(reasons):
+                more = f" (+{len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
+                why = f": {reasons.index[0]}{more}"
+        out.append(f"  {'requests ' + status:<30} {n}{why}")
+    if summary.get("availability_min", 1.0) < 1.0:
+        out.append(f"  {'availability mean / min':<30} {summary['availability_mean']:.3f} / "
+                   f"{summary['availability_min']:.3f}")
+    if summary.get("retries_total", 0):
+        out.append(f"  {'retries':<30} {summary['retries_total']}")
+    for replica, down, up in summary.get("downtime_spans", []):
+        back = f"up again at {up:.1f} s" if up is not None else "never back"
+        out.append(f"  {'replica ' + str(replica) + ' down':<30} at {down:.1f} s, {back}")
+    return out
 
 
 def _load(args) -> object:
@@ -49,7 +81,7 @@ def cmd_run(args) -> int:
     result = run(scenario, progress=not args.quiet and sys.stderr.isatty(), keep_steps=keep)
     out = Path(args.out) if args.out else Path("runs") / scenario.name
     write_result(result, out, steps=keep, trace=scenario.output.trace and not args.no_trace)
-    print(format_summary(scenario.name, result.summary))
+    print(format_summary(scenario.name, result.summary, result.requests))
     print(f"  outputs in {out}/")
     return 0
 
@@ -61,8 +93,9 @@ def cmd_validate(args) -> int:
     print(f"{scenario.source or 'default scenario'}: valid")
     print(f"  model      {m.name}: {m.total_params / 1e9:.1f} B params, {m.layers} layers, "
           f"{m.q_heads} heads / {m.kv_heads} KV heads, {scenario.model.weight_dtype} weights")
+    gpus = f"{plan.gpus_used} GPU{'s' if plan.gpus_used != 1 else ''}"
     print(f"  cluster    {scenario.cluster.nodes} x {plan.node.name} "
-          f"({plan.graph.graph['gpu'].name}), {plan.gpus_used} GPUs used")
+          f"({plan.graph.graph['gpu'].name}), {gpus} used")
     print(f"  layout     tp={p.tp} pp={p.pp} dp={p.dp}, "
           f"{plan.streams_per_replica} micro-batch stream(s) per replica")
     for rp in plan.replicas:
@@ -77,7 +110,7 @@ def cmd_validate(args) -> int:
     mem = plan.memory
     print(f"  memory     weights {max(mem.weights_per_gpu) / GIB:.1f} GiB per GPU, KV cache "
           f"{mem.kv_blocks} blocks = {mem.kv_tokens} tokens per replica")
-    print(f"  max_model_len {plan.max_model_len}")
+    print(f"  max_model_len {plan.max_model_len}{_max_len_note(scenario, plan)}")
     w = scenario.workload
     if requests is None:
         print(f"  workload   closed loop, {w.concurrency} clients")
@@ -87,6 +120,18 @@ def cmd_validate(args) -> int:
               f"{requests['prompt_tokens'].mean():.0f}, output mean "
               f"{requests['output_tokens'].mean():.0f} tokens")
     return 0
+
+
+def _max_len_note(scenario, plan) -> str:
+    """Why max_model_len is below the model's context, when it is (requests longer than it
+    are rejected)."""
+    eng, limit = scenario.engine, plan.model.max_position_embeddings
+    if eng.max_model_len is not None or plan.max_model_len >= limit:
+        return ""
+    why = ("max_num_batched_tokens: this scheduler runs each prompt whole"
+           if plan.max_model_len == eng.max_num_batched_tokens else "the KV cache of a stream")
+    return (f" (lowered from the model's {limit} to fit {why}; longer requests are "
+            f"rejected)")
 
 
 def cmd_sweep(args) -> int:

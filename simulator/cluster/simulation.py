@@ -139,8 +139,7 @@ class Cluster:
         self.last_event_s = now
         if req.prompt + req.output > self.max_len:
             req.status, req.finish_s = "rejected", now
-            req.reason = (f"prompt + output = {req.prompt + req.output} tokens exceed "
-                          f"max_model_len {self.max_len}")
+            req.reason = f"prompt + output tokens exceed max_model_len {self.max_len}"
             self.finish(req)
             return
         up = [r for r in self.replicas if r.up] if self.any_down else self.replicas

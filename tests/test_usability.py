@@ -1,0 +1,57 @@
+"""What a user reads: the run printout, validate's notes, model names (issue #16)."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import DATA, toy_scenario
+
+import simulator
+from simulator.cli import format_summary, main
+
+
+def test_printout_counts_rejected_requests_with_their_reason_and_the_slo():
+    res = simulator.run(toy_scenario(
+        engine={"max_model_len": 300},
+        workload={"arrival": "constant", "rate_per_s": 4.0, "num_requests": 20,
+                  "prompt_tokens": {"dist": "uniform", "min": 100, "max": 400},
+                  "output_tokens": 20}))
+    s = res.summary
+    text = format_summary("toy", s, res.requests)
+    assert f"requests completed / total     {s['requests_completed']} / 20" in text
+    assert (f"requests rejected              {s['requests_rejected']}: prompt + output tokens "
+            f"exceed max_model_len 300") in text
+    assert f"SLO attainment                 {s['slo_attainment']:.3f}" in text
+    assert "output throughput (tok/s)" in text
+    assert "dropped" not in text and "availability" not in text  # trivial: not shown
+
+
+def test_printout_of_a_failure_run_says_what_failed_and_when():
+    res = simulator.run(toy_scenario(
+        cluster={"nodes": 2}, parallel={"dp": 2},
+        workload={"arrival": "constant", "rate_per_s": 5.0, "num_requests": 100,
+                  "prompt_tokens": 100, "output_tokens": 20},
+        faults=[{"at_s": 4.0, "target": "node:1", "duration_s": 6.0}],
+        recovery={"restart_s": 2.0}))
+    text = format_summary("toy", res.summary, res.requests)
+    assert "replica 1 down                 at 4.0 s, up again at 12.0 s" in text
+    avail = res.summary["availability_min"]
+    assert avail < 1 and "availability mean / min" in text and f"{avail:.3f}" in text
+
+
+def test_validate_says_when_max_model_len_was_lowered(capsys, tmp_path):
+    assert main(["validate", "--set", "engine.scheduler=vllm_v0"]) == 0
+    out = capsys.readouterr().out
+    assert "max_model_len 8192 (lowered from the model's 131072 to fit max_num_batched_tokens" \
+        in out
+    assert main(["validate"]) == 0
+    assert "lowered" not in capsys.readouterr().out
+
+
+def test_a_config_json_model_is_named_by_its_folder(tmp_path):
+    folder = tmp_path / "My-Model-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text((DATA / "toy_model.json").read_text())
+    sc = toy_scenario(model={"name": str(folder / "config.json")})
+    assert simulator.build_plan(simulator.load_scenario(sc)).model.name == "My-Model-8B"
+    assert json.loads((DATA / "toy_model.json").read_text())  # the fixture itself is intact
