@@ -241,7 +241,7 @@ def cmd_collective(args) -> int:
 
 def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
-    from simulator.planner.report import format_plan, write_plan  # noqa: PLC0415
+    from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
 
     result = plan(args.scenario, gpus=args.gpus, objective=args.objective, top=args.top,
                   requests=args.requests, jobs=args.jobs, slo_quantile=args.slo_quantile,
@@ -250,6 +250,10 @@ def cmd_plan(args) -> int:
     files = write_plan(result, out, figure=not args.no_plot)
     print(format_plan(result))
     print(f"  outputs in {out}/ ({', '.join(f.name for f in files)})")
+    if result.best is not None:
+        pick = out / RECOMMENDED
+        print(f"  next       python -m simulator run {pick}\n"
+              f"             python -m simulator capacity {pick}")
     if result.error:
         raise ScenarioError(result.error, source=args.scenario)
     return 0

@@ -55,3 +55,27 @@ def test_a_config_json_model_is_named_by_its_folder(tmp_path):
     sc = toy_scenario(model={"name": str(folder / "config.json")})
     assert simulator.build_plan(simulator.load_scenario(sc)).model.name == "My-Model-8B"
     assert json.loads((DATA / "toy_model.json").read_text())  # the fixture itself is intact
+
+
+def test_plan_writes_a_runnable_scenario_for_its_pick(tmp_path):
+    import pytest
+    from test_planner import SMALL
+
+    from simulator.planner import plan
+    from simulator.planner.report import RECOMMENDED, write_plan
+
+    result = plan(SMALL, gpus=4, top=3, requests=None, jobs=1)
+    assert result.best is not None
+    files = write_plan(result, tmp_path, figure=False)
+    assert tmp_path / RECOMMENDED in files
+    best = result.best
+    sc = simulator.load_scenario(tmp_path / RECOMMENDED)
+    assert (sc.parallel.tp, sc.parallel.pp, sc.parallel.dp) == \
+        (best["tp"], best["pp"], best["dp"])
+    assert sc.engine.max_num_seqs == best["max_num_seqs"]
+    # Running it gives the figures the plan ranked it on.
+    s = simulator.run(sc).summary
+    assert s["ttft_p99_s"] == pytest.approx(best["ttft_p99_s"])
+    assert s["tpot_p50_s"] == pytest.approx(best["tpot_p50_s"])
+    assert main(["capacity", str(tmp_path / RECOMMENDED), "--out", str(tmp_path / "cap"),
+                 "--no-plot", "--requests", "80"]) == 0
