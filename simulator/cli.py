@@ -188,6 +188,26 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from simulator.report import html_report  # noqa: PLC0415 - matplotlib on use
+
+    print(html_report(args.run))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from simulator.report import compare_plot, compare_table, format_compare  # noqa: PLC0415
+
+    table = compare_table(args.runs)
+    out = Path(args.out) if args.out else Path("runs") / "compare"
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "compare.csv", index=False)
+    png = compare_plot(args.runs, out / "compare_cdf.png")
+    print(format_compare(table))
+    print(f"  outputs in {out}/ (compare.csv, {png.name})")
+    return 0
+
+
 def cmd_topology(args) -> int:
     from simulator.cluster.build import cluster_node  # noqa: PLC0415
     from simulator.hardware.specs import load_node  # noqa: PLC0415 - light, on use
@@ -310,6 +330,16 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.set_defaults(func=cmd_sweep)
+    e = sub.add_parser("report", help="one self-contained HTML file of a run folder: "
+                                      "summary, alerts, plots, scenario")
+    e.add_argument("run", help="run folder (runs/<name>/); writes report.html into it")
+    e.set_defaults(func=cmd_report)
+    m = sub.add_parser("compare", help="summary figures of runs side by side, with "
+                                       "differences, and their latency CDFs overlaid")
+    m.add_argument("runs", nargs="+", help="two or more run folders; the first is the base")
+    m.add_argument("--out", help="folder for compare.csv and compare_cdf.png "
+                                 "(default runs/compare/)")
+    m.set_defaults(func=cmd_compare)
     t = sub.add_parser("topology", help="describe a cluster's graph")
     t.add_argument("action", choices=("show",))
     t.add_argument("target", help="node preset (dgx-h100, ...) or scenario TOML")

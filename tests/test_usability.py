@@ -79,3 +79,46 @@ def test_plan_writes_a_runnable_scenario_for_its_pick(tmp_path):
     assert s["tpot_p50_s"] == pytest.approx(best["tpot_p50_s"])
     assert main(["capacity", str(tmp_path / RECOMMENDED), "--out", str(tmp_path / "cap"),
                  "--no-plot", "--requests", "80"]) == 0
+
+
+def _two_runs(tmp_path):
+    a = simulator.run(toy_scenario(workload={"num_requests": 30, "rate_per_s": 5.0}))
+    b = simulator.run(toy_scenario(workload={"num_requests": 30, "rate_per_s": 50.0}))
+    simulator.write_result(a, tmp_path / "slow")
+    simulator.write_result(b, tmp_path / "fast")
+    return a, b
+
+
+def test_report_is_one_self_contained_html_file(tmp_path, capsys):
+    import base64
+    import re
+
+    a, _ = _two_runs(tmp_path)
+    assert main(["report", str(tmp_path / "slow")]) == 0
+    page = (tmp_path / "slow" / "report.html").read_text()
+    assert capsys.readouterr().out.strip() == str(tmp_path / "slow" / "report.html")
+    images = re.findall(r"src='data:image/png;base64,([^']+)'", page)
+    assert len(images) == 4  # latency CDFs, time series, Gantt, GPU heat map
+    assert all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    assert not re.search(r"(src|href)=['\"](?!data:)", page)  # nothing outside the file
+    assert f"<td>TTFT p99 (s)</td><td>{a.summary['ttft_p99_s']:.4g}</td>" in page
+    assert 'name = &quot;toy&quot;' in page  # the scenario, escaped
+    assert "<h2>Alerts</h2>" in page
+    assert main(["report", str(tmp_path)]) == 2
+    assert "is not a run folder" in capsys.readouterr().err
+
+
+def test_compare_tabulates_differences_and_overlays_cdfs(tmp_path, capsys):
+    import pandas as pd
+
+    a, b = _two_runs(tmp_path)
+    out = tmp_path / "cmp"
+    assert main(["compare", str(tmp_path / "slow"), str(tmp_path / "fast"),
+                 "--out", str(out)]) == 0
+    table = pd.read_csv(out / "compare.csv").set_index("metric")
+    row = table.loc["ttft_p99_s"]
+    assert row["slow"] == a.summary["ttft_p99_s"] and row["fast"] == b.summary["ttft_p99_s"]
+    assert row["fast - slow"] == b.summary["ttft_p99_s"] - a.summary["ttft_p99_s"]
+    assert (out / "compare_cdf.png").stat().st_size > 5000
+    assert "TTFT p99 (s)" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "slow")]) == 2
