@@ -166,7 +166,7 @@ def cmd_plot(args) -> int:
 
     target = Path(args.target)
     if target.is_dir():
-        if not (target / "requests.csv").exists():
+        if not any((target / f"requests.{x}").exists() for x in ("csv", "parquet")):
             raise ScenarioError(f"plot: {str(target)!r} has no requests.csv (not a run folder)")
         files = run_report(target, args.out)
     elif target.suffix == ".csv" and target.exists():

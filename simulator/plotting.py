@@ -30,6 +30,17 @@ SERIES = {"output_tok_per_s": "output tokens/s (as generated)", "queue_len": "qu
 NO_STEPS = "no per-step records in this run\n(run without --no-steps to see this panel)"
 
 
+def read_table(run_dir: str | Path, stem: str) -> pd.DataFrame | None:
+    """A run folder's table ``stem`` (requests, steps, timeseries, gpu_timeseries, alerts)
+    from its CSV or Parquet file; None when the run wrote neither."""
+    run = Path(run_dir)
+    if (run / f"{stem}.parquet").exists():
+        return pd.read_parquet(run / f"{stem}.parquet")
+    if (run / f"{stem}.csv").exists():
+        return pd.read_csv(run / f"{stem}.csv")
+    return None
+
+
 def _ax(ax):
     return ax if ax is not None else plt.subplots(figsize=(6, 4))[1]
 
@@ -196,7 +207,7 @@ def _save(fig: Figure, path: Path) -> Path:
 def run_figures(run_dir: str | Path) -> dict[str, Figure]:
     """Every figure of a run directory, by file stem, on bare Figures."""
     run = Path(run_dir)
-    requests = pd.read_csv(run / "requests.csv")
+    requests = read_table(run, "requests")
     scenario = read_toml(run / "scenario.toml") if (run / "scenario.toml").exists() else {}
     slo, name = scenario.get("slo", {}), scenario.get("name", run.name)
     figs = {}
@@ -210,9 +221,9 @@ def run_figures(run_dir: str | Path) -> dict[str, Figure]:
             a.legend(fontsize=8)
     fig.suptitle(f"{name}: latency of completed requests")
     figs["latency_cdf"] = fig
-    if (run / "timeseries.csv").exists():
-        ts = pd.read_csv(run / "timeseries.csv")
-        al = pd.read_csv(run / "alerts.csv") if (run / "alerts.csv").exists() else None
+    ts = read_table(run, "timeseries")
+    if ts is not None:
+        al = read_table(run, "alerts")
         fig = Figure(figsize=(10, 12))
         axes = fig.subplots(4, 1, sharex=True)
         over_time(ts, ["output_tok_per_s"], al, axes[0], "output tokens/s")
@@ -227,13 +238,14 @@ def run_figures(run_dir: str | Path) -> dict[str, Figure]:
             empty_note(axes[3], "KV cache utilization: " + NO_STEPS)
         fig.suptitle(f"{name}: over time (red: alert fired; orange: a replica down)")
         figs["timeseries"] = fig
-    steps = pd.read_csv(run / "steps.csv") if (run / "steps.csv").exists() else pd.DataFrame()
+    steps = read_table(run, "steps")
+    steps = pd.DataFrame() if steps is None else steps
     fig = Figure(figsize=(12, 4))
     pipeline_gantt(steps, 2.0, fig.add_subplot())
     fig.suptitle(name)
     figs["pipeline_gantt"] = fig
-    gts = (pd.read_csv(run / "gpu_timeseries.csv") if (run / "gpu_timeseries.csv").exists()
-           else pd.DataFrame())
+    gts = read_table(run, "gpu_timeseries")
+    gts = pd.DataFrame() if gts is None else gts
     fig = Figure(figsize=(10, 5))
     gpu_heatmap(gts, "compute_util", fig.add_subplot())
     fig.suptitle(f"{name}: GPU compute utilization")

@@ -20,7 +20,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from simulator.errors import ScenarioError
-from simulator.plotting import cdf, run_figures
+from simulator.plotting import cdf, read_table, run_figures
 
 #: Summary figures a report and a comparison show first, with their labels.
 HEADLINE = [
@@ -49,11 +49,13 @@ def read_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame]:
         When the folder lacks summary.json or requests.csv (not a run folder).
     """
     run = Path(run_dir)
-    missing = [f for f in ("summary.json", "requests.csv") if not (run / f).exists()]
+    requests = read_table(run, "requests")
+    missing = [f for f, there in (("summary.json", (run / "summary.json").exists()),
+                                  ("requests.csv", requests is not None)) if not there]
     if missing:
         raise ScenarioError(f"{str(run)!r} is not a run folder (no {', '.join(missing)}); "
                             f"give a folder written by `python -m simulator run`")
-    return json.loads((run / "summary.json").read_text()), pd.read_csv(run / "requests.csv")
+    return json.loads((run / "summary.json").read_text()), requests
 
 
 def _png(fig: Figure) -> str:
@@ -100,7 +102,7 @@ def html_report(run_dir: str | Path) -> Path:
         if key not in shown:
             parts.append(f"<tr><td>{key}</td><td>{_fmt(value)}</td></tr>")
     parts.append("</table></details><h2>Alerts</h2>")
-    alerts = pd.read_csv(run / "alerts.csv") if (run / "alerts.csv").exists() else None
+    alerts = read_table(run, "alerts")
     if alerts is None or alerts.empty:
         parts.append("<p>No alert fired.</p>")
     else:

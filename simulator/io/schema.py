@@ -122,6 +122,7 @@ class OutputKeys:
     steps: bool = _f(True)  # write steps.csv (one row per stage step); off for very long runs
     trace: bool = _f(True)  # write trace.json (Perfetto); needs steps
     window_s: float = _f(1.0, gt=0.0)  # timeseries.csv window
+    format: str = _f("csv", choices=("csv", "parquet"))  # the four tables' file format
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import tomli_w
 
 from simulator.io.chrome_trace import write_trace
@@ -48,15 +49,22 @@ def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = 
     return out
 
 
+def write_parquet(df: pd.DataFrame, path: Path) -> None:
+    """A DataFrame as Parquet (``[output] format = "parquet"``): typed columns, compressed."""
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), str(path))
+
+
 def _write_tables(result, out: Path, has_steps: bool) -> None:
-    """Every file but trace.json."""
-    write_csv(result.requests, out / "requests.csv")
+    """Every file but trace.json (the four tables as CSV, or Parquet if the scenario says)."""
+    ext = ".parquet" if result.scenario.output.format == "parquet" else ".csv"
+    write = write_parquet if ext == ".parquet" else write_csv
+    write(result.requests, out / f"requests{ext}")
     if has_steps:
-        write_csv(result.steps, out / "steps.csv")
+        write(result.steps, out / f"steps{ext}")
     if has_steps and not result.gpu_timeseries.empty:
-        write_csv(result.gpu_timeseries, out / "gpu_timeseries.csv")
+        write(result.gpu_timeseries, out / f"gpu_timeseries{ext}")
     if not result.timeseries.empty:
-        write_csv(result.timeseries, out / "timeseries.csv")
+        write(result.timeseries, out / f"timeseries{ext}")
     result.alerts.to_csv(out / "alerts.csv", index=False)
     summary = {k: _clean(v) for k, v in result.summary.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
