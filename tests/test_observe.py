@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -44,7 +45,7 @@ def test_timeseries_totals_match_the_request_table(run_dir):
 
 def test_trace_json_has_one_span_per_step_and_request_phases(run_dir):
     out, res = run_dir
-    trace = json.loads((out / "trace.json").read_text())
+    trace = json.loads(gzip.decompress((out / "trace.json.gz").read_bytes()))
     ev = trace["traceEvents"]
     steps = [e for e in ev if e.get("cat") == "step"]
     assert len(steps) == len(res.steps)

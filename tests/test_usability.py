@@ -142,3 +142,17 @@ def test_parquet_output_holds_the_same_tables_as_csv(tmp_path):
                                                                       "status": str})
         pd.testing.assert_frame_equal(a, b, check_dtype=False, check_categorical=False)
     assert main(["report", str(tmp_path / "pq")]) == 0  # readers take either
+
+
+def test_trace_is_gzipped_by_default_and_plain_on_request(tmp_path):
+    import gzip
+
+    sc = toy_scenario(workload={"num_requests": 30, "rate_per_s": 20.0})
+    simulator.write_result(simulator.run(sc), tmp_path / "gz")
+    simulator.write_result(simulator.run({**sc, "output": {"trace_gzip": False}}),
+                           tmp_path / "plain")
+    packed = (tmp_path / "gz" / "trace.json.gz").read_bytes()
+    plain = (tmp_path / "plain" / "trace.json").read_bytes()
+    assert not (tmp_path / "gz" / "trace.json").exists()
+    assert gzip.decompress(packed) == plain and len(packed) * 3 < len(plain)
+    json.loads(plain)

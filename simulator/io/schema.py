@@ -123,6 +123,7 @@ class OutputKeys:
     trace: bool = _f(True)  # write trace.json (Perfetto); needs steps
     window_s: float = _f(1.0, gt=0.0)  # timeseries.csv window
     format: str = _f("csv", choices=("csv", "parquet"))  # the four tables' file format
+    trace_gzip: bool = _f(True)  # trace.json.gz (about 8x smaller) rather than trace.json
 
 
 @dataclass(frozen=True)

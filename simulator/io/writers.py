@@ -41,7 +41,8 @@ def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = 
     with ThreadPoolExecutor(1) as pool:
         # trace.json in a second thread: Arrow formats it and writes the CSVs below with the
         # GIL released, so the two overlap on a second core.
-        traced = (pool.submit(write_trace, out / "trace.json", result.requests, result.steps)
+        name = "trace.json.gz" if result.scenario.output.trace_gzip else "trace.json"
+        traced = (pool.submit(write_trace, out / name, result.requests, result.steps)
                   if has_steps and trace else None)
         _write_tables(result, out, has_steps)
         if traced is not None:
