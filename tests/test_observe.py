@@ -218,6 +218,8 @@ def test_an_outage_fires_the_waiting_rule_while_nothing_completes():
     assert (ts.loc[(ts["window_end_s"] > 6) & (ts["window_end_s"] <= 25), "completions"] == 0).all()
     assert (ts.loc[ts["window_end_s"].between(6, 24), "replicas_down"] == 1).all()
     assert ts.loc[ts["window_end_s"] == 25, "replicas_down"].item() == 0  # up at 25 s
+    assert (ts.loc[ts["replicas_down"] == 1, "kv_util_r0"] == 0).all()  # its KV cache is lost
+    assert ts.loc[ts["window_end_s"] == 4, "kv_util_r0"].item() > 0
     w = al[(al["replica"] == "all") & (al["rule"] == "waiting_ttft_above")]
     fire = w[w["event"] == "fire"]["time_s"].iloc[0]
     assert 8.0 <= fire <= 9.0  # the first request waiting since ~5 s passes 3 s at ~8 s

@@ -45,7 +45,7 @@ from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.records import Recorder
 from simulator.metrics.summary import summarize
-from simulator.metrics.timeseries import down_windows, timeseries, window_edges
+from simulator.metrics.timeseries import mark_down, timeseries, window_edges
 from simulator.metrics.utilization import StageHardware, gpu_windows
 from simulator.paths import ROOT
 from simulator.topology.graph import Paths
@@ -447,8 +447,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
                     budget=eng.max_num_batched_tokens,
                     kv_capacity={r: plan.memory.kv_blocks for r in range(s.parallel.dp)},
                     max_num_seqs=eng.max_num_seqs, stream_blocks=stream_blocks)
-    ts["replicas_down"] = down_windows(cluster.downtime, window_edges(
-        float(ts["window_end_s"].iloc[-1]), s.output.window_s))
+    ts = mark_down(ts, cluster.downtime, window_edges(float(ts["window_end_s"].iloc[-1]),
+                                                      s.output.window_s))
     thresholds = {k: getattr(s.alerts, k) for k in ALERT_KEYS}
     events_df = alerts(requests, kept, ts, thresholds, window_s=s.output.window_s,
                        budget=eng.max_num_batched_tokens, max_num_seqs=eng.max_num_seqs,

@@ -189,6 +189,21 @@ def down_windows(downtime: list[list[list[float]]], edges: np.ndarray) -> np.nda
     return _alive_at(start, np.where(np.isinf(end), np.nan, end), edges[1:])
 
 
+def mark_down(ts: pd.DataFrame, downtime: list[list[list[float]]],
+               edges: np.ndarray) -> pd.DataFrame:
+    """``ts`` with ``replicas_down`` and, for each window in which replica R is down at its
+    end, ``kv_util_rR`` = 0 (its KV cache is lost; carrying its last value forward would show
+    a frozen cache through the outage)."""
+    ts = ts.copy()
+    ts["replicas_down"] = down_windows(downtime, edges)
+    for r, spans in enumerate(downtime):
+        col = f"kv_util_r{r}"
+        if col in ts and spans:
+            down = down_windows([spans], edges) > 0
+            ts.loc[down, col] = 0.0
+    return ts
+
+
 def timeseries(requests: pd.DataFrame, steps: pd.DataFrame | None, *, window_s: float,
                budget: int, kv_capacity: dict[int, int], max_num_seqs: int,
                stream_blocks: int, gpu: pd.DataFrame | None = None) -> pd.DataFrame:
