@@ -315,7 +315,8 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="check a scenario and explain it; runs nothing")
     v.add_argument("scenario", nargs="?", help="scenario TOML file")
-    v.add_argument("--set", action="append", metavar="KEY=VALUE")
+    v.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set parallel.tp=8")
     v.set_defaults(func=cmd_validate)
     w = sub.add_parser("sweep", help="run a grid of scenario variants x seeds into a CSV")
     w.add_argument("scenario", help="base scenario TOML file")
@@ -346,7 +347,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--nodes", type=int, help="nodes (default: the scenario's, or 1)")
     t.add_argument("--fabric", choices=("single_switch", "leaf_spine"))
     t.add_argument("--oversubscription", type=float, help="leaf_spine downlink/uplink ratio")
-    t.add_argument("--set", action="append", metavar="KEY=VALUE")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set parallel.tp=8")
     t.add_argument("--png", help="draw the graph to this PNG")
     t.set_defaults(func=cmd_topology)
     k = sub.add_parser("collective", help="time collectives over a cluster's links")
@@ -388,7 +390,8 @@ def parser() -> argparse.ArgumentParser:
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
     n.add_argument("--jobs", type=int, help="worker processes (default: the CPUs)")
     n.add_argument("--out", help="output folder (default runs/<name>-plan/)")
-    n.add_argument("--set", action="append", metavar="KEY=VALUE")
+    n.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set parallel.tp=8")
     n.add_argument("--no-plot", action="store_true", help="no pareto.png")
     n.set_defaults(func=cmd_plan)
     y = sub.add_parser("capacity", help="highest request rate the scenario's layout "
@@ -401,7 +404,8 @@ def parser() -> argparse.ArgumentParser:
     y.add_argument("--requests", type=int, default=2000,
                    help="cap on requests per probe (default 2000)")
     y.add_argument("--out", help="output folder (default runs/<name>-capacity/)")
-    y.add_argument("--set", action="append", metavar="KEY=VALUE")
+    y.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set parallel.tp=8")
     y.add_argument("--no-plot", action="store_true", help="no capacity.png")
     y.set_defaults(func=cmd_capacity)
     c = sub.add_parser("calibrate", help="check or fit a GPU's cost model on measured CSVs")

@@ -156,3 +156,20 @@ def test_trace_is_gzipped_by_default_and_plain_on_request(tmp_path):
     assert not (tmp_path / "gz" / "trace.json").exists()
     assert gzip.decompress(packed) == plain and len(packed) * 3 < len(plain)
     json.loads(plain)
+
+
+def test_topology_drawing_is_laid_out_by_node_with_gpus_in_order(tmp_path):
+    from simulator.hardware.specs import load_node
+    from simulator.topology.graph import build_graph
+    from simulator.topology.summary import layout
+
+    g = build_graph(load_node("dgx-h100"), 2, "leaf_spine", 1.0)
+    pos = layout(g)
+    xs = [pos[f"gpu{i}"][0] for i in range(16)]
+    assert xs == sorted(xs) and len(set(xs)) == 16  # index order, left to right
+    assert max(xs[:8]) < min(xs[8:])  # node 0's block, then node 1's
+    assert {pos[f"gpu{i}"][1] for i in range(16)} == {0.0}
+    assert all(pos[v][1] > 0 for v, d in g.nodes(data=True) if d["kind"] in ("nic", "switch"))
+    assert main(["topology", "show", "dgx-h100", "--nodes", "2", "--png",
+                 str(tmp_path / "t.png")]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 10000
