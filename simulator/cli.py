@@ -64,9 +64,10 @@ def trouble_lines(summary: dict, requests: pd.DataFrame | None = None) -> list[s
                    f"{summary['availability_min']:.3f}")
     if summary.get("retries_total", 0):
         out.append(f"  {'retries':<30} {summary['retries_total']}")
-    for replica, down, up in summary.get("downtime_spans", []):
+    for replica, down, up, cause in summary.get("downtime_spans", []):
         back = f"up again at {up:.1f} s" if up is not None else "never back"
-        out.append(f"  {'replica ' + str(replica) + ' down':<30} at {down:.1f} s, {back}")
+        out.append(f"  {'replica ' + str(replica) + ' down':<30} at {down:.1f} s ({cause} "
+                   f"failed), {back}")
     return out
 
 

@@ -225,7 +225,7 @@ def test_an_outage_fires_the_waiting_rule_while_nothing_completes():
     assert 8.0 <= fire <= 9.0  # the first request waiting since ~5 s passes 3 s at ~8 s
     ttft = al[(al["replica"] == "all") & (al["rule"] == "ttft_p99_above")]
     assert ttft.empty or ttft["time_s"].min() > 25.0  # the latency rule only after repair
-    assert res.summary["downtime_spans"] == [[0, 5.0, 25.0]]
+    assert res.summary["downtime_spans"] == [[0, 5.0, 25.0, "node:0"]]
 
 
 def test_e2e_rule_does_not_flap_on_one_or_two_completions():

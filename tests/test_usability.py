@@ -34,7 +34,7 @@ def test_printout_of_a_failure_run_says_what_failed_and_when():
         faults=[{"at_s": 4.0, "target": "node:1", "duration_s": 6.0}],
         recovery={"restart_s": 2.0}))
     text = format_summary("toy", res.summary, res.requests)
-    assert "replica 1 down                 at 4.0 s, up again at 12.0 s" in text
+    assert "replica 1 down                 at 4.0 s (node:1 failed), up again at 12.0 s" in text
     avail = res.summary["availability_min"]
     assert avail < 1 and "availability mean / min" in text and f"{avail:.3f}" in text
 

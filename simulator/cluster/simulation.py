@@ -115,6 +115,7 @@ class Cluster:
         self.pending: deque[Request] = deque()
         self._waiting: dict[int, object] = {}  # pending request id -> its current wait
         self.downtime: list[list[list[float]]] = [[] for _ in self.replicas]  # [start, end]
+        self.down_causes: list[list[str]] = [[] for _ in self.replicas]  # fault target per span
         self._restarting = [False] * len(self.replicas)
         self.retries = 0
         self.last_event_s = 0.0  # last arrival or completion: the end of the workload
@@ -193,6 +194,7 @@ class Cluster:
                 rep.reprice(*self._costs(i, view))
             if rep.up and not ok:
                 self.downtime[i].append([self.env.now, float("inf")])
+                self.down_causes[i].append(target)
                 lost = rep.fail()
                 for req in lost:
                     self._retry(req, f"replica {i} went down ({target})", rec)
@@ -453,9 +455,11 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     events_df = alerts(requests, kept, ts, thresholds, window_s=s.output.window_s,
                        budget=eng.max_num_batched_tokens, max_num_seqs=eng.max_num_seqs,
                        stream_blocks=stream_blocks)
-    # [replica, down at (s), up again at (s) or None if never]
-    summary["downtime_spans"] = [[i, a, b if np.isfinite(b) else None]
-                                 for i, spans in enumerate(cluster.downtime) for a, b in spans]
+    # [replica, down at (s), up again at (s) or None if never, the fault that took it down]
+    summary["downtime_spans"] = [[i, a, b if np.isfinite(b) else None, cause]
+                                 for i, (spans, causes) in enumerate(zip(
+                                     cluster.downtime, cluster.down_causes, strict=True))
+                                 for (a, b), cause in zip(spans, causes, strict=True)]
     gpu_ts = pd.DataFrame()
     if kept is not None:
         edges = window_edges(float(ts["window_end_s"].iloc[-1]), s.output.window_s)

@@ -29,7 +29,7 @@ SUMMARY_KEYS = [
     "simpy_events", "availability_mean", "availability_min", "retries_total",
     "nvlink_util_mean", "nvlink_util_max", "pcie_util_mean", "pcie_util_max",
     "fabric_util_mean", "fabric_util_max",  # simulator.metrics.links
-    "downtime_spans",  # [replica, down_s, up_s or null], from the run's faults
+    "downtime_spans",  # [replica, down_s, up_s or null, fault target], from the run's faults
     "wall_time_s",
 ]
 
