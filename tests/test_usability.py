@@ -173,3 +173,12 @@ def test_topology_drawing_is_laid_out_by_node_with_gpus_in_order(tmp_path):
     assert main(["topology", "show", "dgx-h100", "--nodes", "2", "--png",
                  str(tmp_path / "t.png")]) == 0
     assert (tmp_path / "t.png").stat().st_size > 10000
+
+
+def test_an_error_from_set_names_the_flag(capsys):
+    path = str(simulator.paths.ROOT / "workloads" / "llama70b-2xdgx.toml")
+    assert main(["validate", path, "--set", "parallel.tp=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"{path}: --set parallel.tp=3: parallel.tp: 3 does not divide")
+    assert main(["validate", "--set", "parallel.tpp=3"]) == 2  # the default scenario: no file
+    assert capsys.readouterr().err.startswith("--set parallel.tpp=3: parallel.tpp: unknown key")
