@@ -290,3 +290,20 @@ def test_run_plots_say_why_a_panel_is_empty_without_steps(tmp_path):
     assert "toy" in figs["timeseries"].texts[0].get_text()  # the scenario name as title
     legend = [t.get_text() for t in figs["timeseries"].axes[1].get_legend().get_texts()]
     assert "queued" in legend and "queue_len" not in legend
+
+
+def test_trailing_percentile_equals_a_slice_by_slice_computation():
+    from simulator.metrics.alerts import trailing_pct
+
+    rng = np.random.default_rng(5)
+    fin = np.sort(rng.uniform(0, 50, 300) ** 1.5 / 7)  # busy and quiet windows
+    val = rng.exponential(2.0, 300)
+    edges = np.arange(0.0, 52.0, 1.0)
+    got = trailing_pct(fin, val, edges, 99, 10)
+    for j in range(len(edges) - 1):
+        lo, hi = np.searchsorted(fin, edges[j]), np.searchsorted(fin, edges[j + 1])
+        if hi == lo:
+            assert np.isnan(got[j])
+            continue
+        want = np.percentile(val[min(lo, max(hi - 10, 0)):hi], 99)
+        assert got[j] == pytest.approx(want, rel=1e-12)
