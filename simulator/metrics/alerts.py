@@ -73,8 +73,9 @@ def trailing_pct(times: np.ndarray, values: np.ndarray, edges: np.ndarray, q: fl
     -----
     Vectorized: windows with at least ``least`` completions are disjoint groups (one
     grouped quantile); the others each take a fixed-length slice ending at the window's
-    end (one ``nanpercentile`` over a windows x ``least`` matrix). No loop over windows,
-    which a long run with many replicas has by the hundred thousand.
+    end (one ``percentile`` along the rows of a windows x ``least`` matrix). No loop over
+    windows (a long run with many replicas has them by the hundred thousand), but over the
+    few before the first ``least`` completions.
     """
     ok = ~(np.isnan(times) | np.isnan(values))
     order = np.argsort(times[ok], kind="stable")
@@ -89,11 +90,13 @@ def trailing_pct(times: np.ndarray, values: np.ndarray, edges: np.ndarray, q: fl
         keep = (w >= 0) & (w < len(out)) & big[np.clip(w, 0, len(out) - 1)]
         got = pd.Series(v[keep]).groupby(w[keep]).quantile(q / 100)
         out[got.index.to_numpy()] = got.to_numpy()
-    small = np.flatnonzero((count > 0) & ~big)
-    if len(small):
-        idx = hi[small, None] - least + np.arange(least)[None, :]
-        vals = np.where(idx >= 0, v[np.clip(idx, 0, None)], np.nan)
-        out[small] = np.nanpercentile(vals, q, axis=1)
+    small = (count > 0) & ~big
+    full = np.flatnonzero(small & (hi >= least))  # the latest `least` completions
+    if len(full):
+        idx = hi[full, None] - least + np.arange(least)[None, :]
+        out[full] = np.percentile(v[idx], q, axis=1)
+    for j in np.flatnonzero(small & (hi < least)):  # before the first `least` completions:
+        out[j] = np.percentile(v[:hi[j]], q)  # at most `least` such windows
     return out
 
 
