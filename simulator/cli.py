@@ -14,28 +14,8 @@ from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import check_out, default_out, write_result
 from simulator.model.memory import GIB
-from simulator.sweep import BACKENDS, sweep
-
-ROWS = [("requests completed / total", "requests_completed", "{:.0f}", "requests_total"),
-        ("TTFT mean / p50 / p99 (s)", "ttft_mean_s", "{:.3f}", "ttft_p50_s", "ttft_p99_s"),
-        ("TPOT mean / p50 / p99 (s)", "tpot_mean_s", "{:.4f}", "tpot_p50_s", "tpot_p99_s"),
-        ("E2E mean / p99 (s)", "e2e_mean_s", "{:.2f}", "e2e_p99_s"),
-        ("queue mean / p99 (s)", "queue_mean_s", "{:.3f}", "queue_p99_s"),
-        ("throughput (tok/s)", "throughput_tok_per_s", "{:.1f}"),
-        ("throughput / goodput (req/s)", "throughput_req_per_s", "{:.3f}", "goodput_req_per_s"),
-        ("batch efficiency (mean)", "batch_efficiency_mean", "{:.3f}"),
-        ("pipeline bubble fraction", "pp_bubble_fraction", "{:.3f}"),
-        ("preemptions", "preemptions_total", "{:.0f}"),
-        ("simulated time (s)", "simulated_time_s", "{:.1f}"),
-        ("wall time (s)", "wall_time_s", "{:.2f}")]
-
-
-def format_summary(name: str, summary: dict) -> str:
-    lines = [f"scenario {name}"]
-    for label, first, fmt, *rest in ROWS:
-        values = " / ".join(fmt.format(summary[k]) for k in (first, *rest))
-        lines.append(f"  {label:<30} {values}")
-    return "\n".join(lines)
+from simulator.printout import format_summary
+from simulator.sweep import BACKENDS, SweepInterrupted, sweep
 
 
 def _load(args) -> object:
@@ -56,7 +36,7 @@ def cmd_run(args) -> int:
         raise ScenarioError(f"--out {str(out)!r}: cannot write ({exc.strerror})") from None
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print(format_summary(scenario.name, result.summary))
+    print(format_summary(scenario.name, result.summary, result.requests))
     print(f"  outputs in {out}/" + (" (replaced the previous run's files)" if replaces else ""))
     return 0
 
@@ -70,8 +50,9 @@ def cmd_validate(args) -> int:
     p, m = scenario.parallel, plan.model
     print(f"{scenario.source or 'default scenario'}: valid")
     print(f"  model      {m.name}: {m.describe()}, {scenario.model.weight_dtype} weights")
+    gpus = f"{plan.gpus_used} GPU{'s' if plan.gpus_used != 1 else ''}"
     print(f"  cluster    {scenario.cluster.nodes} x {plan.node.name} "
-          f"({plan.graph.graph['gpu'].name}), {plan.gpus_used} GPUs used")
+          f"({plan.graph.graph['gpu'].name}), {gpus} used")
     print(f"  layout     tp={p.tp} pp={p.pp} dp={p.dp}, "
           f"{plan.streams_per_replica} micro-batch stream(s) per replica")
     for rp in plan.replicas:
@@ -88,7 +69,7 @@ def cmd_validate(args) -> int:
           f"{mem.kv_blocks} blocks = {mem.kv_tokens} tokens per replica")
     if mem.note:
         print(f"  layout     {mem.note}")
-    print(f"  max_model_len {plan.max_model_len}")
+    print(f"  max_model_len {plan.max_model_len}{_max_len_note(scenario, plan)}")
     w = scenario.workload
     if requests is None:
         print(f"  workload   closed loop, {w.concurrency} clients")
@@ -100,26 +81,51 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def _max_len_note(scenario, plan) -> str:
+    """Why max_model_len is below the model's context, when it is (requests longer than it
+    are rejected)."""
+    eng, limit = scenario.engine, plan.model.max_position_embeddings
+    if eng.max_model_len is not None or plan.max_model_len >= limit:
+        return ""
+    why = ("max_num_batched_tokens: this scheduler runs each prompt whole"
+           if plan.max_model_len == eng.max_num_batched_tokens else "the KV cache of a stream")
+    return (f" (lowered from the model's {limit} to fit {why}; longer requests are "
+            f"rejected)")
+
+
 def cmd_sweep(args) -> int:
     base = load_scenario(args.scenario)
     out = Path(args.out) if args.out else Path("runs") / f"{base.name}-sweep.csv"
-    df = sweep(args.scenario, args.grid, seeds=args.seeds, jobs=args.jobs,
-               backend=args.backend, out=out, ray_address=args.ray_address,
-               progress=not args.quiet and sys.stderr.isatty())
+    try:
+        df = sweep(args.scenario, args.grid, seeds=args.seeds, jobs=args.jobs,
+                   backend=args.backend, out=out, ray_address=args.ray_address,
+                   progress=not args.quiet and sys.stderr.isatty())
+    except SweepInterrupted as stop:
+        print(f"sweep interrupted: {stop.done} of {stop.total} runs kept in {out}; rerun the "
+              f"same command to resume", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # before the first run started
+        print(f"sweep interrupted before any run finished; nothing new in {out}",
+              file=sys.stderr)
+        return 130
     ok = int((df["status"] == "ok").sum())
     print(f"sweep {base.name}: {len(df)} runs in {out} ({ok} ok, {len(df) - ok} failed)")
-    for _, row in df[df["status"] != "ok"].head(5).iterrows():
-        print(f"  failed {row['run_id']}: {row['error']}")
+    # Every distinct failure once, with how many runs it hit.
+    for error, n in df.loc[df["status"] != "ok", "error"].value_counts(sort=False).items():
+        print(f"  failed x{n}: {error}")
+    if len(df) and ok == 0:
+        print("sweep: every run failed", file=sys.stderr)
+        return 1
     return 0
 
 
 def cmd_plot(args) -> int:
     # Imported on use: matplotlib (and scipy below) would add ~2 s to every start.
-    from simulator.plotting import run_report, sweep_plot  # noqa: PLC0415
+    from simulator.plotting import run_report, save_sweep_plot  # noqa: PLC0415
 
     target = Path(args.target)
     if target.is_dir():
-        if not (target / "requests.csv").exists():
+        if not any((target / f"requests.{x}").exists() for x in ("csv", "parquet")):
             raise ScenarioError(f"plot: {str(target)!r} has no requests.csv (not a run folder)")
         files = run_report(target, args.out)
     elif target.suffix == ".csv" and target.exists():
@@ -132,15 +138,32 @@ def cmd_plot(args) -> int:
                                 f"; columns: {cols}")
         out = Path(args.out) if args.out else target.parent
         out.mkdir(parents=True, exist_ok=True)
-        ax = sweep_plot(df, args.x, args.y, args.hue)
         path = out / f"{target.stem}_{args.y}_vs_{args.x}.png".replace("/", "_")
-        ax.figure.tight_layout()
-        ax.figure.savefig(path, dpi=110)
-        files = [path]
+        files = [save_sweep_plot(df, args.x, args.y, args.hue, path)]
     else:
         raise ScenarioError(f"plot: {str(target)!r} is neither a run folder nor a sweep CSV")
     for f in files:
         print(f)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from simulator.report import html_report  # noqa: PLC0415 - matplotlib on use
+
+    print(html_report(args.run))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from simulator.report import compare_plot, compare_table, format_compare  # noqa: PLC0415
+
+    table = compare_table(args.runs)
+    out = Path(args.out) if args.out else Path("runs") / "compare"
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "compare.csv", index=False)
+    png = compare_plot(args.runs, out / "compare_cdf.png")
+    print(format_compare(table))
+    print(f"  outputs in {out}/ (compare.csv, {png.name})")
     return 0
 
 
@@ -197,7 +220,7 @@ def cmd_collective(args) -> int:
 
 def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
-    from simulator.planner.report import format_plan, write_plan  # noqa: PLC0415
+    from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
 
     result = plan(args.scenario, gpus=args.gpus, objective=args.objective, top=args.top,
                   requests=args.requests, jobs=args.jobs, slo_quantile=args.slo_quantile,
@@ -206,6 +229,10 @@ def cmd_plan(args) -> int:
     files = write_plan(result, out, figure=not args.no_plot)
     print(format_plan(result))
     print(f"  outputs in {out}/ ({', '.join(f.name for f in files)})")
+    if result.best is not None:
+        pick = out / RECOMMENDED
+        print(f"  next       python -m simulator run {pick}\n"
+              f"             python -m simulator capacity {pick}")
     if result.error:
         raise ScenarioError(result.error, source=args.scenario)
     return 0
@@ -255,26 +282,40 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="check a scenario and explain it; runs nothing")
     v.add_argument("scenario", nargs="?", help="scenario TOML file")
-    v.add_argument("--set", action="append", metavar="KEY=VALUE")
+    v.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set parallel.tp=8")
     v.set_defaults(func=cmd_validate)
     w = sub.add_parser("sweep", help="run a grid of scenario variants x seeds into a CSV")
     w.add_argument("scenario", help="base scenario TOML file")
     w.add_argument("--grid", required=True, help="grid TOML: dotted keys -> lists of values")
-    w.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per point (default 1)")
-    w.add_argument("--jobs", type=int, help="local worker processes (default: the CPUs)")
+    w.add_argument("--seeds", type=int, default=1,
+                   help="seeds 0..N-1 per point, N >= 1 (default 1)")
+    w.add_argument("--jobs", type=int, help="local worker processes, >= 1 (default: the CPUs)")
     w.add_argument("--out", help="results CSV, appended and resumed "
                                  "(default runs/<name>-sweep.csv)")
-    w.add_argument("--backend", choices=BACKENDS, default="local")
+    w.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="local: a process pool (default); ray: one Ray task per run")
     w.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.set_defaults(func=cmd_sweep)
+    e = sub.add_parser("report", help="one self-contained HTML file of a run folder: "
+                                      "summary, alerts, plots, scenario")
+    e.add_argument("run", help="run folder (runs/<name>/); writes report.html into it")
+    e.set_defaults(func=cmd_report)
+    m = sub.add_parser("compare", help="summary figures of runs side by side, with "
+                                       "differences, and their latency CDFs overlaid")
+    m.add_argument("runs", nargs="+", help="two or more run folders; the first is the base")
+    m.add_argument("--out", help="folder for compare.csv and compare_cdf.png "
+                                 "(default runs/compare/)")
+    m.set_defaults(func=cmd_compare)
     t = sub.add_parser("topology", help="describe a cluster's graph")
     t.add_argument("action", choices=("show",))
     t.add_argument("target", help="node preset (dgx-h100, ...) or scenario TOML")
     t.add_argument("--nodes", type=int, help="nodes (default: the scenario's, or 1)")
     t.add_argument("--fabric", choices=("single_switch", "leaf_spine"))
     t.add_argument("--oversubscription", type=float, help="leaf_spine downlink/uplink ratio")
-    t.add_argument("--set", action="append", metavar="KEY=VALUE")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set parallel.tp=8")
     t.add_argument("--png", help="draw the graph to this PNG")
     t.set_defaults(func=cmd_topology)
     k = sub.add_parser("collective", help="time collectives over a cluster's links")
@@ -316,7 +357,8 @@ def parser() -> argparse.ArgumentParser:
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
     n.add_argument("--jobs", type=int, help="worker processes (default: the CPUs)")
     n.add_argument("--out", help="output folder (default runs/<name>-plan/)")
-    n.add_argument("--set", action="append", metavar="KEY=VALUE")
+    n.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set parallel.tp=8")
     n.add_argument("--no-plot", action="store_true", help="no pareto.png")
     n.set_defaults(func=cmd_plan)
     y = sub.add_parser("capacity", help="highest request rate the scenario's layout "
@@ -329,7 +371,8 @@ def parser() -> argparse.ArgumentParser:
     y.add_argument("--requests", type=int, default=2000,
                    help="cap on requests per probe (default 2000)")
     y.add_argument("--out", help="output folder (default runs/<name>-capacity/)")
-    y.add_argument("--set", action="append", metavar="KEY=VALUE")
+    y.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set parallel.tp=8")
     y.add_argument("--no-plot", action="store_true", help="no capacity.png")
     y.set_defaults(func=cmd_capacity)
     c = sub.add_parser("calibrate", help="check or fit a GPU's cost model on measured CSVs")

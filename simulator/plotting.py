@@ -1,66 +1,115 @@
 """Plots of runs and sweeps: matplotlib functions ``(data, ..., ax=None) -> Axes``.
 
 Used by ``python -m simulator plot`` and importable in notebooks. Nothing here computes a
-metric: the data come from the run's tables (requests, steps, timeseries, alerts).
+metric: the data come from the run's tables (requests, steps, timeseries, alerts). Importing
+this module never changes the caller's matplotlib backend: the functions given no ``ax``
+draw with pyplot (so a notebook shows them inline), and the file writers
+(:func:`run_report`, :func:`save_sweep_plot`) draw on bare :class:`~matplotlib.figure.Figure`
+objects, which need no backend and open no window.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files, not windows; notebooks switch back with %matplotlib inline
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from simulator.io.scenario import read_toml  # noqa: E402
+from simulator.io.scenario import read_toml
 
 LABELS = {"ttft_s": "TTFT (s)", "tpot_s": "TPOT (s)", "e2e_s": "end-to-end latency (s)"}
+#: Readable legend entries for timeseries columns (kv_util_rN becomes "replica N").
+SERIES = {"output_tok_per_s": "output tokens/s (as generated)", "queue_len": "queued",
+          "running": "running", "arrivals": "arrivals", "completions": "completions",
+          "ttft_p99_s": "TTFT p99", "ttft_p50_s": "TTFT p50", "tpot_p99_s": "TPOT p99",
+          "tpot_p50_s": "TPOT p50", "e2e_p99_s": "E2E p99", "e2e_p50_s": "E2E p50",
+          "waiting_ttft_max_s": "oldest waiting for a first token",
+          "oldest_queued_s": "oldest queued", "batch_efficiency": "batch fill"}
+NO_STEPS = "no per-step records in this run\n(run without --no-steps to see this panel)"
+
+
+def read_table(run_dir: str | Path, stem: str) -> pd.DataFrame | None:
+    """A run folder's table ``stem`` (requests, steps, timeseries, gpu_timeseries, alerts)
+    from its CSV or Parquet file; None when the run wrote neither."""
+    run = Path(run_dir)
+    if (run / f"{stem}.parquet").exists():
+        return pd.read_parquet(run / f"{stem}.parquet")
+    if (run / f"{stem}.csv").exists():
+        return pd.read_csv(run / f"{stem}.csv")
+    return None
 
 
 def _ax(ax):
     return ax if ax is not None else plt.subplots(figsize=(6, 4))[1]
 
 
+def series_label(column: str) -> str:
+    if column.startswith("kv_util_r"):
+        return f"replica {column.removeprefix('kv_util_r')}"
+    return SERIES.get(column, column)
+
+
+def empty_note(ax, text: str):
+    """Say why a panel is empty instead of leaving a blank frame."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return ax
+
+
 def cdf(requests: pd.DataFrame, metric: str = "ttft_s", slo: float | None = None,
         ax=None, label: str | None = None):
-    """Empirical CDF of a per-request latency, with the SLO as a vertical line."""
+    """Empirical CDF of a per-request latency (completed requests), with the SLO as a
+    vertical line; a log x axis when the values span more than two decades."""
     ax = _ax(ax)
-    v = np.sort(requests[metric].dropna().to_numpy())
+    done = requests[requests["status"] == "completed"] if "status" in requests else requests
+    v = np.sort(done[metric].dropna().to_numpy())
     if len(v):
         ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=label)
     if slo:
         ax.axvline(slo, color="grey", linestyle="--", linewidth=1, label=f"SLO {slo:g} s")
     ax.set_xlabel(LABELS.get(metric, metric))
-    ax.set_ylabel("fraction of requests")
+    ax.set_ylabel("fraction of completed requests")
     ax.set_ylim(0, 1.01)
-    if len(v) and v[0] > 0 and v[-1] / v[0] > 100:
+    positive = v[v > 0]
+    if len(positive) and positive[-1] / positive[0] > 100:
         ax.set_xscale("log")
     ax.grid(alpha=0.3)
     return ax
 
 
+def mark_faults(ts: pd.DataFrame, ax) -> None:
+    """Shade the windows in which some replica was down (``replicas_down`` > 0)."""
+    if "replicas_down" not in ts or not (ts["replicas_down"] > 0).any():
+        return
+    for start, end, down in zip(ts["window_start_s"], ts["window_end_s"], ts["replicas_down"],
+                                strict=True):
+        if down > 0:
+            ax.axvspan(start, end, color="orange", alpha=0.15, linewidth=0)
+    ax.fill_between([], [], color="orange", alpha=0.15, label="replica down")
+
+
 def over_time(ts: pd.DataFrame, columns: list[str], alerts: pd.DataFrame | None = None,
               ax=None, ylabel: str = ""):
-    """Window columns against time; alert firings as red marks on the time axis."""
+    """Window columns against time; alert firings as red lines, faults shaded."""
     ax = _ax(ax)
     t = ts["window_start_s"].to_numpy()
     for c in columns:
         if c in ts:
-            ax.plot(t, ts[c].to_numpy(), label=c, linewidth=1)
+            ax.plot(t, ts[c].to_numpy(), label=series_label(c), linewidth=1)
+    mark_faults(ts, ax)
     if alerts is not None and not alerts.empty:
         fired = alerts[(alerts["event"] == "fire") & (alerts["replica"].astype(str) == "all")]
-        for _, a in fired.iterrows():
-            ax.axvline(a["time_s"], color="red", alpha=0.4, linewidth=1)
+        for when in fired["time_s"]:
+            ax.axvline(when, color="red", alpha=0.4, linewidth=1)
         if not fired.empty:
             ax.plot([], [], color="red", alpha=0.4, label="alert fired")
     ax.set_xlabel("time (s)")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    if columns:
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="upper right")
     return ax
 
@@ -71,7 +120,7 @@ def pipeline_gantt(steps: pd.DataFrame, until_s: float | None = None, ax=None,
     between bars are the pipeline bubbles."""
     ax = _ax(ax)
     if steps.empty:
-        return ax
+        return empty_note(ax, NO_STEPS)
     t0 = steps["start_s"].min()
     until = t0 + (until_s if until_s is not None else 2.0)
     s = steps[(steps["start_s"] < until) & (steps["replica"] < max_replicas)]
@@ -81,7 +130,7 @@ def pipeline_gantt(steps: pd.DataFrame, until_s: float | None = None, ax=None,
         spans = list(zip(g["start_s"], g["end_s"] - g["start_s"], strict=True))
         colors = np.where(g["prefill_tokens"] > 0, "tab:orange", "tab:blue")
         ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors)
-    ax.set_yticks(range(len(lanes)), [f"r{r} s{st}" for r, st in lanes])
+    ax.set_yticks(range(len(lanes)), [f"replica {r} stage {st}" for r, st in lanes])
     ax.set_xlim(t0, until)
     ax.set_xlabel("time (s)")
     ax.set_title("steps per replica stage (orange: with prefill; gaps: bubbles)")
@@ -91,78 +140,126 @@ def pipeline_gantt(steps: pd.DataFrame, until_s: float | None = None, ax=None,
 def gpu_heatmap(gpu_ts: pd.DataFrame, value: str = "compute_util", ax=None):
     """Utilization per GPU (rows) over windows (columns)."""
     ax = _ax(ax)
+    if gpu_ts.empty:
+        return empty_note(ax, NO_STEPS)
     grid = gpu_ts.pivot_table(index="gpu", columns="window_start_s", values=value)
     im = ax.imshow(grid.to_numpy(), aspect="auto", interpolation="nearest", vmin=0,
                    vmax=max(1e-9, float(np.nanmax(grid.to_numpy()))), cmap="viridis",
                    extent=(grid.columns.min(), grid.columns.max(), len(grid) - 0.5, -0.5))
-    ax.figure.colorbar(im, ax=ax, label=value)
+    ax.figure.colorbar(im, ax=ax, label=value.replace("_", " "))
     ax.set_xlabel("time (s)")
     ax.set_ylabel("GPU")
     return ax
 
 
+def swept_keys(df: pd.DataFrame) -> list[str]:
+    """The swept keys of a sweep table: the columns between ``run_id`` and ``seed``."""
+    cols = list(df.columns)
+    if "run_id" in cols and "seed" in cols:
+        return cols[cols.index("run_id") + 1:cols.index("seed")]
+    return []
+
+
 def sweep_plot(df: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None):
-    """A metric of a sweep against a swept key (one line per value of ``hue``)."""
+    """A metric of a sweep against a swept key: one line per value of every other swept key
+    (``hue`` first in the label), the mean over seeds as the point and the seeds' range
+    (min to max) as its error bar. Nothing is averaged over a swept key."""
     ax = _ax(ax)
     ok = df[df["status"] == "ok"] if "status" in df else df
-    groups = ok.groupby(hue) if hue else [(None, ok)]
+    others = [k for k in swept_keys(df) if k != x]
+    if hue and hue in others:
+        others.remove(hue)
+        others.insert(0, hue)
+    elif hue and hue != x:
+        others.insert(0, hue)
+    groups = ok.groupby(others, dropna=False) if others else [((), ok)]
+    seeds = int(ok.groupby([x, *others], dropna=False).size().max()) if len(ok) else 0
     for key, g in groups:
-        g = g.groupby(x, as_index=False)[y].mean().sort_values(x)
-        ax.plot(g[x], g[y], marker="o", label=f"{hue}={key}" if hue else None)
+        key = key if isinstance(key, tuple) else (key,)
+        stats = g.groupby(x)[y].agg(["mean", "min", "max"]).sort_index()
+        label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or None
+        ax.errorbar(stats.index, stats["mean"],
+                    yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
+                    marker="o", capsize=3, label=label)
     ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    ax.set_ylabel(y + (f" (mean of {seeds} seeds; bars: min to max)" if seeds > 1 else ""))
     ax.grid(alpha=0.3)
-    if hue:
+    if others:
         ax.legend(fontsize=8)
     return ax
 
 
-def _save(ax, path: Path) -> Path:
-    fig = ax.figure if hasattr(ax, "figure") else ax
+def save_sweep_plot(df: pd.DataFrame, x: str, y: str, hue: str | None, path: Path) -> Path:
+    """:func:`sweep_plot` into a PNG (no pyplot, no window)."""
+    fig = Figure(figsize=(7, 4.5))
+    sweep_plot(df, x, y, hue, fig.add_subplot())
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
-def run_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
-    """Every plot of a run directory as PNGs in ``out_dir`` (default: the run directory)."""
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def run_figures(run_dir: str | Path) -> dict[str, Figure]:
+    """Every figure of a run directory, by file stem, on bare Figures."""
     run = Path(run_dir)
-    out = Path(out_dir) if out_dir else run
-    out.mkdir(parents=True, exist_ok=True)
-    requests = pd.read_csv(run / "requests.csv")
-    slo = read_toml(run / "scenario.toml").get("slo", {}) if (run / "scenario.toml").exists() \
-        else {}
-    files = []
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    requests = read_table(run, "requests")
+    scenario = read_toml(run / "scenario.toml") if (run / "scenario.toml").exists() else {}
+    slo, name = scenario.get("slo", {}), scenario.get("name", run.name)
+    figs = {}
+    fig = Figure(figsize=(15, 4))
+    axes = fig.subplots(1, 3)
     cdf(requests, "ttft_s", slo.get("ttft_s"), axes[0])
     cdf(requests, "tpot_s", slo.get("tpot_s"), axes[1])
     cdf(requests, "e2e_s", None, axes[2])
     for a in axes:
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=8)
-    files.append(_save(fig, out / "latency_cdf.png"))
-    if (run / "timeseries.csv").exists():
-        ts = pd.read_csv(run / "timeseries.csv")
-        al = pd.read_csv(run / "alerts.csv") if (run / "alerts.csv").exists() else None
-        fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    fig.suptitle(f"{name}: latency of completed requests")
+    figs["latency_cdf"] = fig
+    ts = read_table(run, "timeseries")
+    if ts is not None:
+        al = read_table(run, "alerts")
+        fig = Figure(figsize=(10, 12))
+        axes = fig.subplots(4, 1, sharex=True)
         over_time(ts, ["output_tok_per_s"], al, axes[0], "output tokens/s")
         over_time(ts, ["queue_len", "running"], al, axes[1], "requests")
+        over_time(ts, ["ttft_p99_s", "tpot_p99_s", "waiting_ttft_max_s"], al, axes[2],
+                  "seconds")
+        axes[2].set_yscale("symlog", linthresh=0.01)
         kv = [c for c in ts.columns if c.startswith("kv_util_r")][:16]
-        over_time(ts, kv, al, axes[2], "KV cache utilization")
-        files.append(_save(fig, out / "timeseries.png"))
+        if kv:
+            over_time(ts, kv, al, axes[3], "KV cache utilization")
+        else:
+            empty_note(axes[3], "KV cache utilization: " + NO_STEPS)
+        fig.suptitle(f"{name}: over time (red: alert fired; orange: a replica down)")
+        figs["timeseries"] = fig
         if "prefix_hit_rate" in ts and ts["prefix_hit_rate"].fillna(0).gt(0).any():
-            fig, ax = plt.subplots(figsize=(10, 3))  # prefix caching (docs/prefix-caching.md)
-            over_time(ts, ["prefix_hit_rate"], al, ax, "prefix hit rate (tokens)")
-            files.append(_save(fig, out / "prefix_hit_rate.png"))
-    if (run / "steps.csv").exists():
-        steps = pd.read_csv(run / "steps.csv")
-        fig, ax = plt.subplots(figsize=(12, 4))
-        pipeline_gantt(steps, 2.0, ax)
-        files.append(_save(fig, out / "pipeline_gantt.png"))
-    if (run / "gpu_timeseries.csv").exists():
-        gts = pd.read_csv(run / "gpu_timeseries.csv")
-        fig, ax = plt.subplots(figsize=(10, 5))
-        gpu_heatmap(gts, "compute_util", ax)
-        files.append(_save(fig, out / "gpu_heatmap.png"))
-    return files
+            fig = Figure(figsize=(10, 3))  # prefix caching (docs/prefix-caching.md)
+            over_time(ts, ["prefix_hit_rate"], al, fig.add_subplot(), "prefix hit rate (tokens)")
+            fig.suptitle(f"{name}: prefix cache hit rate")
+            figs["prefix_hit_rate"] = fig
+    steps = read_table(run, "steps")
+    steps = pd.DataFrame() if steps is None else steps
+    fig = Figure(figsize=(12, 4))
+    pipeline_gantt(steps, 2.0, fig.add_subplot())
+    fig.suptitle(name)
+    figs["pipeline_gantt"] = fig
+    gts = read_table(run, "gpu_timeseries")
+    gts = pd.DataFrame() if gts is None else gts
+    fig = Figure(figsize=(10, 5))
+    gpu_heatmap(gts, "compute_util", fig.add_subplot())
+    fig.suptitle(f"{name}: GPU compute utilization")
+    figs["gpu_heatmap"] = fig
+    return figs
+
+
+def run_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Every plot of a run directory as PNGs in ``out_dir`` (default: the run directory)."""
+    out = Path(out_dir) if out_dir else Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return [_save(fig, out / f"{stem}.png") for stem, fig in run_figures(run_dir).items()]

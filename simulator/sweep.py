@@ -11,6 +11,10 @@ lists (and of zipped groups, whose lists vary together) times the seeds::
     "parallel.dp" = [4, 2]
 
 Backends: ``local`` (a process pool) or ``ray`` (one Ray task per run, one CPU each).
+
+Ctrl-C stops a sweep at once: running points are abandoned (their workers terminated, Ray
+tasks cancelled), finished rows stay in the CSV, and :class:`SweepInterrupted` says how
+many. A CSV whose last line was cut by a hard kill has that line dropped on resume.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import hashlib
 import itertools
 import json
 import math
+import multiprocessing
 import os
+import signal
+import sys
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,16 @@ from simulator.metrics.summary import SUMMARY_KEYS
 
 BACKENDS = ("local", "ray")
 STATUS_COLUMNS = ["seed", "status", "error"]
+#: A cell starting with one of these is run as a formula by spreadsheets (CSV injection).
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep: ``done`` of ``total`` runs are in ``out`` (None: not kept)."""
+
+    def __init__(self, done: int, total: int, out: Path | None):
+        super().__init__(f"{done} of {total} runs done")
+        self.done, self.total, self.out = done, total, out
 
 
 # -- grids -------------------------------------------------------------------------------
@@ -54,6 +70,10 @@ def _known_key(key: str) -> str | None:
     if parts[1] not in fields:
         return "unknown key" + _did_you_mean(parts[1], list(fields))
     return None  # deeper parts (length tables) are checked when the point is loaded
+
+
+def _hashable(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def parse_grid(grid: dict | str | Path) -> list[list[dict[str, Any]]]:
@@ -72,12 +92,17 @@ def parse_grid(grid: dict | str | Path) -> list[list[dict[str, Any]]]:
         grid = read_toml(grid)
     problems, axes = [], []
 
-    def check(key: str, values: Any, where: str) -> bool:
+    def check(key: str, values: Any, where: str, unique: bool = True) -> bool:
         why = _known_key(key)
         if why:
             problems.append(f"{where}{key}: {why}")
         elif not isinstance(values, list) or not values:
             problems.append(f"{where}{key}: expected a non-empty list of values, got {values!r}")
+        elif unique and len(seen := {_hashable(v) for v in values}) < len(values):
+            twice = [v for i, v in enumerate(values)
+                     if _hashable(v) in {_hashable(u) for u in values[:i]}]
+            problems.append(f"{where}{key}: {twice[0]!r} is listed twice (each value runs "
+                            f"once; {len(seen)} distinct of {len(values)})")
         else:
             return True
         return False
@@ -91,14 +116,21 @@ def parse_grid(grid: dict | str | Path) -> list[list[dict[str, Any]]]:
                 if not isinstance(group, dict) or not group:
                     problems.append(f"zip.{name}: expected a table of key = [values]")
                     continue
-                ok = [check(k, v, f"zip.{name}.") for k, v in group.items()]
+                ok = [check(k, v, f"zip.{name}.", unique=False) for k, v in group.items()]
                 lengths = {len(v) for v in group.values() if isinstance(v, list)}
                 if all(ok) and len(lengths) > 1:
                     problems.append(f"zip.{name}: lists must have equal lengths, got "
                                     f"{sorted(lengths)}")
                 elif all(ok):
                     n = lengths.pop()
-                    axes.append([{k: v[i] for k, v in group.items()} for i in range(n)])
+                    points = [{k: v[i] for k, v in group.items()} for i in range(n)]
+                    keys = [_hashable(p) for p in points]
+                    if len(set(keys)) < n:
+                        twice = next(p for i, p in enumerate(points) if keys[i] in keys[:i])
+                        problems.append(f"zip.{name}: the point {twice} is listed twice "
+                                        f"(each point runs once)")
+                    else:
+                        axes.append(points)
         elif check(key, values, ""):
             axes.append([{key: v} for v in values])
     if problems:
@@ -150,18 +182,31 @@ def run_point(resolved: dict) -> dict[str, Any]:
 
 
 # -- backends ----------------------------------------------------------------------------
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which terminates them (a terminal sends
+    SIGINT to the whole process group)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_job(job: tuple[str, dict]) -> tuple[str, dict]:
+    rid, resolved = job
+    return rid, run_point(resolved)
+
+
 def _local(jobs: Iterable[tuple[str, dict]], workers: int) -> Iterator[tuple[str, dict]]:
     jobs = list(jobs)
-    if workers <= 1:
+    if workers <= 1 or len(jobs) <= 1:
         for rid, resolved in jobs:
             yield rid, run_point(resolved)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        pending = {pool.submit(run_point, resolved): rid for rid, resolved in jobs}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                yield pending.pop(fut), fut.result()
+    pool = multiprocessing.get_context().Pool(min(workers, len(jobs)),
+                                              initializer=_ignore_sigint)
+    try:
+        yield from pool.imap_unordered(_run_job, jobs)
+        pool.close()
+    finally:
+        pool.terminate()  # Ctrl-C or an early stop: abandon the points still running
+        pool.join()
 
 
 def _ray(jobs: Iterable[tuple[str, dict]], address: str | None) -> Iterator[tuple[str, dict]]:
@@ -174,6 +219,7 @@ def _ray(jobs: Iterable[tuple[str, dict]], address: str | None) -> Iterator[tupl
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
+    pending: dict = {}
     try:
         task = ray.remote(num_cpus=1)(run_point)
         pending = {task.remote(resolved): rid for rid, resolved in jobs}
@@ -182,6 +228,8 @@ def _ray(jobs: Iterable[tuple[str, dict]], address: str | None) -> Iterator[tupl
             for ref in done:
                 yield pending.pop(ref), ray.get(ref)
     finally:
+        for ref in pending:  # Ctrl-C: stop the tasks still queued or running
+            ray.cancel(ref, force=True)
         if started:
             ray.shutdown()
 
@@ -199,11 +247,37 @@ def _base(scenario: str | Path | dict) -> dict:
 
 
 def _cell(value: Any) -> Any:
+    """A CSV cell: NaN empty, tables as JSON, and a string a spreadsheet would run as a
+    formula (``=HYPERLINK(...)``) prefixed with ``'`` so that it shows as text."""
     if isinstance(value, float) and not math.isfinite(value):
         return ""
     if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
+        value = json.dumps(value, sort_keys=True)
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
     return value
+
+
+def drop_partial_row(path: Path, n_columns: int) -> bool:
+    """Cut a last line that a hard kill left unfinished (no newline, or too few fields).
+
+    Returns
+    -------
+    bool
+        True if a partial row was dropped.
+    """
+    data = path.read_bytes()
+    if not data:
+        return False
+    body = data if data.endswith(b"\n") else data + b"\n"
+    cut = body.rstrip(b"\r\n").rfind(b"\n") + 1  # start of the last line
+    last = body[cut:].decode(errors="replace")
+    fields = next(csv.reader([last.rstrip("\r\n")]), [])
+    if data.endswith(b"\n") and len(fields) == n_columns:
+        return False
+    with path.open("r+b") as fh:
+        fh.truncate(cut)
+    return True
 
 
 def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | list[int] = 1,
@@ -241,7 +315,14 @@ def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | 
     load_scenario(base)  # the base itself must be valid
     axes = parse_grid(grid)
     keys = list(dict.fromkeys(k for axis in axes for point in axis for k in point))
+    if isinstance(seeds, int) and seeds < 1:
+        raise ScenarioError(f"--seeds: {seeds} runs nothing; give at least 1 (seeds 0..N-1)")
+    if jobs is not None and jobs < 1:
+        raise ScenarioError(f"--jobs: {jobs} worker processes; give at least 1 (omit it for "
+                            f"one per CPU)")
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    if not seed_list or len(set(seed_list)) < len(seed_list):
+        raise ScenarioError(f"--seeds: {seed_list} must be a non-empty list of distinct seeds")
     columns = ["run_id", *keys, *STATUS_COLUMNS, *SUMMARY_KEYS]
     runs = []
     for point in grid_points(axes):
@@ -251,6 +332,9 @@ def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | 
     done_ids: set[str] = set()
     path = Path(out) if out is not None else None
     if path is not None and path.exists() and path.stat().st_size > 0:
+        if drop_partial_row(path, len(columns)):
+            print(f"sweep: dropped the partial last row of {path} (cut by an interrupted "
+                  f"write); that run goes again", file=sys.stderr)
         existing = pd.read_csv(path, dtype={"run_id": str})
         if list(existing.columns) != columns:
             raise ScenarioError(f"--out: {str(path)!r} holds another sweep's columns; choose "
@@ -285,6 +369,9 @@ def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | 
                 fh.flush()
             bar.update(1)
             bar.set_postfix_str(f"failed={failures}")
+    except KeyboardInterrupt:
+        stream.close()  # terminate the workers / cancel the tasks before reporting
+        raise SweepInterrupted(len(runs) - len(todo) + len(rows), len(runs), path) from None
     finally:
         bar.close()
         if fh is not None:

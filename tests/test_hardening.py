@@ -46,13 +46,13 @@ def _run(*argv) -> int:
 def test_a_rerun_without_steps_leaves_no_stale_files(tmp_path, capsys):
     path, out = _file(tmp_path, parallel={"pp": 2}), tmp_path / "out"
     assert _run("run", path, "--out", out, "--quiet") == 0
-    assert {"steps.csv", "trace.json", "gpu_timeseries.csv"} <= {p.name for p in out.iterdir()}
+    assert {"steps.csv", "trace.json.gz", "gpu_timeseries.csv"} <= {p.name for p in out.iterdir()}
     (out / "timeseries.png").write_bytes(b"an old plot")
     assert _run("run", path, "--out", out, "--quiet", "--no-steps") == 0
     printed = capsys.readouterr().out
     assert "replaced the previous run's files" in printed
     names = {p.name for p in out.iterdir()}
-    assert not names & {"steps.csv", "trace.json", "gpu_timeseries.csv", "timeseries.png"}
+    assert not names & {"steps.csv", "trace.json.gz", "gpu_timeseries.csv", "timeseries.png"}
     assert {"requests.csv", "summary.json", "scenario.toml"} <= names
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 

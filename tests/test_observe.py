@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -44,7 +45,7 @@ def test_timeseries_totals_match_the_request_table(run_dir):
 
 def test_trace_json_has_one_span_per_step_and_request_phases(run_dir):
     out, res = run_dir
-    trace = json.loads((out / "trace.json").read_text())
+    trace = json.loads(gzip.decompress((out / "trace.json.gz").read_bytes()))
     ev = trace["traceEvents"]
     steps = [e for e in ev if e.get("cat") == "step"]
     assert len(steps) == len(res.steps)
@@ -71,7 +72,8 @@ def test_alerts_fire_under_overload_and_clear_after_recovery(tmp_path):
                   "output_tokens": 50}).to_csv(tmp_path / "t.csv", index=False)
     sc = toy_scenario(workload={"arrival": "trace", "trace": str(tmp_path / "t.csv"),
                                 "rate_per_s": None, "num_requests": None},
-                      alerts={"ttft_p99_s": 2.0, "e2e_p99_s": 0, "batch_efficiency_min": 0})
+                      alerts={"ttft_p99_s": 2.0, "e2e_p99_s": 0, "batch_efficiency_min": 0,
+                              "waiting_ttft_s": 0})
     res = simulator.run(sc)
     al = res.alerts[(res.alerts["replica"] == "all") & (res.alerts["rule"] == "ttft_p99_above")]
     assert list(al["event"]) == ["fire", "clear"]
@@ -119,3 +121,189 @@ def test_gpu_utilization_counts_the_model_flops_and_bytes(toy):
     assert (g["nvlink_util"] == 0).all() and (g["nic_util"] == 0).all()  # tp = pp = 1
     tp2 = simulator.run(toy(parallel={"tp": 2})).gpu_timeseries
     assert set(tp2["gpu"]) == {0, 1} and (tp2["nvlink_util"] > 0).any()
+
+
+# -- issue #16 items 6-9 and #17: honest windows and alerts ----------------------------------
+def test_tokens_count_in_the_window_where_they_are_generated():
+    from simulator.metrics.timeseries import generated_by, request_windows
+
+    # One request: first token at 1.0 s, 11 tokens, finish at 3.0 s: 1 token at 1.0, then
+    # 10 evenly over [1, 3] (5 per second). A second finishes its 4 tokens all at 2.5 s.
+    # G(t) counts tokens generated before t, so a window [a, b) holds G(b) - G(a).
+    req = pd.DataFrame({"arrival_s": [0.0, 2.0], "first_scheduled_s": [0.5, 2.0],
+                        "first_token_s": [1.0, 2.5], "finish_s": [3.0, 2.5],
+                        "output_tokens": [11, 4], "status": ["completed"] * 2,
+                        "ttft_s": [1.0, 0.5], "tpot_s": [0.2, np.nan], "e2e_s": [3.0, 0.5]})
+    assert generated_by(req, np.array([0.5, 1.0, 2.0, 2.5, 3.0, 9.0])) == \
+        pytest.approx([0, 0, 6, 1 + 7.5, 15, 15])
+    ts = request_windows(req, np.arange(5.0))
+    assert ts["output_tok_per_s"].tolist() == pytest.approx([0, 6, 5 + 4, 0])
+    assert ts["tpot_p50_s"].iloc[3] == pytest.approx(0.2)  # the request finishing in [3, 4)
+    assert np.isnan(ts["tpot_p50_s"].iloc[2])  # a 1-token reply has no TPOT
+
+
+def test_ages_of_what_waits_at_each_window_end():
+    from simulator.metrics.timeseries import request_windows
+
+    # r0 queued 0 -> 3.5 (first token at 4.2); r1 queued 1 -> 1.2; r2 rejected at 1.5.
+    req = pd.DataFrame({"arrival_s": [0.0, 1.0, 1.5], "first_scheduled_s": [3.5, 1.2, np.nan],
+                        "first_token_s": [4.2, 1.4, np.nan], "finish_s": [5.0, 2.0, np.nan],
+                        "output_tokens": [5, 5, 5],
+                        "status": ["completed", "completed", "rejected"],
+                        "ttft_s": [4.2, 0.4, np.nan], "tpot_s": [0.2, 0.15, np.nan],
+                        "e2e_s": [5.0, 1.0, np.nan]})
+    ts = request_windows(req, np.arange(7.0))
+    assert ts["queue_len"].tolist() == [2, 1, 1, 0, 0, 0]  # r1 waits at t = 1 too
+    assert ts["oldest_queued_s"].tolist() == pytest.approx([1, 2, 3, 0, 0, 0])
+    assert ts["waiting_ttft_max_s"].tolist() == pytest.approx([1, 2, 3, 4, 0, 0])
+
+
+def _batch_fill_by_hand(res, t0, t1):
+    """Mean over stage-0 steps ending in [t0, t1) of the binding resource's fill."""
+    s, plan = res.steps, res.plan
+    eng = res.scenario.engine
+    st = s[(s["stage"] == 0) & (s["end_s"] >= t0) & (s["end_s"] < t1)]
+    blocks = plan.memory.kv_blocks // plan.streams_per_replica
+    fill = np.maximum.reduce([st["batch_size"] / eng.max_num_seqs,
+                              (st["prefill_tokens"] + st["decode_tokens"])
+                              / eng.max_num_batched_tokens, st["kv_blocks"] / blocks])
+    return float(fill.mean())
+
+
+def test_batch_efficiency_alert_fires_when_under_loaded():
+    # 2 requests/s of 100-token prompts on a replica allowing 64 sequences: a handful run.
+    res = simulator.run(toy_scenario(
+        workload={"arrival": "constant", "rate_per_s": 2.0, "num_requests": 40,
+                  "prompt_tokens": 100, "output_tokens": 50},
+        alerts={"ttft_p99_s": 0, "e2e_p99_s": 0, "waiting_ttft_s": 0}))
+    ts, al = res.timeseries, res.alerts
+    assert ts["batch_efficiency"].iloc[3] == pytest.approx(_batch_fill_by_hand(res, 3.0, 4.0))
+    fired = al[(al["replica"] == "all") & (al["rule"] == "batch_efficiency_below")]
+    assert fired["event"].iloc[0] == "fire" and fired["time_s"].iloc[0] == 1.0
+    assert fired["value"].iloc[0] < 0.6
+    assert list(fired["event"]) == ["fire"]  # under-loaded the whole run: never clears
+
+
+def test_batch_efficiency_alert_stays_quiet_when_saturated():
+    # 400 requests at once, at most 8 sequences per step: every step of the backlog holds 8
+    # sequences (fill 1 on sequences) although its tokens fill a few percent of the budget.
+    res = simulator.run(toy_scenario(
+        engine={"max_num_seqs": 8},
+        workload={"arrival": "constant", "rate_per_s": 1e6, "num_requests": 400,
+                  "prompt_tokens": 20, "output_tokens": 100},
+        alerts={"ttft_p99_s": 0, "e2e_p99_s": 0, "waiting_ttft_s": 0}))
+    ts, al = res.timeseries, res.alerts
+    backlog = ts[ts["queue_len"] > 0]
+    assert len(backlog) >= 5
+    # (the first window's first step starts when only the first request has arrived)
+    assert (backlog["batch_efficiency"] > 0.99).all()
+    assert (backlog["batch_fill_seqs"].iloc[1:] == 1.0).all()
+    assert (backlog["batch_fill_tokens"] < 0.6).all()  # the token budget alone would fire
+    drained = float(ts.loc[ts["queue_len"] == 0, "window_end_s"].min())
+    rule = al[al["rule"] == "batch_efficiency_below"]
+    assert rule.empty or rule["time_s"].min() > drained
+
+
+def test_an_outage_fires_the_waiting_rule_while_nothing_completes():
+    # The only replica goes down from 5 s to 25 s: no completions then, so the latency p99
+    # rules have nothing to look at; the oldest waiting request ages from the outage on.
+    sc = toy_scenario(
+        workload={"arrival": "constant", "rate_per_s": 5.0, "num_requests": 200,
+                  "prompt_tokens": 100, "output_tokens": 20},
+        faults=[{"at_s": 5.0, "target": "node:0", "duration_s": 19.0}],
+        recovery={"restart_s": 1.0},
+        alerts={"waiting_ttft_s": 3.0, "e2e_p99_s": 0, "batch_efficiency_min": 0})
+    res = simulator.run(sc)
+    ts, al = res.timeseries, res.alerts
+    assert (ts.loc[(ts["window_end_s"] > 6) & (ts["window_end_s"] <= 25), "completions"] == 0).all()
+    assert (ts.loc[ts["window_end_s"].between(6, 24), "replicas_down"] == 1).all()
+    assert ts.loc[ts["window_end_s"] == 25, "replicas_down"].item() == 0  # up at 25 s
+    assert (ts.loc[ts["replicas_down"] == 1, "kv_util_r0"] == 0).all()  # its KV cache is lost
+    assert ts.loc[ts["window_end_s"] == 4, "kv_util_r0"].item() > 0
+    w = al[(al["replica"] == "all") & (al["rule"] == "waiting_ttft_above")]
+    fire = w[w["event"] == "fire"]["time_s"].iloc[0]
+    assert 8.0 <= fire <= 9.0  # the first request waiting since ~5 s passes 3 s at ~8 s
+    ttft = al[(al["replica"] == "all") & (al["rule"] == "ttft_p99_above")]
+    assert ttft.empty or ttft["time_s"].min() > 25.0  # the latency rule only after repair
+    assert res.summary["downtime_spans"] == [[0, 5.0, 25.0, "node:0"]]
+
+
+def test_e2e_rule_does_not_flap_on_one_or_two_completions():
+    from simulator.metrics.alerts import trailing_pct, transitions
+
+    # Windows of 1 s with one completion each, e2e alternating 40 s / 1 s: a per-window p99
+    # flips every window; over at least 10 completions it is high throughout.
+    fin = np.arange(30) + 0.5
+    e2e = np.where(np.arange(30) % 2 == 0, 40.0, 1.0)
+    edges = np.arange(31.0)
+    pooled = trailing_pct(fin, e2e, edges, 99, 10)
+    ts = pd.DataFrame({"window_end_s": edges[1:], "e2e_p99_s": pooled})
+    events = transitions(ts, {"e2e_p99_s": 30.0}, "all")
+    assert [e["event"] for e in events] == ["fire"]
+    ts["e2e_p99_s"] = e2e
+    assert len(transitions(ts, {"e2e_p99_s": 30.0}, "all")) == 30
+
+
+def test_rejected_requests_have_a_reason_and_count_against_the_slo():
+    res = simulator.run(toy_scenario(
+        engine={"max_model_len": 300},
+        workload={"arrival": "constant", "rate_per_s": 4.0, "num_requests": 20,
+                  "prompt_tokens": {"dist": "uniform", "min": 100, "max": 400},
+                  "output_tokens": 20}))
+    req, s = res.requests, res.summary
+    rej = req[req["status"] == "rejected"]
+    assert len(rej) == s["requests_rejected"] > 0
+    assert rej["reason"].str.contains("exceed max_model_len 300").all()
+    assert rej[["finish_s", "e2e_s", "ttft_s"]].isna().all().all()
+    done = req[req["status"] == "completed"]
+    assert s["slo_attainment"] == pytest.approx(len(done) / len(req))  # all met, some rejected
+
+
+def test_sweep_plot_draws_one_line_per_other_swept_value_with_seed_ranges():
+    from matplotlib.figure import Figure
+
+    from simulator.plotting import sweep_plot
+
+    # Two swept keys and two seeds: at rate 8, tp=1 reads 69.6 / 70.4 s and tp=2 0.3 / 0.5 s.
+    df = pd.DataFrame({"run_id": list("abcdefgh"), "workload.rate_per_s": [4, 4, 8, 8] * 2,
+                       "parallel.tp": [1, 2, 1, 2] * 2, "seed": [0] * 4 + [1] * 4,
+                       "status": "ok", "error": "",
+                       "e2e_p99_s": [10.0, 0.2, 69.6, 0.3, 12.0, 0.2, 70.4, 0.5]})
+    ax = sweep_plot(df, "workload.rate_per_s", "e2e_p99_s", ax=Figure().add_subplot())
+    lines = {c.get_label(): c for c in ax.containers}
+    assert set(lines) == {"parallel.tp=1", "parallel.tp=2"}  # never averaged over tp
+    line, _, (bars,) = lines["parallel.tp=1"]
+    assert line.get_ydata().tolist() == pytest.approx([11.0, 70.0])
+    lo_hi = [seg[:, 1].tolist() for seg in bars.get_segments()]
+    assert lo_hi == [pytest.approx([10.0, 12.0]), pytest.approx([69.6, 70.4])]
+    assert "mean of 2 seeds" in ax.get_ylabel()
+
+
+def test_run_plots_say_why_a_panel_is_empty_without_steps(tmp_path):
+    res = simulator.run(toy_scenario(workload={"num_requests": 20, "rate_per_s": 5.0}))
+    simulator.write_result(res, tmp_path, steps=False)
+    from simulator.plotting import run_figures
+
+    figs = run_figures(tmp_path)
+    gantt = figs["pipeline_gantt"].axes[0]
+    assert any("no per-step records" in t.get_text() for t in gantt.texts)
+    assert "toy" in figs["timeseries"].texts[0].get_text()  # the scenario name as title
+    legend = [t.get_text() for t in figs["timeseries"].axes[1].get_legend().get_texts()]
+    assert "queued" in legend and "queue_len" not in legend
+
+
+def test_trailing_percentile_equals_a_slice_by_slice_computation():
+    from simulator.metrics.alerts import trailing_pct
+
+    rng = np.random.default_rng(5)
+    fin = np.sort(rng.uniform(0, 50, 300) ** 1.5 / 7)  # busy and quiet windows
+    val = rng.exponential(2.0, 300)
+    edges = np.arange(0.0, 52.0, 1.0)
+    got = trailing_pct(fin, val, edges, 99, 10)
+    for j in range(len(edges) - 1):
+        lo, hi = np.searchsorted(fin, edges[j]), np.searchsorted(fin, edges[j + 1])
+        if hi == lo:
+            assert np.isnan(got[j])
+            continue
+        want = np.percentile(val[min(lo, max(hi - 10, 0)):hi], 99)
+        assert got[j] == pytest.approx(want, rel=1e-12)

@@ -113,3 +113,109 @@ def test_cli_sweep_writes_the_csv(tmp_path, capsys):
     grid.write_text('"parallel.tpp" = [1]\n')
     assert main(["sweep", str(scenario), "--grid", str(grid), "--out", str(out)]) == 2
     assert "parallel.tpp: unknown key (did you mean 'tp'?)" in capsys.readouterr().err
+
+
+# -- issue #15/#16: refusals, escaping, partial rows, Ctrl-C ---------------------------------
+def _write(tmp_path, grid_text: str, base: dict = BASE):
+    import tomli_w
+
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(tomli_w.dumps(base))
+    grid = tmp_path / "g.toml"
+    grid.write_text(grid_text)
+    return scenario, grid
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--seeds", "-1", "--seeds: -1 runs nothing"),
+    ("--seeds", "0", "--seeds: 0 runs nothing"),
+    ("--jobs", "0", "--jobs: 0 worker processes"),
+])
+def test_cli_refuses_counts_that_run_nothing(tmp_path, capsys, flag, value, message):
+    scenario, grid = _write(tmp_path, '"parallel.tp" = [1]\n')
+    out = tmp_path / "r.csv"
+    assert main(["sweep", str(scenario), "--grid", str(grid), flag, value,
+                 "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("grid, message", [
+    ({"parallel.tp": [1, 2, 1]}, "parallel.tp: 1 is listed twice"),
+    ({"zip": {"a": {"parallel.tp": [1, 1], "parallel.dp": [2, 2]}}},
+     "zip.a: the point {'parallel.tp': 1, 'parallel.dp': 2} is listed twice"),
+])
+def test_duplicate_grid_values_are_refused_naming_the_key(grid, message):
+    with pytest.raises(simulator.ScenarioError, match=message):
+        parse_grid(grid)
+
+
+def test_zipped_lists_may_repeat_a_value_when_points_differ():
+    axes = parse_grid({"zip": {"a": {"parallel.tp": [1, 2], "parallel.dp": [2, 2]}}})
+    assert grid_points(axes) == [{"parallel.tp": 1, "parallel.dp": 2},
+                                 {"parallel.tp": 2, "parallel.dp": 2}]
+
+
+def test_formula_cells_are_escaped_in_the_csv(tmp_path):
+    import csv
+
+    out = tmp_path / "r.csv"
+    names = ["=HYPERLINK(\"http://x\",\"y\")", "+1", "@SUM(A1)", "-2", "plain"]
+    simulator.sweep(BASE, {"name": names}, jobs=1, out=out)
+    with out.open() as fh:
+        cells = [row["name"] for row in csv.DictReader(fh)]
+    assert sorted(cells) == sorted(["'" + n for n in names[:4]] + ["plain"])
+    assert not [c for c in cells if c[0] in "=+-@\t\r"]
+
+
+def test_resume_drops_a_partial_last_row_and_says_so(tmp_path, capsys):
+    out = tmp_path / "r.csv"
+    grid = {"workload.rate_per_s": [2.0, 8.0, 16.0]}
+    simulator.sweep(BASE, grid, jobs=1, out=out)
+    text = out.read_text()
+    lines = text.splitlines(keepends=True)
+    out.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])  # a cut write
+    capsys.readouterr()
+    df = simulator.sweep(BASE, grid, jobs=1, out=out)
+    assert "dropped the partial last row" in capsys.readouterr().err
+    assert len(df) == 3 and df["run_id"].is_unique and (df["status"] == "ok").all()
+    assert out.read_text().count("\n") == 4
+    # A whole file is left alone.
+    simulator.sweep(BASE, grid, jobs=1, out=out)
+    assert "partial" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_ctrl_c_stops_keeps_finished_rows_and_says_how_to_resume(tmp_path, backend):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    if backend == "ray":
+        pytest.importorskip("ray")
+    base = {**BASE, "workload": {**BASE["workload"], "num_requests": 400}}
+    rates = [round(1.0 + 0.25 * i, 2) for i in range(40)]
+    scenario, grid = _write(tmp_path, f'"workload.rate_per_s" = {rates}\n', base)
+    out = tmp_path / "r.csv"
+    cmd = [sys.executable, "-m", "simulator", "sweep", str(scenario), "--grid", str(grid),
+           "--out", str(out), "--quiet", "--backend", backend]
+    if backend == "local":
+        cmd += ["--jobs", "2"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    for _ in range(1200):  # until the first row is written (a poll, not a timing)
+        if out.exists() and out.read_text().count("\n") >= 2 or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert "rerun the same command to resume" in err
+    kept = pd.read_csv(out)
+    assert 1 <= len(kept) < len(rates) and (kept["status"] == "ok").all()
+    assert f"{len(kept)} of {len(rates)} runs kept" in err

@@ -39,13 +39,14 @@ from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, resolve_path
 from simulator.io.schema import Scenario
+from simulator.metrics.alerts import THRESHOLD_KEYS as ALERT_KEYS
 from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
 from simulator.metrics.records import Recorder
 from simulator.metrics.summary import summarize
-from simulator.metrics.timeseries import timeseries, window_edges
+from simulator.metrics.timeseries import mark_down, timeseries, window_edges
 from simulator.metrics.utilization import StageHardware, gpu_windows
 from simulator.paths import ROOT
 from simulator.topology.graph import Paths
@@ -127,6 +128,7 @@ class Cluster:
         self.pending: deque[Request] = deque()
         self._waiting: dict[int, object] = {}  # pending request id -> its current wait
         self.downtime: list[list[list[float]]] = [[] for _ in self.replicas]  # [start, end]
+        self.down_causes: list[list[str]] = [[] for _ in self.replicas]  # fault target per span
         self._restarting = [False] * len(self.replicas)
         self.retries = 0
         self.last_event_s = 0.0  # last arrival or completion: the end of the workload
@@ -160,6 +162,7 @@ class Cluster:
         self.last_event_s = now
         if req.prompt + req.output > self.max_len:
             req.status, req.finish_s = "rejected", now
+            req.reason = f"prompt + output tokens exceed max_model_len {self.max_len}"
             self.finish(req)
             return
         up = [r for r in self.replicas if r.up] if self.any_down else self.replicas
@@ -213,6 +216,7 @@ class Cluster:
                 rep.reprice(*self._costs(i, view))
             if rep.up and not ok:
                 self.downtime[i].append([self.env.now, float("inf")])
+                self.down_causes[i].append(target)
                 lost = rep.fail()
                 for req in lost:
                     self._retry(req, f"replica {i} went down ({target})", rec)
@@ -497,13 +501,22 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     kept = steps if not steps.empty else None
     window_s, warnings = _window(requests, s.output.window_s)
     warnings += _outcome_warnings(requests, cluster)
+    stream_blocks = plan.memory.kv_blocks // plan.streams_per_replica
     ts = timeseries(requests, kept, window_s=window_s,
                     budget=eng.max_num_batched_tokens,
-                    kv_capacity={r: plan.memory.kv_blocks for r in range(s.parallel.dp)})
-    thresholds = {k: getattr(s.alerts, k) for k in ("ttft_p99_s", "e2e_p99_s",
-                                                    "batch_efficiency_min")}
+                    kv_capacity={r: plan.memory.kv_blocks for r in range(s.parallel.dp)},
+                    max_num_seqs=eng.max_num_seqs, stream_blocks=stream_blocks)
+    ts = mark_down(ts, cluster.downtime, window_edges(float(ts["window_end_s"].iloc[-1]),
+                                                      window_s))
+    thresholds = {k: getattr(s.alerts, k) for k in ALERT_KEYS}
     events_df = alerts(requests, kept, ts, thresholds, window_s=window_s,
-                       budget=eng.max_num_batched_tokens)
+                       budget=eng.max_num_batched_tokens, max_num_seqs=eng.max_num_seqs,
+                       stream_blocks=stream_blocks)
+    # [replica, down at (s), up again at (s) or None if never, the fault that took it down]
+    summary["downtime_spans"] = [[i, a, b if np.isfinite(b) else None, cause]
+                                 for i, (spans, causes) in enumerate(zip(
+                                     cluster.downtime, cluster.down_causes, strict=True))
+                                 for (a, b), cause in zip(spans, causes, strict=True)]
     gpu_ts = pd.DataFrame()
     if kept is not None:
         edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)

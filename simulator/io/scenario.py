@@ -275,6 +275,9 @@ def load_scenario(source: str | Path | dict | Scenario,
         data = apply_overrides(data, overrides)
     except ScenarioError as exc:
         raise exc.with_source(origin) from None
+    if overrides:  # problems may come from the flags, not the file: name both
+        flags = " ".join(f"--set {o}" for o in overrides)
+        origin = f"{origin}: {flags}" if origin else flags
     if seed is not None:
         data["seed"] = seed
     data = apply_profile(data)  # [engine] profile: fills the engine keys not set

@@ -168,6 +168,8 @@ class OutputKeys:
     steps: bool = _f(True)  # write steps.csv (one row per stage step); off for very long runs
     trace: bool = _f(True)  # write trace.json (Perfetto); needs steps
     window_s: float = _f(1.0, gt=0.0)  # timeseries.csv window
+    format: str = _f("csv", choices=("csv", "parquet"))  # the four tables' file format
+    trace_gzip: bool = _f(True)  # trace.json.gz (about 8x smaller) rather than trace.json
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,10 @@ class AlertKeys:
     ttft_p99_s: float = _f(2.0, min=0.0)
     e2e_p99_s: float = _f(30.0, min=0.0)
     batch_efficiency_min: float = _f(0.6, min=0.0, max=1.0)
+    queue_len_max: float = _f(0.0, min=0.0)
+    oldest_queued_s: float = _f(0.0, min=0.0)
+    waiting_ttft_s: float = _f(5.0, min=0.0)
+    min_completions: int = _f(10, min=1)
 
 
 @dataclass(frozen=True)
@@ -300,6 +306,10 @@ LIMITS: dict[str, dict[str, float]] = {
     "output.window_s": {"min": 1e-3, "max": MAX_TIME_S},
     "alerts.ttft_p99_s": {"max": MAX_TIME_S},
     "alerts.e2e_p99_s": {"max": MAX_TIME_S},
+    "alerts.queue_len_max": {"max": float(MAX_REQUESTS)},
+    "alerts.oldest_queued_s": {"max": MAX_TIME_S},
+    "alerts.waiting_ttft_s": {"max": MAX_TIME_S},
+    "alerts.min_completions": {"max": MAX_REQUESTS},
     "recovery.max_retries": {"max": 1000},
     "recovery.restart_s": {"max": MAX_TIME_S},
     "recovery.pending_timeout_s": {"max": MAX_TIME_S},

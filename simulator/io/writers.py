@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import tomli_w
 
 from simulator.errors import ScenarioError
@@ -30,7 +31,9 @@ from simulator.io.scenario import to_dict
 
 #: Files a run writes; a folder holding only these (and plots) may be replaced by a run.
 RUN_FILES = frozenset({"requests.csv", "steps.csv", "trace.json", "gpu_timeseries.csv",
-                       "timeseries.csv", "alerts.csv", "summary.json", "scenario.toml"})
+                       "timeseries.csv", "alerts.csv", "summary.json", "scenario.toml",
+                       "trace.json.gz", "requests.parquet", "steps.parquet",
+                       "gpu_timeseries.parquet", "timeseries.parquet", "report.html"})
 
 
 def _clean(v):
@@ -70,7 +73,8 @@ def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = 
         with ThreadPoolExecutor(1) as pool:
             # trace.json in a second thread: Arrow formats it and writes the CSVs below with
             # the GIL released, so the two overlap on a second core.
-            traced = (pool.submit(write_trace, tmp / "trace.json", result.requests,
+            name = "trace.json.gz" if result.scenario.output.trace_gzip else "trace.json"
+            traced = (pool.submit(write_trace, tmp / name, result.requests,
                                   result.steps) if has_steps and trace else None)
             _write_tables(result, tmp, has_steps)
             if traced is not None:
@@ -174,15 +178,22 @@ def default_out(name: str, overrides: list[str] | None = None,
     return Path("runs") / f"{name}-{suffix}"
 
 
+def write_parquet(df: pd.DataFrame, path: Path) -> None:
+    """A DataFrame as Parquet (``[output] format = "parquet"``): typed columns, compressed."""
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), str(path))
+
+
 def _write_tables(result, out: Path, has_steps: bool) -> None:
-    """Every file but trace.json."""
-    write_csv(result.requests, out / "requests.csv")
+    """Every file but trace.json (the four tables as CSV, or Parquet if the scenario says)."""
+    ext = ".parquet" if result.scenario.output.format == "parquet" else ".csv"
+    write = write_parquet if ext == ".parquet" else write_csv
+    write(result.requests, out / f"requests{ext}")
     if has_steps:
-        write_csv(result.steps, out / "steps.csv")
+        write(result.steps, out / f"steps{ext}")
     if has_steps and not result.gpu_timeseries.empty:
-        write_csv(result.gpu_timeseries, out / "gpu_timeseries.csv")
+        write(result.gpu_timeseries, out / f"gpu_timeseries{ext}")
     if not result.timeseries.empty:
-        write_csv(result.timeseries, out / "timeseries.csv")
+        write(result.timeseries, out / f"timeseries{ext}")
     result.alerts.to_csv(out / "alerts.csv", index=False)
     summary = {k: _clean(v) for k, v in result.summary.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

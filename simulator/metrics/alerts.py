@@ -2,8 +2,13 @@
 
 A rule compares one window column with a threshold; it fires at the end of the first window
 that breaks it and clears at the end of the first window that no longer does. Windows with
-no value (no request finished, no step ran) leave the state as it was. Rules run on the
-whole cluster (``replica = "all"``) and on each replica.
+no value (no request finished, no step ran) leave the state as it was. The latency rules
+take the p99 over the requests finished in the window, topped up with the latest earlier
+ones to at least ``min_completions`` (a p99 of one or two requests is noise, and made the
+e2e rule flap; a fixed minimum per window would never clear at low load). Rules on what waits
+(queue length, age of the oldest queued request, age of the oldest request still without
+its first token) have a value in every window, so they see an outage while nothing
+completes. Rules run on the whole cluster (``replica = "all"``) and on each replica.
 """
 
 from __future__ import annotations
@@ -15,12 +20,27 @@ import pandas as pd
 
 from simulator.metrics.timeseries import request_windows, step_windows, window_edges
 
+
+def _above(v, t):
+    return v > t
+
+
+def _below(v, t):
+    return v < t
+
+
 #: rule name -> (window column, breaks the rule?, scenario key of its threshold)
-RULES: dict[str, tuple[str, Callable[[float, float], bool], str]] = {
-    "ttft_p99_above": ("ttft_p99_s", lambda v, t: v > t, "ttft_p99_s"),
-    "e2e_p99_above": ("e2e_p99_s", lambda v, t: v > t, "e2e_p99_s"),
-    "batch_efficiency_below": ("batch_efficiency", lambda v, t: v < t, "batch_efficiency_min"),
+RULES: dict[str, tuple[str, Callable, str]] = {
+    "ttft_p99_above": ("ttft_p99_s", _above, "ttft_p99_s"),
+    "e2e_p99_above": ("e2e_p99_s", _above, "e2e_p99_s"),
+    "batch_efficiency_below": ("batch_efficiency", _below, "batch_efficiency_min"),
+    "queue_len_above": ("queue_len", _above, "queue_len_max"),
+    "oldest_queued_above": ("oldest_queued_s", _above, "oldest_queued_s"),
+    "waiting_ttft_above": ("waiting_ttft_max_s", _above, "waiting_ttft_s"),
 }
+#: Scenario keys of the ``[alerts]`` table that :func:`alerts` reads.
+THRESHOLD_KEYS = ("ttft_p99_s", "e2e_p99_s", "batch_efficiency_min", "queue_len_max",
+                  "oldest_queued_s", "waiting_ttft_s", "min_completions")
 ALERT_COLUMNS = ["time_s", "rule", "event", "value", "threshold", "replica"]
 
 
@@ -43,15 +63,71 @@ def transitions(ts: pd.DataFrame, thresholds: dict[str, float], replica: str) ->
     return rows
 
 
+def trailing_pct(times: np.ndarray, values: np.ndarray, edges: np.ndarray, q: float,
+                 least: int) -> np.ndarray:
+    """Per window with a completion: the q-th percentile (linear) of ``values`` over the
+    requests finishing in it, plus the latest earlier ones when fewer than ``least``
+    finished (then exactly the latest ``least``, or all there are).
+
+    Notes
+    -----
+    Vectorized: windows with at least ``least`` completions are disjoint groups (one
+    grouped quantile); the others each take a fixed-length slice ending at the window's
+    end (one ``percentile`` along the rows of a windows x ``least`` matrix). No loop over
+    windows (a long run with many replicas has them by the hundred thousand), but over the
+    few before the first ``least`` completions.
+    """
+    ok = ~(np.isnan(times) | np.isnan(values))
+    order = np.argsort(times[ok], kind="stable")
+    t, v = times[ok][order], values[ok][order]
+    hi = np.searchsorted(t, edges[1:], side="left")  # finished before the window's end
+    first = np.searchsorted(t, edges[:-1], side="left")
+    count = hi - first
+    out = np.full(len(edges) - 1, np.nan)
+    big = count >= least
+    if big.any():
+        w = np.searchsorted(edges, t, side="right") - 1  # each completion's window
+        keep = (w >= 0) & (w < len(out)) & big[np.clip(w, 0, len(out) - 1)]
+        got = pd.Series(v[keep]).groupby(w[keep]).quantile(q / 100)
+        out[got.index.to_numpy()] = got.to_numpy()
+    small = (count > 0) & ~big
+    full = np.flatnonzero(small & (hi >= least))  # the latest `least` completions
+    if len(full):
+        idx = hi[full, None] - least + np.arange(least)[None, :]
+        out[full] = np.percentile(v[idx], q, axis=1)
+    for j in np.flatnonzero(small & (hi < least)):  # before the first `least` completions:
+        out[j] = np.percentile(v[:hi[j]], q)  # at most `least` such windows
+    return out
+
+
+def _latency_rules(ts: pd.DataFrame, requests: pd.DataFrame, edges: np.ndarray,
+                   least: int) -> pd.DataFrame:
+    """``ts`` with the p99 columns the latency rules read, topped up to ``least``."""
+    fin = requests["finish_s"].where(requests["status"] == "completed").to_numpy(float)
+    ts = ts.copy()
+    for col in ("ttft", "e2e"):
+        ts[f"{col}_p99_s"] = trailing_pct(fin, requests[f"{col}_s"].to_numpy(float),
+                                          edges[:len(ts) + 1], 99, least)
+    return ts
+
+
 def alerts(requests: pd.DataFrame, steps: pd.DataFrame | None, cluster_ts: pd.DataFrame,
-           thresholds: dict[str, float], *, window_s: float, budget: int) -> pd.DataFrame:
-    """Every alert event of the run, cluster-wide and per replica, ordered by time."""
-    rows = transitions(cluster_ts, thresholds, "all")
+           thresholds: dict[str, float], *, window_s: float, budget: int,
+           max_num_seqs: int, stream_blocks: int) -> pd.DataFrame:
+    """Every alert event of the run, cluster-wide and per replica, ordered by time.
+
+    ``budget``, ``max_num_seqs`` and ``stream_blocks`` (KV blocks per micro-batch stream)
+    are the limits the batch fill is measured against (:func:`~simulator.metrics.
+    timeseries.step_fill`).
+    """
+    least = int(thresholds.get("min_completions", 1))
     edges = window_edges(float(cluster_ts["window_end_s"].iloc[-1]), window_s)
+    rows = transitions(_latency_rules(cluster_ts, requests, edges, least), thresholds, "all")
     for r, g in requests[requests["replica"] >= 0].groupby("replica"):
-        ts = request_windows(g, edges)
+        ts = _latency_rules(request_windows(g, edges), g, edges, least)
         if steps is not None and not steps.empty:
-            eff = step_windows(steps[steps["replica"] == r], edges, budget, {})
+            eff = step_windows(steps[steps["replica"] == r], edges, budget, {},
+                               max_num_seqs=max_num_seqs, stream_blocks=stream_blocks)
             ts["batch_efficiency"] = eff["batch_efficiency"].to_numpy()
         rows += transitions(ts, thresholds, str(r))
     df = pd.DataFrame(rows, columns=ALERT_COLUMNS)

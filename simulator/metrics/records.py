@@ -70,7 +70,8 @@ class Recorder:
         """Per-request table, ordered by request id, with derived latencies.
 
         ttft = first_token - arrival; tpot = (finish - first_token) / (output - 1), NaN for
-        one-token outputs; e2e = finish - arrival.
+        one-token outputs; e2e = finish - arrival, NaN unless completed (a request that was
+        not served has no latency). A rejected request never ran: its finish is NaN too.
         """
         self._pack()
         if self._chunks:
@@ -83,7 +84,8 @@ class Recorder:
         df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
         decode_tokens = (df["output_tokens"] - 1).astype(float).replace(0, np.nan)
         df["tpot_s"] = (df["finish_s"] - df["first_token_s"]) / decode_tokens
-        df["e2e_s"] = df["finish_s"] - df["arrival_s"]
+        df.loc[df["status"] == "rejected", "finish_s"] = np.nan
+        df["e2e_s"] = (df["finish_s"] - df["arrival_s"]).where(df["status"] == "completed")
         return df[REQUEST_COLUMNS]
 
     def step_bulk(self, columns: dict) -> None:

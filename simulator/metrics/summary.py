@@ -3,7 +3,10 @@
 Definitions (docs/metrics.md): TTFT = first token - arrival; TPOT = (finish - first token)
 / (output tokens - 1); E2E = finish - arrival; queue = first scheduled - arrival. Rates divide
 by the span from the first arrival to the last completion. Goodput counts completed requests
-whose TTFT and TPOT both meet the SLO (TPOT of a one-token reply counts as met).
+whose TTFT and TPOT both meet the SLO (TPOT of a one-token reply counts as met); SLO
+attainment is over every request, so rejected, dropped and failed ones count as misses.
+Steady-state rates (``*_steady_*``) divide by the second half of the arrival window instead,
+so that neither the warm-up nor the drain after the last arrival counts.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ SUMMARY_KEYS = [
     "goodput_req_per_s", "slo_attainment", "preemptions_total", "batch_efficiency_mean",
     "pp_bubble_fraction", "pp_stage_idle_s", "steps_total", "simulated_time_s",
     "prefix_hit_rate", "prefill_tokens_saved", "prefix_hit_rate_per_replica",
+    "throughput_steady_tok_per_s", "throughput_steady_req_per_s", "goodput_steady_req_per_s",
+    "steady_window_s",
     "kv_blocks_per_replica", "kv_tokens_per_replica", "max_model_len", "gpus",
     "simpy_events", "availability_mean", "availability_min", "retries_total",
     "nvlink_util_mean", "nvlink_util_max", "pcie_util_mean", "pcie_util_max",
     "fabric_util_mean", "fabric_util_max",  # simulator.metrics.links
+    "downtime_spans",  # [replica, down_s, up_s or null, fault target], from the run's faults
     "wall_time_s",
 ]
 
@@ -107,7 +113,8 @@ def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
     out["throughput_tok_per_s"] = rate(tokens)
     out["throughput_req_per_s"] = rate(float(len(done)))
     out["goodput_req_per_s"] = rate(float(ok.sum()))
-    out["slo_attainment"] = float(ok.mean()) if len(done) else float("nan")
+    # Over every request: one rejected, dropped or failed is a miss, not left out.
+    out["slo_attainment"] = float(ok.sum()) / len(requests) if len(requests) else float("nan")
     out["preemptions_total"] = int(requests["preemptions"].sum())
     steps = engine["steps"]
     out["batch_efficiency_mean"] = (engine["step_tokens"] / (steps * max_num_batched_tokens)
@@ -119,6 +126,7 @@ def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
     out["steps_total"] = int(steps)
     out["simulated_time_s"] = float(done["finish_s"].max()) if len(done) else 0.0
     out.update(prefix_hits(done))
+    out.update(steady_rates(requests, ok.reindex(requests.index, fill_value=False)))
     return out
 
 
@@ -139,3 +147,45 @@ def prefix_hits(done: pd.DataFrame) -> dict:
             rates[int(r)] = float(row["c"] / row["p"])
     return {"prefix_hit_rate": saved / prompt if prompt > 0 else 0.0,
             "prefill_tokens_saved": saved, "prefix_hit_rate_per_replica": rates}
+
+
+#: Share of the arrival window skipped as warm-up before the steady window (as the planner).
+STEADY_WARMUP = 0.5
+
+
+def tokens_generated(requests: pd.DataFrame, lo: float, hi: float) -> float:
+    """Output tokens of completed requests generated in [lo, hi]: the first at
+    ``first_token_s``, the other ``output - 1`` evenly until ``finish_s``."""
+    done = (requests["status"] == "completed").to_numpy()
+    first = requests["first_token_s"].to_numpy(dtype=float)[done]
+    finish = requests["finish_s"].to_numpy(dtype=float)[done]
+    out = requests["output_tokens"].to_numpy(dtype=float)[done]
+    span = np.maximum(finish - first, 1e-12)
+    overlap = np.clip(np.minimum(finish, hi) - np.maximum(first, lo), 0.0, None)
+    return float(((out - 1) * overlap / span).sum() + ((first >= lo) & (first <= hi)).sum())
+
+
+def steady_rates(requests: pd.DataFrame, ok: pd.Series) -> dict:
+    """Rates over the steady window ``[t0 + STEADY_WARMUP (t1 - t0), t1]``, t0 and t1 the
+    first and last arrival (nan when the window is empty).
+
+    Tokens per second generated in the window (:func:`tokens_generated`), completions per
+    second finishing in it, and goodput: requests arriving in it that complete within both
+    SLOs, per second. At an offered rate a layout keeps up with, goodput equals the offered
+    rate; the whole-run figures divide by a span that includes the drain.
+    """
+    t = requests["arrival_s"].to_numpy(dtype=float)
+    nan = float("nan")
+    keys = ("throughput_steady_tok_per_s", "throughput_steady_req_per_s",
+            "goodput_steady_req_per_s")
+    if len(t) < 2 or t.max() <= t.min():
+        return {**dict.fromkeys(keys, nan), "steady_window_s": 0.0}
+    t0, t1 = float(t.min()), float(t.max())
+    lo = t0 + STEADY_WARMUP * (t1 - t0)
+    width = t1 - lo
+    fin = requests["finish_s"].where(requests["status"] == "completed").to_numpy(dtype=float)
+    arrived = (t > lo) & (t <= t1)  # k gaps of a constant rate hold k arrivals
+    return {"throughput_steady_tok_per_s": tokens_generated(requests, lo, t1) / width,
+            "throughput_steady_req_per_s": float(((fin >= lo) & (fin <= t1)).sum()) / width,
+            "goodput_steady_req_per_s": float((arrived & ok.to_numpy()).sum()) / width,
+            "steady_window_s": width}

@@ -1,10 +1,12 @@
 """Run metrics in fixed time windows, as an operator's dashboard shows them.
 
 Pure functions of the request and step tables. A window [t, t + w) counts the arrivals and
-completions in it; queue and running counts are sampled at the window's end; latency
-percentiles are over requests that finished in the window; batching efficiency is the mean
-over the first-stage steps that ended in it; KV utilization per replica is the last value
-of the window (carried forward while a replica is idle).
+completions in it; queue and running counts, and the ages of what waits, are sampled at the
+window's end; output tokens count in the window where they are generated; latency
+percentiles are over requests that finished in the window; batch fill is the mean over the
+first-stage steps that ended in it of how full each step was on its binding resource; KV
+utilization per replica is the last value of the window (carried forward while a replica
+is idle).
 """
 
 from __future__ import annotations
@@ -42,28 +44,87 @@ def _pct_by_window(times: np.ndarray, values: np.ndarray, edges: np.ndarray,
     return out
 
 
+def generated_by(requests: pd.DataFrame, at: np.ndarray) -> np.ndarray:
+    """Output tokens of completed requests generated before each time in ``at`` (so that a
+    window [a, b) holds ``G(b) - G(a)``): a request's
+    first token at ``first_token_s``, its other ``output - 1`` evenly until ``finish_s``.
+
+    Notes
+    -----
+    With rate r_i = (o_i - 1) / (f_i - s_i) over [s_i, f_i), the tokens by t are
+    ``sum_{s_i < t} 1 + sum_{s_i <= t} r_i (t - s_i) - sum_{f_i <= t} r_i (t - f_i)``: sorted prefix
+    sums, O((n + len(at)) log n), no loop over requests.
+    """
+    done = (requests["status"] == "completed").to_numpy()
+    s = requests["first_token_s"].to_numpy(float)[done]
+    f = requests["finish_s"].to_numpy(float)[done]
+    o = requests["output_tokens"].to_numpy(float)[done]
+    span = f - s
+    r = np.where(span > 0, (o - 1) / np.where(span > 0, span, 1.0), 0.0)
+    burst = np.where(span > 0, 1.0, o)  # all at once when first token and finish coincide
+    at = np.asarray(at, dtype=float)
+
+    def by(times: np.ndarray, weights: np.ndarray,
+           side: str = "right") -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(times, kind="stable")
+        k = np.searchsorted(times[order], at, side=side)
+        cw = np.concatenate(([0.0], np.cumsum(weights[order])))
+        ctw = np.concatenate(([0.0], np.cumsum((weights * times)[order])))
+        return cw[k], ctw[k]
+
+    n_s, _ = by(s, burst, "left")
+    rs, rts = by(s, r)
+    rf, rtf = by(f, r)
+    return n_s + (at * rs - rts) - (at * rf - rtf)
+
+
+def oldest_age(arrival: np.ndarray, until: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Age at each time t in ``at`` of the oldest interval [arrival, until) containing t
+    (0 when none does).
+
+    Notes
+    -----
+    In arrival order, the oldest one holding t is the first whose ``until`` exceeds t, if
+    it has arrived: the first index where the running maximum of ``until`` passes t.
+    """
+    order = np.argsort(arrival, kind="stable")
+    a, u = arrival[order], until[order]
+    if len(a) == 0:
+        return np.zeros(len(at))
+    reach = np.maximum.accumulate(u)
+    i = np.searchsorted(reach, at, side="right")
+    i_safe = np.minimum(i, len(a) - 1)
+    holds = (i < len(a)) & (a[i_safe] <= at)
+    return np.where(holds, at - a[i_safe], 0.0)
+
+
 def request_windows(requests: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
-    """Per-window request metrics (see the module docstring)."""
+    """Per-window request metrics (see the module docstring and docs/observability.md)."""
     arr = requests["arrival_s"].to_numpy(float)
     sched = requests["first_scheduled_s"].to_numpy(float)
+    first = requests["first_token_s"].to_numpy(float)
     fin = requests["finish_s"].to_numpy(float)
     done = (requests["status"] == "completed").to_numpy()
     fin_done = np.where(done, fin, np.nan)
     ends = edges[1:]
     w = edges[1] - edges[0]
-    tokens = np.histogram(fin_done[done], bins=edges,
-                          weights=requests["output_tokens"].to_numpy(float)[done])[0]
-    # Queued: arrived, not yet scheduled (rejected requests never queue).
-    queued_until = np.where(np.isnan(sched), np.where(done, np.inf, arr), sched)
+    tokens = np.diff(generated_by(requests, edges))
+    # Queued: arrived, not yet scheduled, until scheduled or given up (dropped while no
+    # replica was up); rejected requests never queue (no finish time, so until = arrival).
+    left = np.where(np.isnan(fin), arr, fin)
+    queued_until = np.where(np.isnan(sched), left, sched)
+    no_token_until = np.where(np.isnan(first), left, first)
     out = pd.DataFrame({
         "window_start_s": edges[:-1], "window_end_s": ends,
         "arrivals": _count_in(arr, edges),
         "completions": _count_in(fin_done, edges),
         "queue_len": _alive_at(arr, queued_until, ends),
-        "running": _alive_at(sched, fin_done, ends),
+        "running": _alive_at(sched, np.where(np.isnan(sched), np.nan, left), ends),
         "output_tok_per_s": tokens / w,
+        "oldest_queued_s": oldest_age(arr, queued_until, ends),
+        "waiting_ttft_max_s": oldest_age(arr, no_token_until, ends),
     })
-    for metric in ("ttft_s", "e2e_s"):
+    for metric in ("ttft_s", "tpot_s", "e2e_s"):
         v = requests[metric].to_numpy(float)
         for q in (50, 99):
             out[f"{metric[:-2]}_p{q}_s"] = _pct_by_window(fin_done, v, edges, q)
@@ -77,18 +138,39 @@ def request_windows(requests: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
     return out
 
 
+def step_fill(steps: pd.DataFrame, budget: int, max_num_seqs: int,
+              stream_blocks: int) -> pd.DataFrame:
+    """How full each step was on each of a micro-batch stream's three limits, and on the
+    binding one (their maximum), as fractions.
+
+    ``seqs = batch_size / max_num_seqs``, ``tokens = (prefill + decode tokens) /
+    max_num_batched_tokens``, ``kv = kv_blocks / KV blocks per stream``. A decode-heavy
+    step uses a few percent of the token budget even when no further sequence fits: its
+    limit is sequences or KV blocks, so the fill is the largest of the three.
+    """
+    seqs = steps["batch_size"].to_numpy(float) / max_num_seqs
+    tokens = (steps["prefill_tokens"] + steps["decode_tokens"]).to_numpy(float) / budget
+    kv = steps["kv_blocks"].to_numpy(float) / max(stream_blocks, 1)
+    return pd.DataFrame({"seqs": seqs, "tokens": tokens, "kv": kv,
+                         "fill": np.maximum(np.maximum(seqs, tokens), kv)})
+
+
 def step_windows(steps: pd.DataFrame, edges: np.ndarray, budget: int,
-                 kv_capacity: dict[int, int]) -> pd.DataFrame:
-    """Batching efficiency and KV utilization per replica, per window."""
+                 kv_capacity: dict[int, int], *, max_num_seqs: int,
+                 stream_blocks: int) -> pd.DataFrame:
+    """Batch fill (:func:`step_fill`, mean over the first-stage steps ending in each window;
+    ``batch_efficiency`` is the binding resource's fill) and KV utilization per replica."""
     n = len(edges) - 1
     out = pd.DataFrame(index=range(n))
     first = steps[steps["stage"] == 0]
     idx = np.searchsorted(edges, first["end_s"].to_numpy(), side="right") - 1
-    eff = (first["prefill_tokens"] + first["decode_tokens"]).to_numpy(float) / budget
+    fill = step_fill(first, budget, max_num_seqs, stream_blocks)
     keep = (idx >= 0) & (idx < n)
-    sums = np.bincount(idx[keep], weights=eff[keep], minlength=n)
     counts = np.bincount(idx[keep], minlength=n)
-    out["batch_efficiency"] = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    for col, name in (("fill", "batch_efficiency"), ("seqs", "batch_fill_seqs"),
+                      ("tokens", "batch_fill_tokens"), ("kv", "batch_fill_kv")):
+        sums = np.bincount(idx[keep], weights=fill[col].to_numpy()[keep], minlength=n)
+        out[name] = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
     for r, cap in sorted(kv_capacity.items()):
         g = first[first["replica"] == r]
         if g.empty:
@@ -104,15 +186,41 @@ def step_windows(steps: pd.DataFrame, edges: np.ndarray, budget: int,
     return out
 
 
+def down_windows(downtime: list[list[list[float]]], edges: np.ndarray) -> np.ndarray:
+    """Replicas down at each window's end, from each replica's [down, up] spans."""
+    spans = [sp for rep in downtime for sp in rep]
+    if not spans:
+        return np.zeros(len(edges) - 1, dtype=np.int64)
+    start = np.array([a for a, _ in spans], dtype=float)
+    end = np.array([b for _, b in spans], dtype=float)
+    return _alive_at(start, np.where(np.isinf(end), np.nan, end), edges[1:])
+
+
+def mark_down(ts: pd.DataFrame, downtime: list[list[list[float]]],
+               edges: np.ndarray) -> pd.DataFrame:
+    """``ts`` with ``replicas_down`` and, for each window in which replica R is down at its
+    end, ``kv_util_rR`` = 0 (its KV cache is lost; carrying its last value forward would show
+    a frozen cache through the outage)."""
+    ts = ts.copy()
+    ts["replicas_down"] = down_windows(downtime, edges)
+    for r, spans in enumerate(downtime):
+        col = f"kv_util_r{r}"
+        if col in ts and spans:
+            down = down_windows([spans], edges) > 0
+            ts.loc[down, col] = 0.0
+    return ts
+
+
 def timeseries(requests: pd.DataFrame, steps: pd.DataFrame | None, *, window_s: float,
-               budget: int, kv_capacity: dict[int, int],
-               gpu: pd.DataFrame | None = None) -> pd.DataFrame:
+               budget: int, kv_capacity: dict[int, int], max_num_seqs: int,
+               stream_blocks: int, gpu: pd.DataFrame | None = None) -> pd.DataFrame:
     """The full per-window table: request metrics, then step metrics when steps exist,
     then per-GPU utilization columns when ``gpu`` (window x GPU table) is given."""
     end = float(np.nanmax(requests[["arrival_s", "finish_s"]].to_numpy(float)))
     edges = window_edges(end, window_s)
     out = request_windows(requests, edges)
     if steps is not None and not steps.empty:
-        out = pd.concat([out, step_windows(steps, edges, budget, kv_capacity)],
-                        axis=1)
+        out = pd.concat([out, step_windows(steps, edges, budget, kv_capacity,
+                                           max_num_seqs=max_num_seqs,
+                                           stream_blocks=stream_blocks)], axis=1)
     return out

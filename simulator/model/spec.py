@@ -370,4 +370,7 @@ def load_model(name: str, base_dir: str | Path = ".") -> ModelSpec:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"model.name: cannot read {str(path)!r} as JSON ({exc})") from None
-    return from_config(config, name if name in names else path.stem)
+    if name in names:
+        return from_config(config, name)
+    # A Hugging Face checkout holds config.json: the model's name is its folder's.
+    return from_config(config, path.parent.name if path.stem == "config" else path.stem)

@@ -1,7 +1,9 @@
 """Text and files of a plan or a capacity search: what the CLI prints and writes.
 
 plan: ``plan.csv`` (simulated candidates, ranked), ``candidates.csv`` (every enumerated
-candidate with its estimate or the reason it is out), ``pareto.png``. capacity:
+candidate with its estimate or the reason it is out), ``pareto.png``, and
+``recommended.toml``: the scenario with the pick's layout and engine limits, runnable by
+``run`` and ``capacity`` as it is (relative paths made absolute). capacity:
 ``capacity.csv`` (one row per probe) and ``capacity.png``.
 """
 
@@ -10,11 +12,48 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import tomli_w
 
+from simulator.io.scenario import to_dict
 from simulator.planner.capacity import CapacityResult
 from simulator.planner.plan import PlanResult
 from simulator.planner.plots import capacity_plot, pareto_plot
-from simulator.planner.space import layout_label
+from simulator.planner.space import Limits, layout_label
+
+#: File name of the pick's runnable scenario in a plan's output folder.
+RECOMMENDED = "recommended.toml"
+
+
+def _absolute(value, base: Path):
+    """A path-like string that names an existing file under ``base``, made absolute (the
+    scenario file moves to the plan's folder); anything else as it is."""
+    if isinstance(value, dict):
+        return {k: _absolute(v, base) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_absolute(v, base) for v in value]
+    if isinstance(value, str) and ("/" in value or "." in value) and not Path(value).is_absolute():
+        candidate = base / value
+        if candidate.exists():
+            return str(candidate.resolve())
+    return value
+
+
+def recommended_scenario(result: PlanResult) -> dict | None:
+    """The scenario with the pick's layout and engine limits (None without a pick)."""
+    best = result.best
+    if best is None:
+        return None
+    s = result.scenario
+    data = to_dict(s)
+    lay = {k: int(best[k]) for k in ("tp", "pp", "dp")}
+    chunk = best.get("chunk_size")
+    lim = Limits(int(best["max_num_seqs"]), int(best["max_num_batched_tokens"]),
+                 None if chunk is None or pd.isna(chunk) else int(chunk))
+    data["name"] = f"{s.name}-tp{lay['tp']}-pp{lay['pp']}-dp{lay['dp']}"
+    data["parallel"] = {**data.get("parallel", {}), **lay}
+    for key, value in lim.overrides().items():
+        data["engine"][key.split(".", 1)[1]] = value
+    return _absolute(data, Path(s.base_dir))
 
 
 def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list[Path]:
@@ -24,6 +63,11 @@ def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list
     files = [out / "plan.csv", out / "candidates.csv"]
     result.table.to_csv(files[0], index=False)
     result.candidates.to_csv(files[1], index=False)
+    pick = recommended_scenario(result)
+    if pick is not None:
+        files.append(out / RECOMMENDED)
+        files[-1].write_text(f"# The plan's pick for {result.scenario.name}: {result.reason}\n"
+                             .replace("\n", " ").rstrip() + "\n" + tomli_w.dumps(pick))
     if figure and not result.table.empty:
         s = result.scenario
         title = (f"{s.model.name} ({s.model.weight_dtype}) on {s.cluster.nodes} x "

@@ -56,31 +56,75 @@ def format_summary(info: dict) -> str:
     return "\n".join(lines)
 
 
+def _order(name: str) -> tuple[str, int]:
+    """``gpu12`` sorts as ("gpu", 12): GPUs, NICs and switches in numeric order."""
+    stem = name.rstrip("0123456789")
+    return stem, int(name[len(stem):] or 0)
+
+
+def layout(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
+    """Positions by node: each node a column block (GPUs left to right in index order, its
+    NICs above them, NVSwitch / PCIe switch and host below), fabric switches in rows above
+    all nodes (spines on top), spread evenly."""
+    rows = {"nic": 1.0, "gpu": 0.0, "nvswitch": -1.0, "pcie_switch": -1.0, "host": -2.0}
+    per_node: dict[int, dict[str, list[str]]] = {}
+    fabric: dict[str, list[str]] = {"spine": [], "leaf": []}
+    for v, d in g.nodes(data=True):
+        if "node" in d:
+            per_node.setdefault(d["node"], {}).setdefault(d.get("kind"), []).append(v)
+        else:
+            fabric["spine" if d.get("tier") == "spine" else "leaf"].append(v)
+    width = max((len(k.get("gpu", [])) for k in per_node.values()), default=1) + 1
+    pos = {}
+    for n, kinds in per_node.items():
+        for kind, names in kinds.items():
+            names = sorted(names, key=lambda v: g.nodes[v].get("index", _order(v)[1]))
+            span = len(kinds.get("gpu", names)) - 1
+            for i, v in enumerate(names):
+                x = span / 2 if len(names) == 1 else i * span / max(len(names) - 1, 1)
+                pos[v] = (n * width + x, rows.get(kind, -3.0))
+    total = max(len(per_node) * width - 1, 1)
+    for level, names in enumerate((fabric["leaf"], fabric["spine"])):
+        names = sorted(names, key=_order)
+        for i, v in enumerate(names):
+            pos[v] = ((i + 0.5) * total / len(names), 2.5 + 1.5 * level)
+    return pos
+
+
 def draw(g: nx.DiGraph, path: str) -> None:
-    """A layered drawing: fabric switches on top, then NICs, GPUs, NVSwitches and hosts."""
-    import matplotlib  # noqa: PLC0415 - only for this command
+    """The cluster laid out by node (:func:`layout`): GPUs in index order, NVLink edges
+    green, PCIe gray, NIC-to-fabric links blue and dashed, NICs drawn as squares."""
+    from matplotlib.figure import Figure  # noqa: PLC0415 - only for this command
+    from matplotlib.lines import Line2D  # noqa: PLC0415
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    layer = {"switch": 0, "nic": 1, "gpu": 2, "nvswitch": 3, "pcie_switch": 3, "host": 4}
     u = nx.Graph(g)
-    for _, d in u.nodes(data=True):
-        d["layer"] = layer.get(d.get("kind"), 5) if d.get("tier") != "spine" else -1
-    pos = {v: (x, -y) for v, (x, y) in  # switches on top
-           nx.multipartite_layout(u, subset_key="layer", align="horizontal").items()}
+    pos = layout(g)
     colors = {"nvlink": "tab:green", "pcie": "tab:gray", "network": "tab:blue"}
-    fig, ax = plt.subplots(figsize=(max(8, len(gpus(g)) * 0.35), 6))
-    nx.draw_networkx_edges(u, pos, ax=ax, width=0.6, alpha=0.6,
-                           edge_color=[colors.get(d["kind"], "k") for *_, d in
-                                       u.edges(data=True)])
-    nx.draw_networkx_nodes(u, pos, ax=ax, node_size=60,
-                           node_color=[layer.get(d.get("kind"), 5) for _, d in
-                                       u.nodes(data=True)], cmap="tab10")
+    nodes = len({d["node"] for _, d in g.nodes(data=True) if "node" in d})
+    fig = Figure(figsize=(max(8.0, len(gpus(g)) * 0.45 + nodes), 6))
+    ax = fig.add_subplot()
+    for kind, style in (("nvlink", "solid"), ("pcie", "solid"), ("network", "dashed")):
+        edges = [(a, b) for a, b, d in u.edges(data=True) if d["kind"] == kind]
+        nx.draw_networkx_edges(u, pos, edgelist=edges, ax=ax, width=0.6, alpha=0.6,
+                               edge_color=colors[kind], style=style)
+    marks = {"gpu": ("o", "tab:green"), "nic": ("s", "tab:blue"),
+             "nvswitch": ("D", "tab:olive"), "pcie_switch": ("D", "tab:gray"),
+             "host": ("^", "tab:brown"), "switch": ("h", "tab:purple")}
+    for kind, (shape, color) in marks.items():
+        members = [v for v, d in u.nodes(data=True) if d.get("kind") == kind]
+        nx.draw_networkx_nodes(u, pos, nodelist=members, ax=ax, node_size=70,
+                               node_shape=shape, node_color=color)
     if len(u) <= 80:
-        nx.draw_networkx_labels(u, pos, ax=ax, font_size=6)
-    ax.set_title(f"{g.graph.get('name', '')}: green NVLink, gray PCIe, blue network")
+        nx.draw_networkx_labels(u, pos, ax=ax, font_size=5,
+                                labels={v: v for v in u if g.nodes[v].get("kind") == "gpu"})
+    legend = [Line2D([], [], color=colors["nvlink"], label="NVLink"),
+              Line2D([], [], color=colors["pcie"], label="PCIe"),
+              Line2D([], [], color=colors["network"], linestyle="--", label="network"),
+              *[Line2D([], [], marker=m, color=c, linestyle="", label=k.replace("_", " "))
+                for k, (m, c) in marks.items()]]
+    ax.legend(handles=legend, fontsize=7, loc="lower right", ncols=3)
+    ax.set_title(f"{g.graph.get('name', '')}: {nodes} node{'s' if nodes != 1 else ''}, "
+                 f"GPUs in index order")
     ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.savefig(path, dpi=110)  # a bare Figure: no backend, no window

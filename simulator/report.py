@@ -1,0 +1,183 @@
+"""One run as one shareable file, and runs side by side.
+
+``report RUN_DIR`` writes ``RUN_DIR/report.html``: the summary, the alert events, every
+plot of the run (PNG embedded as base64, so the file needs nothing beside it) and the
+resolved scenario. ``compare RUN_A RUN_B ...`` prints a table of summary figures with each
+run's difference from the first, and writes it as ``compare.csv`` with ``compare_cdf.png``
+(the latency CDFs of every run overlaid). Both read only the files a run wrote.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from simulator.errors import ScenarioError
+from simulator.plotting import cdf, read_table, run_figures
+
+#: Summary figures a report and a comparison show first, with their labels.
+HEADLINE = [
+    ("requests_total", "requests"), ("requests_completed", "completed"),
+    ("requests_rejected", "rejected"), ("requests_dropped", "dropped"),
+    ("requests_failed", "failed after retries"), ("slo_attainment", "SLO attainment"),
+    ("ttft_p50_s", "TTFT p50 (s)"), ("ttft_p99_s", "TTFT p99 (s)"),
+    ("tpot_p50_s", "TPOT p50 (s)"), ("tpot_p99_s", "TPOT p99 (s)"),
+    ("e2e_p99_s", "E2E p99 (s)"), ("queue_p99_s", "queue p99 (s)"),
+    ("throughput_tok_per_s", "output tok/s (whole run)"),
+    ("throughput_steady_tok_per_s", "output tok/s (steady)"),
+    ("goodput_req_per_s", "goodput req/s (whole run)"),
+    ("goodput_steady_req_per_s", "goodput req/s (steady)"),
+    ("preemptions_total", "preemptions"), ("pp_bubble_fraction", "pipeline bubble"),
+    ("availability_min", "availability (worst replica)"), ("retries_total", "retries"),
+    ("gpus", "GPUs"), ("simulated_time_s", "simulated time (s)"),
+]
+
+
+def read_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame]:
+    """A run folder's summary and request table.
+
+    Raises
+    ------
+    ScenarioError
+        When the folder lacks summary.json or requests.csv (not a run folder).
+    """
+    run = Path(run_dir)
+    requests = read_table(run, "requests")
+    missing = [f for f, there in (("summary.json", (run / "summary.json").exists()),
+                                  ("requests.csv", requests is not None)) if not there]
+    if missing:
+        raise ScenarioError(f"{str(run)!r} is not a run folder (no {', '.join(missing)}); "
+                            f"give a folder written by `python -m simulator run`")
+    return json.loads((run / "summary.json").read_text()), requests
+
+
+def _png(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _fmt(value) -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(json.dumps(value) if isinstance(value, (list, dict)) else str(value))
+
+
+CSS = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+       "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
+       "padding:2px 8px;text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}"
+       "img{max-width:100%}pre{background:#f7f7f7;padding:1em;font-size:12px;overflow:auto}")
+
+
+def html_report(run_dir: str | Path) -> Path:
+    """Write ``RUN_DIR/report.html`` (self-contained) and return its path."""
+    run = Path(run_dir)
+    summary, requests = read_run(run)
+    scenario = (run / "scenario.toml").read_text() if (run / "scenario.toml").exists() else ""
+    name = summary.get("name") or run.name
+    for line in scenario.splitlines():
+        if line.startswith("name = "):
+            name = line.split("=", 1)[1].strip().strip('"')
+            break
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(name)}"
+             f"</title><style>{CSS}</style></head><body><h1>Run {html.escape(name)}</h1>",
+             f"<p>{html.escape(str(run))}: {len(requests)} requests.</p>", "<h2>Summary</h2>",
+             "<table><tr><th>metric</th><th>value</th></tr>"]
+    shown = {k for k, _ in HEADLINE}
+    for key, label in HEADLINE:
+        if key in summary:
+            parts.append(f"<tr><td>{label}</td><td>{_fmt(summary[key])}</td></tr>")
+    parts.append("</table><details><summary>every summary key</summary><table>")
+    for key, value in summary.items():
+        if key not in shown:
+            parts.append(f"<tr><td>{key}</td><td>{_fmt(value)}</td></tr>")
+    parts.append("</table></details><h2>Alerts</h2>")
+    alerts = read_table(run, "alerts")
+    if alerts is None or alerts.empty:
+        parts.append("<p>No alert fired.</p>")
+    else:
+        cluster = alerts[alerts["replica"].astype(str) == "all"]
+        parts.append(f"<p>{len(alerts)} events, {len(cluster)} cluster-wide (shown; the "
+                     f"per-replica ones are in alerts.csv).</p>")
+        parts.append(cluster.to_html(index=False, float_format=lambda v: f"{v:.4g}"))
+    parts.append("<h2>Plots</h2>")
+    for stem, fig in run_figures(run).items():
+        parts.append(f"<h3>{stem}</h3><img alt='{stem}' src='data:image/png;base64,"
+                     f"{_png(fig)}'>")
+    parts.append(f"<h2>Scenario</h2><pre>{html.escape(scenario)}</pre></body></html>")
+    out = run / "report.html"
+    out.write_text("\n".join(parts))
+    return out
+
+
+def compare_table(runs: list[str | Path]) -> pd.DataFrame:
+    """One row per headline figure: each run's value, then each later run's difference from
+    the first (absolute and relative)."""
+    if len(runs) < 2:
+        raise ScenarioError("compare: give at least two run folders")
+    summaries = [read_run(r)[0] for r in runs]
+    names = _names(runs)
+    rows = []
+    for key, label in HEADLINE:
+        if not any(key in s for s in summaries):
+            continue
+        values = [s.get(key) for s in summaries]
+        row = {"metric": key, "label": label, **dict(zip(names, values, strict=True))}
+        base = values[0]
+        for name, v in zip(names[1:], values[1:], strict=True):
+            ok = isinstance(base, (int, float)) and isinstance(v, (int, float))
+            row[f"{name} - {names[0]}"] = v - base if ok else None
+            row[f"{name} vs {names[0]} (%)"] = (100 * (v - base) / abs(base)
+                                                if ok and base else None)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _names(runs: list[str | Path]) -> list[str]:
+    names = [Path(r).name or str(r) for r in runs]
+    if len(set(names)) < len(names):  # same folder names under different parents
+        names = [str(r) for r in runs]
+    return names
+
+
+def compare_plot(runs: list[str | Path], path: Path) -> Path:
+    """TTFT, TPOT and E2E CDFs of every run, overlaid (completed requests)."""
+    fig = Figure(figsize=(15, 4))
+    axes = fig.subplots(1, 3)
+    for name, run in zip(_names(runs), runs, strict=True):
+        requests = read_run(run)[1]
+        for ax, metric in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), strict=True):
+            cdf(requests, metric, None, ax, label=name)
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.suptitle("latency CDFs of " + " vs ".join(_names(runs)))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def format_compare(table: pd.DataFrame) -> str:
+    """The comparison as aligned text: label, each run's value, each difference in %."""
+    runs = [c for c in table.columns if c not in ("metric", "label")
+            and " - " not in c and "(%)" not in c]
+    pct = [c for c in table.columns if c.endswith("(%)")]
+    width = max(len(r) for r in runs) + 2
+    head = f"  {'':<30}" + "".join(f"{r[-width + 2:]:>{width}}" for r in runs) + "".join(
+        f"{'run ' + str(i + 2) + ' Δ%':>10}" for i in range(len(pct)))
+    lines = [head]
+    for _, row in table.iterrows():
+        cells = "".join(f"{_fmt(row[r]) if row[r] is not None else '':>{width}}" for r in runs)
+        cells += "".join(f"{row[c]:>+9.1f}%" if row[c] is not None and pd.notna(row[c])
+                         else f"{'':>10}" for c in pct)
+        lines.append(f"  {row['label']:<30}{cells}")
+    return "\n".join(lines)
