@@ -119,7 +119,9 @@ def moe_inputs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def predict_moe_rows(gpu: GPUSpec, df: pd.DataFrame, inp: pd.DataFrame, p=None):
-    """Seconds of MoE rows of one parameter key (``p``: override the GPU's parameters)."""
+    """Seconds of MoE rows of one parameter key (``p``: override the GPU's parameters).
+    The collector hands every EP rank the whole batch, so the permute scans all
+    ``num_tokens x topk`` rows."""
     key = inp["key"].iloc[0]
     p = p or gpu.calibration.moe_for(key)
     pad = inp[f"padded_{p.tile_m}"] if p.tile_m in (1, *TILES_M) else None
@@ -130,7 +132,9 @@ def predict_moe_rows(gpu: GPUSpec, df: pd.DataFrame, inp: pd.DataFrame, p=None):
     return moe_forms.expert_time_agg(
         inp["rows"].to_numpy(), inp["active"].to_numpy(), pad.to_numpy(),
         df["hidden_size"].to_numpy(float), inter, p, peak, gpu.hbm_bandwidth_Bps,
-        gpu.sm_count, inp["w"].iloc[0], inp["a"].iloc[0], True)
+        gpu.sm_count, inp["w"].iloc[0], inp["a"].iloc[0], True,
+        df["num_experts"].to_numpy(float) / df["moe_ep_size"].to_numpy(float),
+        df["num_tokens"].to_numpy(float) * df["topk"].to_numpy(float))
 
 
 def predict_moe(gpu: GPUSpec, df: pd.DataFrame) -> np.ndarray:

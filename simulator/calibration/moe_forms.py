@@ -62,23 +62,26 @@ def expert_aggregates(tokens_per_expert, tile_m: int = 1):
             np.ceil(t / tile_m).sum(axis=-1))
 
 
-def expert_time_agg(rows, active, padded, hidden: int, inter: int, p: MoEParams,
-                    peak: float, bandwidth: float, sm_count: int, w_bytes: float,
-                    in_bytes: float, gated: bool = True):
-    """Vectorized :func:`expert_time` on the aggregates of :func:`expert_aggregates`."""
-    rows, active, padded = (np.asarray(x, dtype=float) for x in (rows, active, padded))
+def expert_time_agg(rows, active, padded, hidden, inter, p: MoEParams, peak: float,
+                    bandwidth: float, sm_count: int, w_bytes: float, in_bytes: float,
+                    gated: bool = True, local=0.0, rows_in=None):
+    """Vectorized :func:`expert_time` on the aggregates of :func:`expert_aggregates`
+    (``local`` experts held, ``rows_in`` rows the permute scans; default ``rows``)."""
+    rows, active, padded, hidden, inter, local = (
+        np.asarray(x, dtype=float) for x in (rows, active, padded, hidden, inter, local))
+    rows_in = rows if rows_in is None else np.asarray(rows_in, dtype=float)
     n1 = (2 if gated else 1) * inter  # gate and up projections side by side
     tm, tn = p.tile_m, p.tile_n
     rate = peak * p.compute_eff
     compute = 0.0
     for n, k in ((n1, hidden), (hidden, inter)):
-        tiles = padded * math.ceil(n / tn)
+        tiles = padded * np.ceil(np.asarray(n, float) / tn)
         compute = compute + np.ceil(tiles / sm_count) * sm_count * 2.0 * tm * tn * k / rate
     weights = active * (n1 + inter) * hidden * w_bytes
     acts = rows * _row_bytes(hidden, inter, n1, in_bytes)
     memory = (weights + acts) / (bandwidth * p.bandwidth_eff)
-    return (p.launch_s + (active * p.expert_sm_s + rows * p.row_sm_s) / sm_count
-            + forms.combine(p.overlap, compute, memory))
+    work = active * p.expert_sm_s + local * p.local_sm_s + rows_in * p.row_sm_s
+    return p.launch_s + work / sm_count + forms.combine(p.overlap, compute, memory)
 
 
 def _row_bytes(hidden, inter, n1, in_bytes):
@@ -89,7 +92,8 @@ def _row_bytes(hidden, inter, n1, in_bytes):
 
 
 def expert_time(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
-                gpu: GPUSpec, gated: bool = True, ep: int = 1) -> float:
+                gpu: GPUSpec, gated: bool = True, ep: int = 1,
+                rows_in: float | None = None) -> float:
     """Seconds of one MoE layer's routed-expert compute on one GPU (no router GEMM).
 
     Parameters
@@ -107,12 +111,17 @@ def expert_time(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
         Gate and up projections (SwiGLU): the first GEMM has 2I columns, else I.
     ep : int
         Expert-parallel size (only picks the kernel vLLM runs for fp8_block).
+    rows_in : float, optional
+        (token, expert) rows the kernel's permute scans: the rows this GPU received after
+        an all-to-all (the default, ``sum M_e``), or every token x top-k of the batch when
+        each rank is handed the whole batch (vLLM's EP without all-to-all, as measured).
 
     Notes
     -----
-    Over experts e with ``M_e`` rows (``R = sum M_e``, ``A`` experts with ``M_e > 0``)::
+    Over the ``L`` local experts e with ``M_e`` rows (``R = sum M_e``, ``A`` experts with
+    ``M_e > 0``, ``R_in`` rows scanned)::
 
-        t = launch + (A c_e + R c_r) / S + ||(T_c, T_m)||_p
+        t = launch + (A c_e + L c_l + R_in c_r) / S + ||(T_c, T_m)||_p
         T_c = sum_{GEMM (n, k)} ceil(sum_e ceil(M_e / t_m) ceil(n / t_n) / S) S 2 t_m t_n k
               / (P eta_c)                             (n, k) = (2I, h) and (h, I)
         T_m = (A 3 h I b_w + R (h b_in + 4I 2 + 2I b_in + 2h 2)) / (BW eta_b)
@@ -123,9 +132,10 @@ def expert_time(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
     key, w, a, peak = moe_dtype(dtype, ep)
     p = gpu.calibration.moe_for(key)
     rows, active, padded = expert_aggregates(tokens_per_expert, p.tile_m)
+    local = np.asarray(tokens_per_expert).shape[-1]
     return float(expert_time_agg(rows, active, padded, hidden, inter_per_gpu, p,
                                  gpu.peak(peak), gpu.hbm_bandwidth_Bps, gpu.sm_count, w, a,
-                                 gated))
+                                 gated, local, rows_in))
 
 
 def expert_roofline(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,

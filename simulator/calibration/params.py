@@ -131,7 +131,8 @@ class MoEParams:
 
     launch_s: float = 0.0  # fixed latency of the layer's kernels (permute, 2 GEMMs, act, combine)
     expert_sm_s: float = 0.0  # per expert that receives tokens: its GEMM problems' set-up
-    row_sm_s: float = 0.0  # per routed (token, expert) row: permute, gather, combine index work
+    local_sm_s: float = 0.0  # per expert held (active or not): expert map, block alignment
+    row_sm_s: float = 0.0  # per (token, expert) row the permute scans: index, gather, scatter
     compute_eff: float = 1.0  # fraction of the dtype's tensor peak in full tiles
     bandwidth_eff: float = 1.0  # fraction of HBM bandwidth streaming weights and activations
     overlap: float = INF  # p of the p-norm joining compute and memory time
