@@ -187,8 +187,9 @@ def mla_absorbed_time(gpu: GPUSpec, heads_per_gpu, tokens, pairs, kv_read, seqs,
     Projections: fused q_a/kv_a ``[T, h] x [h, q_l + c + r]``, q_b ``[T, q_l] x [q_l, n
     (d_n + r)]``, the absorbed W_UK ``n x [T, d_n] x [d_n, c]`` and W_UV ``n x [T, c] x [c,
     d_v]`` (each one batched GEMM, priced as ``[T, d_n] x [d_n, n c]`` and ``[T, c] x [c, n
-    d_v]``: same FLOPs and weights) and o_proj ``[T, n d_v] x [n d_v, h]``. Core: ``2 (c + r) + 2c`` FLOPs per (pair,
-    head) over the shared latent of ``(c + r) kv_bytes`` per entry.
+    d_v]``: same FLOPs and weights) and o_proj ``[T, n d_v] x [n d_v, h]``. Core: ``2 (c +
+    r) + 2c`` FLOPs per (pair, head) over the shared latent of ``(c + r) kv_bytes`` per
+    entry.
     """
     n, T = np.asarray(heads_per_gpu, float), np.asarray(tokens, float)
     c, r = kv_lora_rank, qk_rope
