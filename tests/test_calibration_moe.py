@@ -20,8 +20,8 @@ DATA = ROOT / "simulator" / "calibration" / "data" / "h100_sxm"
 H100 = load_gpu("h100_sxm")
 NEW = ("moe", "mla_context", "mla_generation", "alltoall")
 #: Stated tolerances (median |error| %, on a fixed 3,000-row subsample; full data in
-#: docs/cost-model.md: moe 10.3, mla_context 6.9, mla_generation 4.6, alltoall 12.7).
-TOLERANCE = {"moe": 11.5, "mla_context": 8.0, "mla_generation": 5.5, "alltoall": 14.0}
+#: docs/cost-model.md: moe 8.9, mla_context 6.9, mla_generation 4.6, alltoall 12.7).
+TOLERANCE = {"moe": 10.0, "mla_context": 8.0, "mla_generation": 5.5, "alltoall": 14.0}
 NVLINK = 450e9
 
 
@@ -49,8 +49,11 @@ def test_moe_never_beats_its_roofline_on_measured_shapes(sample):
     for i, row in enumerate(df.itertuples()):
         local = moe_check.local_counts(row.num_tokens, row.num_experts, row.topk,
                                        row.moe_ep_size, row.distribution)
+        gated = (row.hidden_size, row.inter_size, row.num_experts,
+                 row.topk) not in moe_check.NON_GATED
         roof = moe_forms.expert_roofline(local, row.hidden_size,
-                                         row.inter_size / row.moe_tp_size, row.moe_dtype, H100)
+                                         row.inter_size / row.moe_tp_size, row.moe_dtype, H100,
+                                         gated)
         assert t[i] >= roof, row
 
 

@@ -41,6 +41,9 @@ KV = {"bfloat16": "bf16", "fp8": "fp8"}
 ABSORBED_MAX_Q = {"bf16": 512.0, "fp8": 128.0}
 #: Wire bytes per hidden element the check assumes (the source says "default").
 A2A_BYTES = 2.0
+#: Shapes (hidden, inter, experts, top-k) of non-gated experts (Nemotron-3: squared ReLU,
+#: no gate projection); every other measured shape is gated (SwiGLU).
+NON_GATED = {(2688, 1856, 128, 6), (1024, 2688, 512, 22), (2048, 5120, 512, 22)}
 A2A_DATA_MODES = {"deepep_ht": "normal", "deepep_ll": "low_latency",
                   "deepep_v2_context": "v2_normal", "deepep_v2_generation": "v2_low_latency"}
 
@@ -104,8 +107,12 @@ def moe_inputs(df: pd.DataFrame) -> pd.DataFrame:
     out = {"key": [], "w": [], "a": [], "peak": [], "rows": [], "active": [],
            **{f"padded_{t}": [] for t in (1, *TILES_M)}}
     cols = ("num_tokens", "num_experts", "topk", "moe_ep_size", "distribution", "moe_dtype")
-    for t, e, k, ep, dist, dt in zip(*(df[c].to_numpy() for c in cols), strict=True):
-        key, w, a, peak = moe_forms.moe_dtype(str(dt), int(ep))
+    marlin = (df["kernel_source"].astype(str).str.contains("marlin").to_numpy()
+              if "kernel_source" in df else np.zeros(len(df), bool))
+    for t, e, k, ep, dist, dt, mar in zip(*(df[c].to_numpy() for c in cols), marlin,
+                                          strict=True):
+        dt = "w4a16_mxfp4_marlin" if dt == "w4a16_mxfp4" and mar else str(dt)
+        key, w, a, peak = moe_forms.moe_dtype(dt, int(ep))
         local = local_counts(int(t), int(e), int(k), int(ep), str(dist))
         out["key"].append(key)
         out["w"].append(w)
@@ -129,10 +136,13 @@ def predict_moe_rows(gpu: GPUSpec, df: pd.DataFrame, inp: pd.DataFrame, p=None):
         raise ValueError(f"moe tile_m {p.tile_m} (the check knows {(1, *TILES_M)})")
     inter = df["inter_size"].to_numpy(float) / df["moe_tp_size"].to_numpy(float)
     peak = gpu.peak(inp["peak"].iloc[0])
+    shape = zip(*(df[c].to_numpy() for c in ("hidden_size", "inter_size", "num_experts",
+                                             "topk")), strict=True)
+    gated = np.array([tuple(int(v) for v in s) not in NON_GATED for s in shape])
     return moe_forms.expert_time_agg(
         inp["rows"].to_numpy(), inp["active"].to_numpy(), pad.to_numpy(),
         df["hidden_size"].to_numpy(float), inter, p, peak, gpu.hbm_bandwidth_Bps,
-        gpu.sm_count, inp["w"].iloc[0], inp["a"].iloc[0], True,
+        gpu.sm_count, inp["w"].iloc[0], inp["a"].iloc[0], gated,
         df["num_experts"].to_numpy(float) / df["moe_ep_size"].to_numpy(float),
         df["num_tokens"].to_numpy(float) * df["topk"].to_numpy(float))
 

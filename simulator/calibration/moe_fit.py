@@ -26,13 +26,13 @@ from simulator.calibration.params import (
 from simulator.hardware.specs import GPUSpec
 
 MOE_FREE = [("launch_s", 0, 500, US), ("expert_sm_s", 0, 500, US), ("local_sm_s", 0, 100, US),
-            ("row_sm_s", 0, 20, US),
+            ("row_sm_s", 0, 20, US), ("foreign_fill", 0, 1, 1),
             ("compute_eff", 0.02, 1, 1), ("bandwidth_eff", 0.02, 1, 1), ("overlap", 1, 30, 1)]
 MLA_FREE = [("floor_s", 0, 500, US), ("seq_sm_s", 0, 5000, US), ("token_head_sm_s", 0, 1000, NS),
             ("compute_eff", 0.02, 1, 1), ("bandwidth_eff", 0.02, 1, 1), ("overlap", 1, 30, 1)]
 A2A_FREE = [("launch_s", 0, 1000, US), ("token_sm_s", 0, 100, US), ("link_eff", 0.02, 1, 1)]
 MOE_START = MoEParams(launch_s=30 * US, expert_sm_s=5 * US, local_sm_s=0.5 * US,
-                      row_sm_s=0.1 * US,
+                      row_sm_s=0.1 * US, foreign_fill=0.3,
                       compute_eff=0.6, bandwidth_eff=0.6, overlap=2.0)
 MLA_START = MLAParams(floor_s=40 * US, seq_sm_s=5 * US, token_head_sm_s=10 * NS,
                       compute_eff=0.6, bandwidth_eff=0.7, overlap=2.0)

@@ -31,6 +31,8 @@ MOE_DTYPES = {
     "int4": ("int4_wo", 0.5 + 2 / 128, 2, "bf16"), "int4_wo": ("int4_wo", 0.5 + 2 / 128, 2, "bf16"),
     "w4a16_mxfp4": ("w4a16_mxfp4", 0.5 + 1 / 32, 2, "bf16"),
     "mxfp4": ("w4a16_mxfp4", 0.5 + 1 / 32, 2, "bf16"),
+    # The same weights through vLLM's Marlin kernel (compressed-tensors checkpoints).
+    "w4a16_mxfp4_marlin": ("w4a16_mxfp4_marlin", 0.5 + 1 / 32, 2, "bf16"),
 }
 #: DeepEP modes: scenario name -> parameter prefix (``<prefix>_<phase>``).
 A2A_MODES = {"normal": "normal", "low_latency": "low_latency", "deepep_ht": "normal",
@@ -70,7 +72,7 @@ def expert_time_agg(rows, active, padded, hidden, inter, p: MoEParams, peak: flo
     rows, active, padded, hidden, inter, local = (
         np.asarray(x, dtype=float) for x in (rows, active, padded, hidden, inter, local))
     rows_in = rows if rows_in is None else np.asarray(rows_in, dtype=float)
-    n1 = (2 if gated else 1) * inter  # gate and up projections side by side
+    n1 = np.where(gated, 2.0, 1.0) * inter  # gate and up projections side by side
     tm, tn = p.tile_m, p.tile_n
     rate = peak * p.compute_eff
     compute = 0.0
@@ -79,7 +81,8 @@ def expert_time_agg(rows, active, padded, hidden, inter, p: MoEParams, peak: flo
         compute = compute + np.ceil(tiles / sm_count) * sm_count * 2.0 * tm * tn * k / rate
     weights = active * (n1 + inter) * hidden * w_bytes
     acts = rows * _row_bytes(hidden, inter, n1, in_bytes)
-    memory = (weights + acts) / (bandwidth * p.bandwidth_eff)
+    foreign = np.maximum(rows_in - rows, 0.0) * (n1 + hidden) * ACT * p.foreign_fill
+    memory = (weights + acts + foreign) / (bandwidth * p.bandwidth_eff)
     work = active * p.expert_sm_s + local * p.local_sm_s + rows_in * p.row_sm_s
     return p.launch_s + work / sm_count + forms.combine(p.overlap, compute, memory)
 
@@ -124,10 +127,12 @@ def expert_time(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
         t = launch + (A c_e + L c_l + R_in c_r) / S + ||(T_c, T_m)||_p
         T_c = sum_{GEMM (n, k)} ceil(sum_e ceil(M_e / t_m) ceil(n / t_n) / S) S 2 t_m t_n k
               / (P eta_c)                             (n, k) = (2I, h) and (h, I)
-        T_m = (A 3 h I b_w + R (h b_in + 4I 2 + 2I b_in + 2h 2)) / (BW eta_b)
+        T_m = (A 3 h I b_w + R (h b_in + 4I 2 + 2I b_in + 2h 2)
+               + f (R_in - R)(2I + h) 2) / (BW eta_b)
 
     Each expert's weights are read once; each expert's M is padded to the row tile, so a
-    skewed load over the same experts costs more than a balanced one.
+    skewed load over the same experts costs more than a balanced one. ``f`` is the share of
+    GEMM outputs a kernel still writes (as zeros) for scanned rows of other ranks' experts.
     """
     key, w, a, peak = moe_dtype(dtype, ep)
     p = gpu.calibration.moe_for(key)

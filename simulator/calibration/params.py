@@ -34,7 +34,8 @@ FALLBACK = {"fp16": ("bf16",), "int4": ("bf16",), "int8": ("fp8", "bf16"),
             # MoE kernels (moe_forms.MOE_DTYPES): block-scaled FP8 prices as per-tensor FP8,
             # the 4-bit weight-only kernels as each other, then as 16-bit.
             "fp8_block": ("fp8", "bf16"), "fp8_block_ep1": ("fp8_block", "fp8", "bf16"),
-            "int4_wo": ("w4a16_mxfp4", "bf16"), "w4a16_mxfp4": ("int4_wo", "bf16")}
+            "int4_wo": ("w4a16_mxfp4", "bf16"), "w4a16_mxfp4": ("int4_wo", "bf16"),
+            "w4a16_mxfp4_marlin": ("int4_wo", "w4a16_mxfp4", "bf16")}
 #: Dtype names of the measured CSVs and the scenario names they mean.
 CSV_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8",
               "int8": "int8"}
@@ -133,6 +134,8 @@ class MoEParams:
     expert_sm_s: float = 0.0  # per expert that receives tokens: its GEMM problems' set-up
     local_sm_s: float = 0.0  # per expert held (active or not): expert map, block alignment
     row_sm_s: float = 0.0  # per (token, expert) row the permute scans: index, gather, scatter
+    foreign_fill: float = 0.0  # share of the 16-bit GEMM outputs still written (zeros) for
+    #                            scanned rows routed to other ranks (vLLM EP, no all-to-all)
     compute_eff: float = 1.0  # fraction of the dtype's tensor peak in full tiles
     bandwidth_eff: float = 1.0  # fraction of HBM bandwidth streaming weights and activations
     overlap: float = INF  # p of the p-norm joining compute and memory time
