@@ -116,6 +116,14 @@ def test_skewed_load_costs_more_than_balanced_at_equal_total():
     assert t["power_law_1.2"] > t["balanced"]
 
 
+def test_expert_time_per_rank_matches_one_rank_at_a_time():
+    rng = np.random.default_rng(1)
+    ranks = rng.integers(0, 300, size=(8, 32))
+    each = [moe_forms.expert_time(r, 7168, 2048, "fp8_block", H100, ep=8) for r in ranks]
+    both = moe_forms.expert_time(ranks, 7168, 2048, "fp8_block", H100, ep=8)
+    assert both.shape == (8,) and np.allclose(both, each, rtol=1e-12)
+
+
 def test_a2a_bytes_by_hand():
     # Low latency: one copy per expert, 7 of 8 ranks remote: 16 x 7168 x 2 x 8 x 7/8.
     assert moe_forms.a2a_bytes("low_latency", 16, 7168, 8, 256, 8, 2) == 16 * 7168 * 2 * 7

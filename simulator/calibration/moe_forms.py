@@ -96,14 +96,15 @@ def _row_bytes(hidden, inter, n1, in_bytes):
 
 def expert_time(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
                 gpu: GPUSpec, gated: bool = True, ep: int = 1,
-                rows_in: float | None = None) -> float:
+                rows_in=None):
     """Seconds of one MoE layer's routed-expert compute on one GPU (no router GEMM).
 
     Parameters
     ----------
     tokens_per_expert : array_like of int
         Tokens each LOCAL expert receives this step (zeros allowed; the most loaded GPU of
-        an EP group decides the step).
+        an EP group decides the step). A 2-D array ``[ranks, local experts]`` gives one
+        time per rank (an array); 1-D gives a float.
     hidden : int
         Model hidden size h.
     inter_per_gpu : int
@@ -136,11 +137,12 @@ def expert_time(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
     """
     key, w, a, peak = moe_dtype(dtype, ep)
     p = gpu.calibration.moe_for(key)
-    rows, active, padded = expert_aggregates(tokens_per_expert, p.tile_m)
-    local = np.asarray(tokens_per_expert).shape[-1]
-    return float(expert_time_agg(rows, active, padded, hidden, inter_per_gpu, p,
-                                 gpu.peak(peak), gpu.hbm_bandwidth_Bps, gpu.sm_count, w, a,
-                                 gated, local, rows_in))
+    counts = np.asarray(tokens_per_expert, dtype=float)
+    rows, active, padded = expert_aggregates(counts, p.tile_m)
+    t = expert_time_agg(rows, active, padded, hidden, inter_per_gpu, p, gpu.peak(peak),
+                        gpu.hbm_bandwidth_Bps, gpu.sm_count, w, a, gated, counts.shape[-1],
+                        rows_in)
+    return float(t) if counts.ndim == 1 else t
 
 
 def expert_roofline(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
