@@ -20,8 +20,8 @@ DATA = ROOT / "simulator" / "calibration" / "data" / "h100_sxm"
 H100 = load_gpu("h100_sxm")
 NEW = ("moe", "mla_context", "mla_generation", "alltoall")
 #: Stated tolerances (median |error| %, on a fixed 3,000-row subsample; full data in
-#: docs/cost-model.md: moe 8.9, mla_context 6.9, mla_generation 4.6, alltoall 12.7).
-TOLERANCE = {"moe": 10.0, "mla_context": 8.0, "mla_generation": 5.5, "alltoall": 14.0}
+#: docs/cost-model.md: moe 8.9, mla_context 5.7, mla_generation 4.6, alltoall 12.7).
+TOLERANCE = {"moe": 10.0, "mla_context": 7.0, "mla_generation": 5.5, "alltoall": 14.0}
 NVLINK = 450e9
 
 
@@ -151,14 +151,15 @@ def test_mla_decode_grows_with_cache_and_prefill_with_prompt():
     # 64 x 131072 latent entries of 576 bf16 values cannot stream faster than HBM.
     assert kv[-1] >= 64 * 131072 * 576 * 2 / H100.hbm_bandwidth_Bps
     # Prefill: monotone within each kernel path; vLLM switches from the absorbed kernel to
-    # FlashAttention above 128 tokens (fp8 KV), where the two paths nearly agree.
+    # FlashAttention above 128 tokens (fp8 KV). The data has no FlashAttention rows below
+    # 256 tokens, so the switch is a step of up to 25% either way, not a cliff.
     def pre(q):
         return float(moe_forms.mla_prefill_time(H100, 16, q, q * (q + 1) / 2, 0, 1, "fp8",
                                                 "bf16"))
     for path in ((1, 16, 64, 128), (129, 256, 1024, 8192, 32768)):
         times = [pre(q) for q in path]
         assert all(b > a for a, b in zip(times, times[1:], strict=False)), path
-    assert pre(129) == pytest.approx(pre(128), rel=0.1)
+    assert pre(129) == pytest.approx(pre(128), rel=0.25)
 
 
 def test_calibrate_check_lists_the_new_families(sample, tmp_path, capsys):

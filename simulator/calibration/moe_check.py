@@ -204,8 +204,10 @@ def predict_alltoall(gpu: GPUSpec, df: pd.DataFrame, link_Bps: float) -> np.ndar
 
 
 def with_mla_rule(cal: Calibration) -> Calibration:
-    """Set vLLM's absorbed-path threshold on the prefill parameters (not fitted)."""
+    """Set vLLM's absorbed-path threshold and FlashAttention's query tile on the prefill
+    parameters (not fitted)."""
     for kv, cut in ABSORBED_MAX_Q.items():
         cal = with_family(cal, "mla_prefill", kv,
-                          replace(cal.mla_for("prefill", kv), absorbed_max_q_len=cut))
+                          replace(cal.mla_for("prefill", kv), absorbed_max_q_len=cut,
+                                  block_q=128))
     return cal

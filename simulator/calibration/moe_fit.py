@@ -95,14 +95,16 @@ def _fit_mla_path(gpu, cal, section, kv, parts):
     path = "decode" if section == "mla_decode" else "prefill"
     p0 = cal.mla_for(path, kv)
     if p0 == MLAParams() or (path == "prefill" and p0 == replace(
-            MLAParams(), absorbed_max_q_len=p0.absorbed_max_q_len)):
-        p0 = replace(MLA_START, absorbed_max_q_len=p0.absorbed_max_q_len)
+            MLAParams(), absorbed_max_q_len=p0.absorbed_max_q_len, block_q=p0.block_q)):
+        p0 = replace(MLA_START, absorbed_max_q_len=p0.absorbed_max_q_len, block_q=p0.block_q,
+                     serial_eff=0.5 if p0.block_q else 1.0)
 
     def predict(q):
         g = replace(gpu, calibration=with_family(cal, section, kv, q))
         return np.concatenate([moe_check.predict_mla(g, d, f) for f, d in parts])
 
-    p, _ = _solve(p0, MLA_FREE, predict, y)
+    free = MLA_FREE + ([("serial_eff", 0.02, 1, 1)] if p0.block_q else [])
+    p, _ = _solve(p0, free, predict, y)
     return with_family(cal, section, kv, p)
 
 

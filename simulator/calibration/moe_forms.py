@@ -172,12 +172,15 @@ def _gemm(gpu: GPUSpec, gemm_dtype: str, m, n, k):
 
 def _mla_core(gpu, p: MLAParams, heads, tokens, pairs, seqs, kv_read_bytes, flops_per_pair):
     """Attention core: floor, per-sequence and per-(token, head) work, then the p-norm of
-    the score FLOPs and the KV traffic."""
+    the score FLOPs, the last query tile's serial key loop and the KV traffic."""
     h_eff = np.ceil(np.asarray(heads, float) / p.head_block) * p.head_block
     compute = pairs * h_eff * flops_per_pair / (gpu.peak("bf16") * p.compute_eff)
+    # The last query tile of a causal prompt walks its (2 pairs / T) keys on one SM.
+    serial = (2.0 * pairs / np.maximum(tokens, 1.0) * p.block_q * flops_per_pair
+              * gpu.sm_count / (gpu.peak("bf16") * p.serial_eff))
     memory = kv_read_bytes / (gpu.hbm_bandwidth_Bps * p.bandwidth_eff)
     return (p.floor_s + (seqs * p.seq_sm_s + tokens * heads * p.token_head_sm_s) / gpu.sm_count
-            + forms.combine(p.overlap, compute, memory))
+            + forms.combine(p.overlap, compute, serial, memory))
 
 
 def _kv_bytes(kv_dtype: str) -> float:

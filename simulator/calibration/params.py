@@ -155,6 +155,8 @@ class MLAParams:
     bandwidth_eff: float = 1.0  # fraction of HBM bandwidth for the KV / latent traffic
     overlap: float = INF  # p of the p-norm joining compute and memory time
     head_block: int = 1  # heads computed together: fewer heads on a GPU still pay a block
+    block_q: int = 0  # query tile: the last causal tile's serial key loop; 0 = not modelled
+    serial_eff: float = 1.0  # fraction of one SM's 16-bit tensor peak in that loop
     absorbed_max_q_len: float = 0.0  # prefill chunks up to this mean length take the
     #                                  weight-absorbed (decode) path; 0 = never
 
