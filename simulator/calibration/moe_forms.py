@@ -81,7 +81,10 @@ def expert_time_agg(rows, active, padded, hidden, inter, p: MoEParams, peak: flo
         compute = compute + np.ceil(tiles / sm_count) * sm_count * 2.0 * tm * tn * k / rate
     weights = active * (n1 + inter) * hidden * w_bytes
     acts = rows * _row_bytes(hidden, inter, n1, in_bytes)
-    foreign = np.maximum(rows_in - rows, 0.0) * (n1 + hidden) * ACT * p.foreign_fill
+    # Rows of other ranks' experts (vLLM EP without all-to-all): the GEMMs write zeros for
+    # them, the activation and the final sum still read and write their 16-bit rows.
+    foreign = (np.maximum(rows_in - rows, 0.0) * (2 * n1 + inter + 2 * hidden) * ACT
+               * p.foreign_fill)
     memory = (weights + acts + foreign) / (bandwidth * p.bandwidth_eff)
     work = active * p.expert_sm_s + local * p.local_sm_s + rows_in * p.row_sm_s
     return p.launch_s + work / sm_count + forms.combine(p.overlap, compute, memory)
@@ -129,11 +132,12 @@ def expert_time(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
         T_c = sum_{GEMM (n, k)} ceil(sum_e ceil(M_e / t_m) ceil(n / t_n) / S) S 2 t_m t_n k
               / (P eta_c)                             (n, k) = (2I, h) and (h, I)
         T_m = (A 3 h I b_w + R (h b_in + 4I 2 + 2I b_in + 2h 2)
-               + f (R_in - R)(2I + h) 2) / (BW eta_b)
+               + f (R_in - R)(2 N1 + I + 2h) 2) / (BW eta_b)
 
     Each expert's weights are read once; each expert's M is padded to the row tile, so a
     skewed load over the same experts costs more than a balanced one. ``f`` is the share of
-    GEMM outputs a kernel still writes (as zeros) for scanned rows of other ranks' experts.
+    the 16-bit row traffic (GEMM outputs written as zeros, the activation's read and write,
+    the final sum's read) that a kernel still moves for scanned rows of other ranks' experts.
     """
     key, w, a, peak = moe_dtype(dtype, ep)
     p = gpu.calibration.moe_for(key)

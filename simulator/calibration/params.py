@@ -134,8 +134,8 @@ class MoEParams:
     expert_sm_s: float = 0.0  # per expert that receives tokens: its GEMM problems' set-up
     local_sm_s: float = 0.0  # per expert held (active or not): expert map, block alignment
     row_sm_s: float = 0.0  # per (token, expert) row the permute scans: index, gather, scatter
-    foreign_fill: float = 0.0  # share of the 16-bit GEMM outputs still written (zeros) for
-    #                            scanned rows routed to other ranks (vLLM EP, no all-to-all)
+    foreign_fill: float = 0.0  # share of the 16-bit row traffic still moved for scanned
+    #                            rows routed to other ranks (vLLM EP, no all-to-all)
     compute_eff: float = 1.0  # fraction of the dtype's tensor peak in full tiles
     bandwidth_eff: float = 1.0  # fraction of HBM bandwidth streaming weights and activations
     overlap: float = INF  # p of the p-norm joining compute and memory time
@@ -235,7 +235,7 @@ def _params(cls: type, raw: Any, key: str) -> Any:
     p = cls(**values)
     for name in ("compute_eff", "bandwidth_eff", "serial_eff", "ring_eff", "tree_eff",
                  "nvls_eff", "custom_eff", "quant_bandwidth_eff", "gather_eff", "alltoall_eff",
-                 "exposed", "link_eff"):
+                 "exposed", "link_eff", "foreign_fill"):
         v = getattr(p, name, None)
         if v is not None and v > 1:
             # An efficiency above 1 would let a kernel beat the roofline.
