@@ -163,6 +163,28 @@ def test_a2a_bytes_by_hand():
     assert t_ib - fixed == pytest.approx(9 * (t_nv - fixed))
 
 
+def test_a2a_across_nodes_by_hand():
+    # EP16 over 2 nodes of 8. Low latency: per token 8 x 7/16 copies stay in the node,
+    # 8 x 8/16 cross it.
+    up, out = moe_forms.a2a_split_bytes("low_latency", 10, 100, 8, 256, 16, 1, 8)
+    assert up == pytest.approx(10 * 100 * 8 * 7 / 16) and out == pytest.approx(10 * 100 * 4)
+    # Normal: once per distinct remote node. E = 4 over 2 nodes, k = 2: a token misses a
+    # node with probability C(2, 2) / C(4, 2) = 1/6: 2 (5/6) nodes, half of them remote.
+    _, out = moe_forms.a2a_split_bytes("normal", 6, 100, 2, 4, 4, 1, 2)
+    assert out == pytest.approx(6 * 100 * 5 / 6)
+    # The slower of the two link classes sets the time; never beats its roofline.
+    args = ("normal", "dispatch", 4096, 7168, 8, 256, 16)
+    p = H100.calibration.alltoall_for("normal", "dispatch")
+    fixed = p.launch_s + 4096 * p.token_sm_s / H100.sm_count
+    t = moe_forms.a2a_time(*args, 50e9, H100, 1.0, ranks_per_node=8, scale_up_Bps=450e9)
+    up, out = moe_forms.a2a_split_bytes("normal", 4096, 7168, 8, 256, 16, 1.0, 8)
+    assert t == pytest.approx(fixed + max(up / 450e9, out / 50e9) / p.link_eff)
+    assert t >= moe_forms.a2a_roofline("normal", 4096, 7168, 8, 256, 16, 50e9, 1.0, 8, 450e9)
+    # One node: the split reduces to the single-node bytes.
+    assert moe_forms.a2a_split_bytes("normal", 5, 7, 8, 256, 8, 2, 8)[0] == pytest.approx(
+        moe_forms.a2a_bytes("normal", 5, 7, 8, 256, 8, 2))
+
+
 def test_mla_decode_grows_with_cache_and_prefill_with_prompt():
     kv = [moe_forms.mla_decode_time(H100, 16, 64, 64 * s, "bf16", "fp8_block")
           for s in (2, 1024, 16384, 131072)]

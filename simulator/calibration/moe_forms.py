@@ -321,10 +321,39 @@ def a2a_bytes(mode: str, tokens_per_rank, hidden: int, topk: int, experts: int, 
     if kind.endswith("low_latency"):
         copies = topk * (ep - 1) / ep
     else:
-        e, k, local = experts, topk, experts // ep
-        miss = math.exp(_lbinom(e - local, k) - _lbinom(e, k)) if e - local >= k else 0.0
-        copies = ep * (1.0 - miss) * (ep - 1) / ep
+        copies = _distinct(ep, experts, topk) * (ep - 1) / ep
     return np.asarray(tokens_per_rank, float) * hidden * bytes_per_elem * copies
+
+
+def _distinct(groups: int, experts: int, topk: int) -> float:
+    """Expected distinct groups (of ``experts / groups`` experts each) among a token's
+    top-k under uniform routing: ``G (1 - C(E - E/G, k) / C(E, k))``."""
+    e, local = experts, experts // groups
+    miss = math.exp(_lbinom(e - local, topk) - _lbinom(e, topk)) if e - local >= topk else 0.0
+    return groups * (1.0 - miss)
+
+
+def a2a_split_bytes(mode: str, tokens_per_rank, hidden: int, topk: int, experts: int,
+                    ep: int, bytes_per_elem: float, ranks_per_node: int):
+    """``(scale-up bytes, scale-out bytes)`` one rank sends when the EP group spans
+    ``ep / ranks_per_node`` nodes (g ranks per node, N nodes).
+
+    ``low_latency`` sends every expert copy straight to its rank: ``k (g - 1) / ep`` copies
+    per token stay in the node, ``k (ep - g) / ep`` cross it. ``normal`` (DeepEP internode)
+    sends a token once per distinct remote NODE over the network, ``D_N (N - 1) / N``
+    copies with ``D_N`` the expected distinct nodes, and the NVLink forwarding inside the
+    nodes reaches the ``D_ep`` distinct ranks: ``D_ep (g - 1) / g`` copies.
+    """
+    t = np.asarray(tokens_per_rank, float) * hidden * bytes_per_elem
+    g = int(ranks_per_node)
+    nodes = ep // g if g > 0 else 1
+    if nodes <= 1:
+        return a2a_bytes(mode, tokens_per_rank, hidden, topk, experts, ep, bytes_per_elem), 0 * t
+    if A2A_MODES[mode].endswith("low_latency"):
+        return t * topk * (g - 1) / ep, t * topk * (ep - g) / ep
+    up = _distinct(ep, experts, topk) * (g - 1) / g
+    out = _distinct(nodes, experts, topk) * (nodes - 1) / nodes
+    return t * up, t * out
 
 
 def _lbinom(n: int, k: int) -> float:
@@ -332,7 +361,8 @@ def _lbinom(n: int, k: int) -> float:
 
 
 def a2a_time(mode: str, phase: str, tokens_per_rank, hidden: int, topk: int, experts: int,
-             ep: int, link_bandwidth_Bps: float, gpu: GPUSpec, bytes_per_elem: float = 2.0):
+             ep: int, link_bandwidth_Bps: float, gpu: GPUSpec, bytes_per_elem: float = 2.0,
+             ranks_per_node: int | None = None, scale_up_Bps: float | None = None):
     """Seconds of one DeepEP dispatch or combine on one rank.
 
     Parameters
@@ -349,22 +379,38 @@ def a2a_time(mode: str, phase: str, tokens_per_rank, hidden: int, topk: int, exp
         H100; a NIC 50 GB/s across nodes), from the topology graph.
     bytes_per_elem : float
         Bytes per hidden element on the wire (2 for bf16, ~1 for FP8 with scales).
+    ranks_per_node, scale_up_Bps : optional
+        For an EP group spanning nodes: GPUs of the group per node and their NVLink
+        bandwidth; ``link_bandwidth_Bps`` is then the network (NIC) bandwidth per GPU.
 
     Notes
     -----
     ``t = launch + tokens c_tok / S + a2a_bytes / (B eta_link)``: a fixed latency per mode
     and phase plus the bytes over the link bandwidth times a fitted fraction, which carries
-    to other links by datasheet.
+    to other links by datasheet. Across nodes the two link classes run concurrently:
+    ``max(up / (B_up eta_link), out / (B eta_link))`` with the bytes of
+    :func:`a2a_split_bytes`.
     """
     p: AllToAllParams = gpu.calibration.alltoall_for(A2A_MODES[mode], phase)
-    nbytes = a2a_bytes(mode, tokens_per_rank, hidden, topk, experts, ep, bytes_per_elem)
     t = np.asarray(tokens_per_rank, float)
-    return (p.launch_s + t * p.token_sm_s / gpu.sm_count
-            + nbytes / (link_bandwidth_Bps * p.link_eff))
+    fixed = p.launch_s + t * p.token_sm_s / gpu.sm_count
+    if ranks_per_node and ranks_per_node < ep:
+        up, out = a2a_split_bytes(mode, t, hidden, topk, experts, ep, bytes_per_elem,
+                                  ranks_per_node)
+        b_up = scale_up_Bps or link_bandwidth_Bps
+        return fixed + np.maximum(up / (b_up * p.link_eff),
+                                  out / (link_bandwidth_Bps * p.link_eff))
+    nbytes = a2a_bytes(mode, t, hidden, topk, experts, ep, bytes_per_elem)
+    return fixed + nbytes / (link_bandwidth_Bps * p.link_eff)
 
 
 def a2a_roofline(mode: str, tokens_per_rank, hidden: int, topk: int, experts: int, ep: int,
-                 link_bandwidth_Bps: float, bytes_per_elem: float = 2.0):
-    """Roofline of :func:`a2a_time`: the bytes at the full link bandwidth."""
+                 link_bandwidth_Bps: float, bytes_per_elem: float = 2.0,
+                 ranks_per_node: int | None = None, scale_up_Bps: float | None = None):
+    """Roofline of :func:`a2a_time`: the bytes at the full link bandwidths."""
+    if ranks_per_node and ranks_per_node < ep:
+        up, out = a2a_split_bytes(mode, tokens_per_rank, hidden, topk, experts, ep,
+                                  bytes_per_elem, ranks_per_node)
+        return np.maximum(up / (scale_up_Bps or link_bandwidth_Bps), out / link_bandwidth_Bps)
     return a2a_bytes(mode, tokens_per_rank, hidden, topk, experts, ep,
                      bytes_per_elem) / link_bandwidth_Bps
