@@ -220,5 +220,12 @@ def test_unknown_moe_dtype_or_distribution_is_one_line_exit_2(tmp_path, capsys):
     assert main(["calibrate", "check", "--gpu", "h100_sxm", "--data", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "zipf_9" in err
+    mla = check.read_family(DATA, "mla_generation").head(2).copy()
+    mla.loc[mla.index[1], "kv_cache_dtype"] = "int3"
+    mla.to_csv(tmp_path / "mla_generation.csv", index=False)
+    (tmp_path / "moe.csv").unlink()
+    assert main(["calibrate", "check", "--gpu", "h100_sxm", "--data", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "int3" in err and "kv_cache_dtype" in err
     with pytest.raises(ValueError, match="fp6"):
         moe_forms.expert_time([1, 2], 1024, 512, "fp6", H100)

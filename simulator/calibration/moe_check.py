@@ -162,6 +162,13 @@ def mla_aggregates(df: pd.DataFrame, family: str):
     """``(kv dtype, heads, tokens, pairs, ctx, seqs, gemm dtype)`` arrays of MLA rows."""
     kv = df["kv_cache_dtype"].map(KV).to_numpy()
     gemm = df["gemm_dtype"].to_numpy().astype(str)
+    bad_kv = pd.isna(kv)
+    bad_gemm = ~np.isin(gemm, ("bfloat16", "bf16", "fp8", "fp8_block"))
+    if bad_kv.any() or bad_gemm.any():
+        col, v = (("kv_cache_dtype", df["kv_cache_dtype"].to_numpy()[bad_kv][0]) if bad_kv.any()
+                  else ("gemm_dtype", gemm[bad_gemm][0]))
+        raise ValueError(f"column {col} has unknown dtype {v!r} (known: bfloat16, fp8"
+                         f"{', fp8_block' if col == 'gemm_dtype' else ''})")
     n, b = df["num_heads"].to_numpy(float), df["batch_size"].to_numpy(float)
     if family == "mla_context":
         q = df["q_len"].to_numpy(float)
