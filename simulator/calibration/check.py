@@ -1,7 +1,8 @@
 """Predict measured kernel and collective timings with a GPU's model; report the errors.
 
 A data folder holds any of ``gemm.csv``, ``attention_context.csv``,
-``attention_generation.csv``, ``nccl.csv`` and ``vllm_custom_allreduce.csv`` in the columns
+``attention_generation.csv``, ``nccl.csv``, ``vllm_custom_allreduce.csv``, ``moe.csv``,
+``mla_context.csv``, ``mla_generation.csv`` and ``alltoall.csv`` in the columns
 of the H100 data in ``simulator/calibration/data/h100_sxm/``. Each row is priced with the
 same forms the simulator's step cost uses (:mod:`simulator.calibration.forms`).
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.calibration import forms
+from simulator.calibration import forms, moe_check
 from simulator.calibration.params import ACTIVATION_QUANTIZED, CSV_DTYPES
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import GPUSpec, load_node
@@ -30,6 +31,7 @@ COLUMNS = {
                              "head_dim", "kv_cache_dtype", "window_size", "latency_us"),
     "nccl": ("op_name", "dtype", "num_gpus", "message_bytes", "latency_us"),
     "vllm_custom_allreduce": ("kernel_source", "num_gpus", "message_bytes", "latency_us"),
+    **moe_check.COLUMNS,
 }
 FAMILIES = tuple(COLUMNS)
 #: Reductions the switch can do (NVLS): 16- and 32-bit floats.
@@ -72,7 +74,7 @@ def read_family(folder: str | Path, family: str) -> pd.DataFrame | None:
     if df.empty:
         raise ScenarioError(f"{path}: no rows")
     for col in COLUMNS[family]:
-        if col in ("dtype", "kv_cache_dtype", "op_name", "kernel_source"):
+        if col in ("dtype", "kv_cache_dtype", "op_name", "kernel_source", *moe_check.TEXT):
             continue
         values = pd.to_numeric(df[col], errors="coerce")
         bad = values.isna() | (values < 0) | ((values <= 0) & (col == "latency_us"))
@@ -187,6 +189,19 @@ def predict(gpu: GPUSpec, family: str, df: pd.DataFrame,
         return predict_gemm(gpu, df)
     if family.startswith("attention"):
         return predict_attention(gpu, df, family)
+    try:
+        if family == "moe":
+            return moe_check.predict_moe(gpu, df)
+        if family.startswith("mla"):
+            return moe_check.predict_mla(gpu, df, family)
+        if family == "alltoall":
+            link = link or scale_up_for(gpu)
+            if link is None:
+                raise ValueError(f"no node preset in topologies/ uses GPU {gpu.name!r}; "
+                                 f"the all-to-all needs its NVLink bandwidth")
+            return moe_check.predict_alltoall(gpu, df, link.bandwidth_Bps)
+    except ValueError as exc:
+        raise ScenarioError(f"{family}.csv: {exc}") from None
     return predict_collective(gpu, df, family, link)
 
 
@@ -231,8 +246,14 @@ def breakdown(report: pd.DataFrame) -> pd.DataFrame:
     key = pd.Series(report["family"], index=report.index, dtype=object)
     for col, fams in (("dtype", ("gemm",)), ("kv_cache_dtype", ("attention_context",
                                                                  "attention_generation")),
-                      ("op_name", ("nccl",)), ("kernel_source", ("vllm_custom_allreduce",))):
+                      ("op_name", ("nccl",)), ("kernel_source", ("vllm_custom_allreduce",)),
+                      ("moe_dtype", ("moe",)), ("kv_cache_dtype", ("mla_context",
+                                                                  "mla_generation")),
+                      ("mode", ("alltoall",))):
         if col in report:
             rows = report["family"].isin(fams)
             key[rows] = report["family"][rows] + " " + report[col][rows].astype(str)
+    if "phase" in report:
+        rows = report["family"] == "alltoall"
+        key[rows] = key[rows] + " " + report["phase"][rows].astype(str)
     return summarize(report.assign(variant=key), "variant")

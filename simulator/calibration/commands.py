@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tomli_w
 
-from simulator.calibration import check, fit
+from simulator.calibration import check, moe_fit
 from simulator.calibration.params import to_toml
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_gpu, read_gpu_file
@@ -60,7 +60,7 @@ def run_fit(gpu_name: str, data_dir: str, out: str | None = None) -> str:
     command = f"python -m simulator calibrate fit --gpu {gpu_name} --data {data_dir}"
     source = (f"fitted {today} on {rows} rows of {', '.join(f + '.csv' for f in data)} in "
               f"{data_dir} by `{command}`")
-    cal = fit.fit(gpu, data, source)
+    cal = moe_fit.fit(gpu, data, source)
     path = Path(out) if out else Path("runs") / "calibration" / f"{gpu.name}.toml"
     datasheet = {k: v for k, v in raw.items() if k not in ("calibration", "efficiency")}
     header = (f"# Calibration of {gpu.name}: fitted by `{command}` on {today}.\n"

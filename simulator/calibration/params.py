@@ -30,7 +30,12 @@ RING_BANDWIDTH_EFF = 0.75
 ACTIVATION_QUANTIZED = ("fp8", "int8", "fp4")
 #: Which fitted family prices a dtype that has no parameters of its own, in order.
 FALLBACK = {"fp16": ("bf16",), "int4": ("bf16",), "int8": ("fp8", "bf16"),
-            "fp4": ("fp8", "bf16"), "fp8": ("bf16",)}
+            "fp4": ("fp8", "bf16"), "fp8": ("bf16",),
+            # MoE kernels (moe_forms.MOE_DTYPES): block-scaled FP8 prices as per-tensor FP8,
+            # the 4-bit weight-only kernels as each other, then as 16-bit.
+            "fp8_block": ("fp8", "bf16"), "fp8_block_ep1": ("fp8_block", "fp8", "bf16"),
+            "int4_wo": ("w4a16_mxfp4", "bf16"), "w4a16_mxfp4": ("int4_wo", "bf16"),
+            "w4a16_mxfp4_marlin": ("int4_wo", "w4a16_mxfp4", "bf16")}
 #: Dtype names of the measured CSVs and the scenario names they mean.
 CSV_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8",
               "int8": "int8"}
@@ -121,6 +126,51 @@ class ElementwiseParams:
 
 
 @dataclass(frozen=True)
+class MoEParams:
+    """MoE expert compute of one layer on one GPU, one weight dtype (and kernel); see
+    ``moe_forms.expert_time``."""
+
+    launch_s: float = 0.0  # fixed latency of the layer's kernels (permute, 2 GEMMs, act, combine)
+    expert_sm_s: float = 0.0  # per expert that receives tokens: its GEMM problems' set-up
+    local_sm_s: float = 0.0  # per expert held (active or not): expert map, block alignment
+    row_sm_s: float = 0.0  # per (token, expert) row the permute scans: index, gather, scatter
+    foreign_fill: float = 0.0  # share of the 16-bit row traffic still moved for scanned
+    #                            rows routed to other ranks (vLLM EP, no all-to-all)
+    compute_eff: float = 1.0  # fraction of the dtype's tensor peak in full tiles
+    bandwidth_eff: float = 1.0  # fraction of HBM bandwidth streaming weights and activations
+    overlap: float = INF  # p of the p-norm joining compute and memory time
+    tile_m: int = 1  # rows (tokens) of one expert's output tile: each expert's M is padded
+    tile_n: int = 1  # columns of the output tile (wave quantization over the SMs)
+
+
+@dataclass(frozen=True)
+class MLAParams:
+    """Core of the MLA attention module (projections excluded: they are GEMMs), one KV
+    dtype; see ``moe_forms.mla_prefill_time`` and ``moe_forms.mla_decode_time``."""
+
+    floor_s: float = 0.0  # fixed latency of the module's non-GEMM kernels (norms, RoPE, cache)
+    seq_sm_s: float = 0.0  # per sequence (block set-up, split-KV combine)
+    token_head_sm_s: float = 0.0  # per (query token, head): Q load, O store, rescale
+    compute_eff: float = 1.0  # fraction of the 16-bit tensor peak in QK^T and PV
+    bandwidth_eff: float = 1.0  # fraction of HBM bandwidth for the KV / latent traffic
+    overlap: float = INF  # p of the p-norm joining compute and memory time
+    head_block: int = 1  # heads computed together: fewer heads on a GPU still pay a block
+    block_q: int = 0  # query tile: the last causal tile's serial key loop; 0 = not modelled
+    serial_eff: float = 1.0  # fraction of one SM's 16-bit tensor peak in that loop
+    absorbed_max_q_len: float = 0.0  # prefill chunks up to this mean length take the
+    #                                  weight-absorbed (decode) path; 0 = never
+
+
+@dataclass(frozen=True)
+class AllToAllParams:
+    """DeepEP dispatch or combine, one mode and phase; see ``moe_forms.a2a_time``."""
+
+    launch_s: float = 0.0  # fixed latency (launch, notify, barrier) of one call
+    token_sm_s: float = 0.0  # per token sent (SM work of packing and unpacking)
+    link_eff: float = 1.0  # fraction of the link bandwidth (per direction) reached
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Everything fitted about one GPU. Kernel families are keyed by dtype (``bf16``...)."""
 
@@ -129,6 +179,10 @@ class Calibration:
     decode: dict[str, DecodeParams] = field(default_factory=dict)
     collectives: CollectiveParams = field(default_factory=CollectiveParams)
     elementwise: ElementwiseParams = field(default_factory=ElementwiseParams)
+    moe: dict[str, MoEParams] = field(default_factory=dict)  # by MoE dtype / kernel
+    mla_prefill: dict[str, MLAParams] = field(default_factory=dict)  # by KV dtype
+    mla_decode: dict[str, MLAParams] = field(default_factory=dict)  # by KV dtype
+    alltoall: dict[str, AllToAllParams] = field(default_factory=dict)  # "<mode>_<phase>"
     source: str = ""  # provenance: data, date, command, or what it was carried over from
 
     def gemm_for(self, dtype: str) -> GemmParams:
@@ -140,6 +194,16 @@ class Calibration:
     def decode_for(self, kv_dtype: str) -> DecodeParams:
         return _lookup(self.decode, kv_dtype, DecodeParams)
 
+    def moe_for(self, key: str) -> MoEParams:
+        return _lookup(self.moe, key, MoEParams)
+
+    def mla_for(self, path: str, kv_dtype: str) -> MLAParams:
+        table = self.mla_prefill if path == "prefill" else self.mla_decode
+        return _lookup(table, kv_dtype, MLAParams)
+
+    def alltoall_for(self, mode: str, phase: str) -> AllToAllParams:
+        return _lookup(self.alltoall, f"{mode}_{phase}", AllToAllParams)
+
 
 def _lookup(table: dict, dtype: str, cls: type):
     for key in (dtype, *FALLBACK.get(dtype, ())):
@@ -149,9 +213,12 @@ def _lookup(table: dict, dtype: str, cls: type):
 
 
 SECTIONS = {"gemm": GemmParams, "prefill_attention": PrefillParams,
-            "decode_attention": DecodeParams}
+            "decode_attention": DecodeParams, "moe": MoEParams, "mla_prefill": MLAParams,
+            "mla_decode": MLAParams, "alltoall": AllToAllParams}
 SINGLE = {"collectives": CollectiveParams, "elementwise": ElementwiseParams}
-ATTRS = {"gemm": "gemm", "prefill_attention": "prefill", "decode_attention": "decode"}
+ATTRS = {"gemm": "gemm", "prefill_attention": "prefill", "decode_attention": "decode",
+         "moe": "moe", "mla_prefill": "mla_prefill", "mla_decode": "mla_decode",
+         "alltoall": "alltoall"}
 
 
 def _params(cls: type, raw: Any, key: str) -> Any:
@@ -168,7 +235,7 @@ def _params(cls: type, raw: Any, key: str) -> Any:
     p = cls(**values)
     for name in ("compute_eff", "bandwidth_eff", "serial_eff", "ring_eff", "tree_eff",
                  "nvls_eff", "custom_eff", "quant_bandwidth_eff", "gather_eff", "alltoall_eff",
-                 "exposed"):
+                 "exposed", "link_eff", "foreign_fill"):
         v = getattr(p, name, None)
         if v is not None and v > 1:
             # An efficiency above 1 would let a kernel beat the roofline.
