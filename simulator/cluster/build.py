@@ -10,12 +10,14 @@ import networkx as nx
 
 from simulator.engine.profiles import capture_sizes
 from simulator.engine.schedulers import SCHEDULERS
+from simulator.engine.speculative import SpecConfig, spec_config
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, load_node
 from simulator.io.schema import Scenario
 from simulator.model.cost import ACT_BYTES, StageCost
 from simulator.model.memory import GIB, MemoryPlan, plan_memory, split_layers
 from simulator.model.spec import KV_DTYPES, ModelSpec, load_model
+from simulator.model.speculative import DraftCost, draft_weight_bytes
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce
 from simulator.parallel.placement import ReplicaPlacement, place
 from simulator.topology.graph import Paths, build_graph, nvlink_domains
@@ -43,6 +45,7 @@ class ClusterPlan:
     max_model_len: int
     swap_blocks_per_stream: int  # CPU blocks for swapped KV
     offload_units_per_stream: int = 0  # prefix-cache hash blocks the host tier holds
+    speculative: SpecConfig | None = None  # [speculative]: drafts, acceptance, draft cost
 
     @property
     def gpus_used(self) -> int:
@@ -158,10 +161,11 @@ def _build(s: Scenario) -> ClusterPlan:
                         s.cluster.spines, s.cluster.rail_optimized, s.cluster.nodes_per_leaf)
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
+    draft, draft_bytes = _drafter(s, model, tp)
     memory = plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,
                          s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
                          eng.max_num_batched_tokens, eng.max_num_seqs,
-                         eng.runtime_reserve_gib * GIB)
+                         eng.runtime_reserve_gib * GIB + draft_bytes)
     streams = eng.max_inflight_microbatches or pp
     stream_tokens = (memory.kv_blocks // streams) * eng.block_size
     if eng.max_model_len is not None:
@@ -197,8 +201,48 @@ def _build(s: Scenario) -> ClusterPlan:
         replicas.append(ReplicaPlan(pl, stages, sends, max(host)))
     swap = int(eng.swap_space_gib * GIB // max(memory.block_bytes_per_gpu)) // streams
     offload = _offload_units(s, memory, streams)
+    spec = None
+    if s.speculative is not None:
+        sp = s.speculative
+        graphs, mixed = capture_sizes(eng.cuda_graphs, eng.max_num_seqs,
+                                      eng.cuda_graph_max_batch, tp)
+        cost = DraftCost(sp.method, model, draft, node.gpu, tp, s.model.weight_dtype,
+                         s.model.kv_dtype, replicas[0].stages[0].allreduce,
+                         eng.layer_launch_s, graphs, mixed)
+        spec = spec_config(sp.method, sp.num_speculative_tokens, sp.acceptance,
+                           sp.mean_accepted_tokens, sp.disable_by_batch_size, cost, s.seed)
     return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len, swap,
-                       offload)
+                       offload, spec)
+
+
+def _drafter(s: Scenario, model: ModelSpec, tp: int) -> tuple[ModelSpec | None, float]:
+    """The draft model (method draft_model) and the drafter's weight bytes per GPU; checks
+    the [speculative] section against the engine and the models."""
+    sp = s.speculative
+    if sp is None:
+        return None, 0.0
+    if s.engine.scheduler != "vllm":
+        raise ScenarioError(f"speculative: needs engine.scheduler = \"vllm\" (got "
+                            f"{s.engine.scheduler!r})")
+    if sp.method == "mtp" and not model.mtp_layers:
+        raise ScenarioError(f"speculative.method: \"mtp\" needs a model with MTP layers "
+                            f"(num_nextn_predict_layers in its config.json); {model.name} "
+                            f"has none (allowed here: draft_model, eagle, ngram)")
+    draft = None
+    if sp.method == "draft_model":
+        try:
+            draft = load_model(sp.draft_model, s.base_dir)
+        except ScenarioError as exc:
+            raise ScenarioError(str(exc).replace("model.name", "speculative.draft_model",
+                                                 1)) from None
+        problems = _check_heads(draft, tp, 1)
+        if problems:
+            raise ScenarioError([f"speculative.draft_model: {p}" for p in problems])
+        if draft.vocab != model.vocab:
+            raise ScenarioError(f"speculative.draft_model: {draft.name} has a vocabulary of "
+                                f"{draft.vocab} tokens, {model.name} {model.vocab}; a draft "
+                                f"must share the target's tokenizer")
+    return draft, draft_weight_bytes(sp.method, model, draft, tp, s.model.weight_dtype)
 
 
 def _offload_units(s: Scenario, memory: MemoryPlan, streams: int) -> int:

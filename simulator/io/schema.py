@@ -25,6 +25,7 @@ LENGTH_DISTS = ("constant", "uniform", "normal", "lognormal", "exponential")
 #: Engine profiles (simulator/engine/profiles.py) and CUDA-graph capture rules.
 PROFILES = ("vllm-v0.6", "vllm-v1", "sglang", "trtllm")
 CUDA_GRAPHS = ("none", "vllm-v0.6", "vllm-v1", "sglang", "trtllm")
+SPEC_METHODS = ("draft_model", "eagle", "mtp", "ngram")
 
 
 def _f(default: Any = None, **meta: Any) -> Any:
@@ -197,6 +198,22 @@ class AlertKeys:
 
 
 @dataclass(frozen=True)
+class SpeculativeKeys:
+    """Speculative decoding (optional section; docs/speculative.md). Set ``acceptance``
+    (one probability alpha: geometric; or a list of k per-position probabilities, each
+    given the previous drafts were accepted) or ``mean_accepted_tokens`` (drafts accepted
+    per step, 0..k: the geometric model with that mean)."""
+
+    method: str | None = _f(None, choices=SPEC_METHODS, optional=True)
+    num_speculative_tokens: int = _f(3, min=1)
+    draft_model: str | None = _f(None, kind="model", optional=True)  # method = draft_model
+    acceptance: Any = _f(None, kind="acceptance", optional=True)
+    mean_accepted_tokens: float | None = _f(None, min=0.0, optional=True)
+    # Steps scheduled while this many requests or more run decode without speculation.
+    disable_by_batch_size: int | None = _f(None, min=1, optional=True)
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A validated scenario. ``base_dir`` resolves relative paths (the file's folder)."""
 
@@ -216,6 +233,7 @@ class Scenario:
     random_faults: RandomFaults | None = None
     base_dir: str = "."
     source: str | None = None
+    speculative: SpeculativeKeys | None = None
 
 
 SECTIONS: dict[str, type] = {

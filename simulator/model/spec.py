@@ -36,6 +36,7 @@ class ModelSpec:
     max_position_embeddings: int
     gated_mlp: bool = True
     tie_word_embeddings: bool = False
+    mtp_layers: int = 0  # multi-token prediction modules (num_nextn_predict_layers)
 
     @property
     def attn_params_per_layer(self) -> int:
@@ -91,6 +92,7 @@ def from_config(config: dict, name: str) -> ModelSpec:
             max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
             gated_mlp=config.get("hidden_act", "silu") in GATED_ACTIVATIONS,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
         )
     except KeyError as exc:
         raise ScenarioError(f"model.name: config.json lacks the field {exc.args[0]!r}") from None
