@@ -12,7 +12,7 @@ from simulator.cluster.simulation import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
-from simulator.io.writers import write_result
+from simulator.io.writers import check_out, default_out, write_result
 from simulator.model.memory import GIB
 from simulator.sweep import BACKENDS, sweep
 
@@ -46,17 +46,27 @@ def _load(args) -> object:
 def cmd_run(args) -> int:
     scenario = _load(args)
     keep = scenario.output.steps and not args.no_steps
+    # The folder is checked before simulating: a run whose files cannot be written is lost.
+    out = Path(args.out) if args.out else default_out(scenario.name, args.set, args.seed)
+    replaces = check_out(out)
     result = run(scenario, progress=not args.quiet and sys.stderr.isatty(), keep_steps=keep)
-    out = Path(args.out) if args.out else Path("runs") / scenario.name
-    write_result(result, out, steps=keep, trace=scenario.output.trace and not args.no_trace)
+    try:
+        write_result(result, out, steps=keep, trace=scenario.output.trace and not args.no_trace)
+    except OSError as exc:
+        raise ScenarioError(f"--out {str(out)!r}: cannot write ({exc.strerror})") from None
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(format_summary(scenario.name, result.summary))
-    print(f"  outputs in {out}/")
+    print(f"  outputs in {out}/" + (" (replaced the previous run's files)" if replaces else ""))
     return 0
 
 
 def cmd_validate(args) -> int:
     scenario = _load(args)
     plan, requests = check(scenario)
+    if requests is not None and requests.empty:
+        raise ScenarioError("workload: no request arrives (check num_requests, duration_s, "
+                            "start_s against the trace)", source=scenario.source)
     p, m = scenario.parallel, plan.model
     print(f"{scenario.source or 'default scenario'}: valid")
     print(f"  model      {m.name}: {m.total_params / 1e9:.1f} B params, {m.layers} layers, "
@@ -219,13 +229,21 @@ def cmd_calibrate(args) -> int:
     return calibrate.main(args.action, args.gpu, args.data, args.out)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Command-line misuse as one line on stderr (no usage block), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m simulator",
-                                 description="Simulate an LLM inference cluster.")
+    ap = _OneLineParser(prog="python -m simulator",
+                        description="Simulate an LLM inference cluster.")
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="simulate a scenario (default: the embedded one)")
     r.add_argument("scenario", nargs="?", help="scenario TOML file")
-    r.add_argument("--out", help="output folder (default runs/<name>/)")
+    r.add_argument("--out", help="output folder, new or a previous run's, replaced whole "
+                                 "(default runs/<name>/, runs/<name>-tp8-pp1/ with --set)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
     r.add_argument("--seed", type=int, help="replace the scenario's seed")

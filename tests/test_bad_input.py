@@ -142,7 +142,8 @@ def test_missing_trace_file(write, capsys):
 
 @pytest.mark.parametrize("csv, needles", [
     ("a,b\n1,2\n", ["arrival_s", "has: a, b"]),
-    ("arrival_s,prompt_tokens,output_tokens\n0,100,10\n1,abc,10\n", ["malformed", "'abc'"]),
+    ("arrival_s,prompt_tokens,output_tokens\n0,100,10\n1,abc,10\n",
+     ["row 3, column prompt_tokens", "'abc'"]),
 ], ids=["missing-columns", "non-numeric"])
 def test_malformed_trace(write, capsys, tmp_path, csv, needles):
     (tmp_path / "bad.csv").write_text(csv)

@@ -85,17 +85,21 @@ def replica_hops(stages: tuple[tuple[str, ...], ...]) -> list[tuple[str, str]]:
 
 
 def scheduled_faults(env: simpy.Environment, faults: tuple[FaultSpec, ...],
-                     act: Callable[[str, int], None]):
-    """Process: apply each scheduled fault at its time and undo it after its duration."""
+                     act: Callable[[str, int], None],
+                     permanent: Callable[[str], None] | None = None):
+    """Process: apply each scheduled fault at its time and undo it after its duration;
+    ``permanent(target)`` is called after a fault without a duration is applied."""
     events = []
     for f in faults:
-        events.append((f.at_s, 1, f.target))
+        events.append((f.at_s, 1, f.target, f.duration_s is None))
         if f.duration_s is not None:
-            events.append((f.at_s + f.duration_s, -1, f.target))
-    for t, sign, target in sorted(events, key=lambda e: (e[0], -e[1])):
+            events.append((f.at_s + f.duration_s, -1, f.target, False))
+    for t, sign, target, forever in sorted(events, key=lambda e: (e[0], -e[1])):
         if t > env.now:
             yield env.timeout(t - env.now)
         act(target, sign)
+        if forever and permanent is not None:
+            permanent(target)
 
 
 def random_faults(env: simpy.Environment, spec: RandomFaults, g: nx.DiGraph,

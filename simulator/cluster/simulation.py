@@ -70,6 +70,8 @@ class Result:
     timeseries: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     alerts: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     gpu_timeseries: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    #: What the run could not do as asked, one sentence each (the CLI prints them).
+    warnings: list[str] = field(default_factory=list)
 
 
 def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.DataFrame:
@@ -117,7 +119,8 @@ class Cluster:
         self.max_len = plan.max_model_len
         self.completed = 0
         self.expected: int | None = None  # requests the workload will send, when known
-        self.done = env.event()  # every expected request is accounted for
+        # Every expected request is accounted for, or no replica can ever serve again.
+        self.done = env.event()
         self.next_arrival_s = float("inf")
         self.waiters: dict[int, simpy.Event] = {}
         # Failures: what is down, which replicas are up, requests waiting for any replica.
@@ -131,6 +134,11 @@ class Cluster:
         self.last_event_s = 0.0  # last arrival or completion: the end of the workload
         self._hashes: list | None = None  # open loop: each request's block hashes
         self._sessions: list = []
+        # Faults that never end; once they leave no replica that can ever be healthy, the
+        # cluster can never serve again (``hopeless`` says why and when).
+        self.permanent = FaultState(plan.graph)
+        self.permanent_targets: list[str] = []
+        self.hopeless: tuple[float, str] | None = None
 
     def _scheduler(self) -> ContinuousBatcher:
         """One stream's scheduler, as the scenario names it, with its parameters."""
@@ -216,6 +224,22 @@ class Cluster:
             elif not rep.up and ok and not self._restarting[i]:
                 self._restarting[i] = True
                 self.env.process(self._restart(i, rec.restart_s))
+
+    def act_permanent(self, target: str) -> None:
+        """A fault that never ends was applied. When the faults that never end leave no
+        replica that could ever be healthy, the cluster can never serve again: random
+        faults stop (they alone would keep the run going forever), and requests waiting or
+        still to come are dropped when their clients give up, else by :meth:`close`."""
+        nodes, edges = resolve_target(self.plan.graph, target)
+        self.permanent.apply(nodes, edges, 1)
+        self.permanent_targets.append(target)
+        view = self.permanent.view()
+        if self.hopeless is None and not any(
+                self.permanent.healthy(rp.placement.gpus, self.hops[i], view)
+                for i, rp in enumerate(self.plan.replicas)):
+            self.hopeless = (self.env.now, ", ".join(self.permanent_targets))
+            if not self.done.triggered:
+                self.done.succeed()
 
     def _retry(self, req: Request, why: str, rec) -> None:
         req.retries += 1
@@ -345,7 +369,8 @@ class Cluster:
             self.submit(req)
             yield done
             stalls = stalls + 1 if env.now == before else 0
-            if stalls > 1000:
+            # With no count to reach, rejections that take no time would never end the run.
+            if stalls > 1000 and w.num_requests is None:
                 raise ScenarioError("workload: closed-loop requests are all rejected at once "
                                     f"(prompt + output > max_model_len {self.max_len})")
             if w.think_time_s:
@@ -366,7 +391,7 @@ def _start_faults(env: simpy.Environment, cluster: Cluster, s: Scenario,
     """Scheduled and random fault processes (targets are checked first)."""
     _check_faults(s, cluster.plan)
     if s.faults:
-        env.process(scheduled_faults(env, s.faults, cluster.act))
+        env.process(scheduled_faults(env, s.faults, cluster.act, cluster.act_permanent))
     if s.random_faults is not None:
         horizon = s.workload.duration_s if s.workload.arrival == "closed_loop" else None
         env.process(random_faults(env, s.random_faults, cluster.plan.graph, rng, cluster.act,
@@ -478,22 +503,60 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
                                     summary["simulated_time_s"]))
     eng = s.engine
     kept = steps if not steps.empty else None
-    ts = timeseries(requests, kept, window_s=s.output.window_s,
+    window_s, warnings = _window(requests, s.output.window_s)
+    warnings += _outcome_warnings(requests, cluster)
+    ts = timeseries(requests, kept, window_s=window_s,
                     budget=eng.max_num_batched_tokens,
                     kv_capacity={r: plan.memory.kv_blocks for r in range(s.parallel.dp)})
     thresholds = {k: getattr(s.alerts, k) for k in ("ttft_p99_s", "e2e_p99_s",
                                                     "batch_efficiency_min")}
-    events_df = alerts(requests, kept, ts, thresholds, window_s=s.output.window_s,
+    events_df = alerts(requests, kept, ts, thresholds, window_s=window_s,
                        budget=eng.max_num_batched_tokens)
     gpu_ts = pd.DataFrame()
     if kept is not None:
-        edges = window_edges(float(ts["window_end_s"].iloc[-1]), s.output.window_s)
+        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
         gpu_ts = gpu_windows(steps, stage_hardware(plan), edges)
         links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
                              [r.steps for r in cluster.replicas], steps, edges)
         ts = pd.concat([ts, links], axis=1)  # the same windows
     summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts)
+    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
+
+
+#: Most windows of a run's time series: memory must not grow with simulated time / window.
+MAX_WINDOWS = 100_000
+
+
+def _window(requests: pd.DataFrame, window_s: float) -> tuple[float, list[str]]:
+    """The time-series window: ``output.window_s``, widened so the run spans at most
+    :data:`MAX_WINDOWS` windows (with a warning saying so)."""
+    times = requests[["arrival_s", "finish_s"]].to_numpy(float)
+    end = float(np.nanmax(times)) if np.isfinite(times).any() else 0.0
+    if end / window_s <= MAX_WINDOWS:
+        return window_s, []
+    wide = end / MAX_WINDOWS
+    return wide, [f"output.window_s = {window_s:g} s would cut the {end:.6g} s run into "
+                  f"{end / window_s:.3g} windows; timeseries.csv and the alerts use "
+                  f"{wide:.6g} s windows instead (at most {MAX_WINDOWS})"]
+
+
+def _outcome_warnings(requests: pd.DataFrame, cluster: Cluster) -> list[str]:
+    """Sentences about a run that served nothing, or whose cluster can never serve again."""
+    out = []
+    if cluster.hopeless is not None:
+        t, targets = cluster.hopeless
+        out.append(f"no replica can ever serve again after t = {t:.6g} s (faults without "
+                   f"a duration: {targets}); the requests waiting then and arriving later "
+                   f"were dropped (when their clients gave up, else at the end of the "
+                   f"workload)")
+    status = requests["status"]
+    if len(requests) and not (status == "completed").any():
+        counts = status.value_counts()
+        what = ", ".join(f"{int(n)} {k}" for k, n in counts.items())
+        why = (f" (prompt + output tokens > max_model_len {cluster.max_len})"
+               if (status == "rejected").all() else "")
+        out.append(f"no request completed: {what}{why}")
+    return out
 
 
 def stage_hardware(plan: ClusterPlan) -> list[StageHardware]:

@@ -315,16 +315,19 @@ class Replica:
                                              batch.batch_size, batch.kv_blocks,
                                              rows.append if self.record_step else None,
                                              batch.swap_blocks, batch.draft_s)
-                    self._count(1, batch.tokens, busy)
+                    # Counted once it happened, as recorded: a failure cuts it from both.
                     if extra:
-                        now = yield from self._decode_run(s, batch, end, extra, gen, now, rows)
+                        now = yield from self._decode_run(s, batch, end, extra, gen, now, rows,
+                                                          (batch.tokens, busy))
                     elif self.run_ahead and end < self.next_arrival():
                         now = end  # apply it now: nothing arrives before it ends
+                        self._count(1, batch.tokens, busy)
                         self._record(rows)
                     else:
                         yield env.timeout(end - env.now)
                         now = env.now
                         if self.generation == gen:
+                            self._count(1, batch.tokens, busy)
                             self._record(rows)
             else:
                 lead = self.overhead + batch.swap_blocks * self.swap_s
@@ -352,12 +355,13 @@ class Replica:
             self.record_step(row)
 
     def _decode_run(self, s: int, batch: Batch, end: float | None, extra: int, gen: int,
-                    now: float, first_rows: list[tuple] = ()):
+                    now: float, first_rows: list[tuple] = (), first: tuple | None = None):
         """Run the scheduled decode step and the ``extra`` decode-only steps after it in
         one event, with the same times and records as stepping one by one. ``end`` is when
         the scheduled step ends, or None for a short run of a one-stage replica: the
         scheduled step is then computed (and counted) with the others; else
-        ``first_rows`` are its records, kept once the run ends. Returns when the run's last
+        ``first_rows`` are its records and ``first`` its (tokens, busy time), both kept once
+        it ends. Returns when the run's last
         applied step ended: ``env.now``, or later when the replica runs ahead. A failure
         during the run keeps the records of the steps that ended before it (whose tokens
         :meth:`fail` counts) and drops the rest.
@@ -379,8 +383,8 @@ class Replica:
         elif self._one_stage:
             ends, busy = self._decode_few(end, batch, needs if rec is not None else extra,
                                           horizon, rec, now)
-            if end is None:  # the scheduled step came first: count it, keep the rest
-                self._count(1, n, busy[0])
+            if end is None:  # the scheduled step came first: keep it apart from the rest
+                first = (n, busy[0])
                 ends, busy = ends[1:], busy[1:]
                 if rec is not None:
                     first_rows = [rows.pop(0)]
@@ -426,21 +430,28 @@ class Replica:
             done = min(int(np.searchsorted(ends, self.failed_at[gen], side="right")),
                        len(ends) - 1)
             if done:
+                if first is not None:
+                    self._count(1, *first)
                 self._record(first_rows)
                 self._keep(rows, bulk, done - 1)
+                self._count(done - 1, (done - 1) * n, self._busy_of(busy, done - 1))
             return now
         self._runs[s] = None
         stream.skip_decode_steps(steps, ends)
-        if isinstance(busy, np.ndarray):
-            applied = busy[..., :steps].sum(axis=-1)
-        elif self._one_stage:
-            applied = sum(busy[:steps])
-        else:
-            applied = [sum(b[i] for b in busy[:steps]) for i in range(len(self.stages))]
-        self._count(steps, steps * n, applied)
+        if first is not None:
+            self._count(1, *first)
+        self._count(steps, steps * n, self._busy_of(busy, steps))
         self._record(first_rows)
         self._keep(rows, bulk, steps)
         return float(ends[steps])
+
+    def _busy_of(self, busy, steps: int):
+        """Busy time of the first ``steps`` extra steps of a run (per stage, or a float)."""
+        if isinstance(busy, np.ndarray):
+            return busy[..., :steps].sum(axis=-1)
+        if self._one_stage:
+            return sum(busy[:steps])
+        return [sum(b[i] for b in busy[:steps]) for i in range(len(self.stages))]
 
     def _keep(self, rows: list[tuple], bulk: dict | None, steps: int) -> None:
         """Records of the first ``steps`` extra steps of a run (rows or bulk columns)."""

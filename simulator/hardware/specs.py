@@ -185,7 +185,7 @@ def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topolog
         gpu = load_gpu(data["gpu"], path.parent, key=f"{key} (gpu)")
         fabric = data.get("fabric", {})
         _check_nvls(data, gpu, path, key)
-        return NodeSpec(name=data["name"], gpu=gpu, gpus_per_node=int(data["gpus_per_node"]),
+        node = NodeSpec(name=data["name"], gpu=gpu, gpus_per_node=int(data["gpus_per_node"]),
                         scale_up=_link(data, "scale_up"), host=_link(data, "host"),
                         nic=_link(data, "nic"),
                         fabric_kind=fabric.get("kind", "single_switch"),
@@ -194,3 +194,7 @@ def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topolog
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"{key}: node file {str(path)!r} is missing or has a bad field "
                             f"({exc})") from None
+    if not 1 <= node.gpus_per_node <= 1024:
+        raise ScenarioError(f"{key}: node file {str(path)!r}: gpus_per_node must be in "
+                            f"[1, 1024], got {node.gpus_per_node}")
+    return node

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,12 @@ from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
 from simulator.io.schema import (
     LENGTH_DISTS,
+    LIMITS,
+    MAX_REQUESTS,
+    MAX_SEED,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    NAME_PATTERN,
     SCHEDULER_PARAMS,
     SECTIONS,
     TOP_LEVEL,
@@ -52,18 +59,26 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
+#: Bounds of the numbers in a length distribution table (tokens; sigma in log space).
+DIST_BOUNDS = {"value": (1, MAX_TOKENS), "min": (1, MAX_TOKENS), "max": (1, MAX_TOKENS),
+               "mean": (1, MAX_TOKENS), "std": (0, MAX_TOKENS), "sigma": (0, 10)}
+#: Keys of a distribution table that count tokens, so must be whole numbers.
+DIST_INTEGERS = ("value", "min", "max")
+
+
 def _check_length(key: str, value: Any, problems: list[str]) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, dict)):
         problems.append(f"{key}: expected a positive integer or a table like "
-                        f"{{ dist = \"lognormal\", mean = 256, sigma = 0.5 }}, got {value!r}")
+                        f"{{ dist = \"lognormal\", mean = 256, sigma = 0.5 }}, got "
+                        f"{_excerpt(value)}")
         return
     if isinstance(value, int):
-        if value < 1:
-            problems.append(f"{key}: must be >= 1, got {value}")
+        if not 1 <= value <= MAX_TOKENS:
+            problems.append(f"{key}: must be an integer in [1, {MAX_TOKENS}] tokens, got {value}")
         return
     dist = value.get("dist")
     if dist not in DIST_KEYS:
-        problems.append(f"{key}.dist: {dist!r} is not a distribution"
+        problems.append(f"{key}.dist: {_excerpt(dist)} is not a distribution"
                         + _did_you_mean(str(dist), LENGTH_DISTS))
         return
     required, optional = DIST_KEYS[dist]
@@ -72,15 +87,60 @@ def _check_length(key: str, value: Any, problems: list[str]) -> None:
         if k not in allowed:
             problems.append(f"{key}.{k}: unknown key for dist = \"{dist}\""
                             + _did_you_mean(k, allowed))
-        elif k != "dist" and (isinstance(v, bool) or not isinstance(v, (int, float))
-                              or not math.isfinite(v) or v < 0):
-            problems.append(f"{key}.{k}: expected a finite non-negative number, got {v!r}")
+            continue
+        if k == "dist":
+            continue
+        lo, hi = DIST_BOUNDS[k]
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                or not lo <= v <= hi):
+            problems.append(f"{key}.{k}: expected a finite number in [{lo}, {hi}], got "
+                            f"{_excerpt(v)}")
+        elif k in DIST_INTEGERS and v != int(v):
+            problems.append(f"{key}.{k}: expected a whole number of tokens, got {v}")
     for k in required:
         if k not in value:
             problems.append(f"{key}.{k}: required for dist = \"{dist}\"")
     lo, hi = value.get("min", 1), value.get("max", float("inf"))
     if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi < max(lo, 1):
         problems.append(f"{key}: max ({hi}) must be >= min ({lo}) and >= 1")
+
+
+def _excerpt(value: Any, limit: int = 40) -> str:
+    """A value as a short, printable excerpt (repr, control characters escaped, cut)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def key_bounds(key: str) -> dict:
+    """The allowed range of a numeric key, e.g. ``key_bounds("workload.rate_per_s")`` ->
+    ``{"gt": 0.0, "min": 1e-06, "max": 1e6}`` (``faults.random.*`` for random faults)."""
+    section, _, name = key.rpartition(".")
+    cls = RandomFaults if section == "faults.random" else SECTIONS[section]
+    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}[name]
+    return _bounds(key, meta)
+
+
+def _bounds(key: str, meta) -> dict:
+    """The field's ``gt``/``min``/``max``, with :data:`LIMITS` for its dotted key."""
+    general = re.sub(r"^faults(\[\d+\])?\.", "faults.", key)
+    return {k: v for k, v in {**meta, **LIMITS.get(general, {})}.items()
+            if k in ("gt", "min", "max")}
+
+
+def _range_problem(key: str, value: float, bounds: dict) -> str | None:
+    """One line when ``value`` is outside ``bounds``, stating the whole allowed range."""
+    if "min" in bounds and bounds["min"] > bounds.get("gt", -math.inf):
+        lo = f"[{bounds['min']:g}"
+    else:
+        lo = f"({bounds['gt']:g}" if "gt" in bounds else "(-inf"
+    allowed = f"{lo}, {bounds['max']:g}]" if "max" in bounds else f"{lo}, inf)"
+    for rule, bad in (("gt", value <= bounds.get("gt", -math.inf)),
+                      ("min", value < bounds.get("min", -math.inf)),
+                      ("max", value > bounds.get("max", math.inf))):
+        if bad:
+            sign = {"gt": ">", "min": ">=", "max": "<="}[rule]
+            return f"{key}: must be {sign} {bounds[rule]:g}, got {value:g} (allowed: {allowed})"
+    return None
 
 
 def _check_value(key: str, f: dataclasses.Field, value: Any, problems: list[str]) -> Any:
@@ -107,19 +167,20 @@ def _check_value(key: str, f: dataclasses.Field, value: Any, problems: list[str]
         value = float(value)
     ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
     if not ok:
-        problems.append(f"{key}: expected {base.__name__}, got {_type_name(value)} {value!r}")
+        problems.append(f"{key}: expected {base.__name__}, got {_type_name(value)} "
+                        f"{_excerpt(value)}")
         return f.default
     if base is float and not math.isfinite(value):
         problems.append(f"{key}: expected a finite number, got {value}")
         return f.default
     if "choices" in meta and value not in meta["choices"]:
-        problems.append(f"{key}: {value!r} is not allowed" + _did_you_mean(value, meta["choices"]))
-    if "min" in meta and value < meta["min"]:
-        problems.append(f"{key}: must be >= {meta['min']}, got {value}")
-    if "gt" in meta and value <= meta["gt"]:
-        problems.append(f"{key}: must be > {meta['gt']}, got {value}")
-    if "max" in meta and value > meta["max"]:
-        problems.append(f"{key}: must be <= {meta['max']}, got {value}")
+        problems.append(f"{key}: {_excerpt(value)} is not allowed"
+                        + _did_you_mean(value, meta["choices"]))
+    if base in (int, float):
+        bad = _range_problem(key, value, _bounds(key, meta))
+        if bad:
+            problems.append(bad)
+            return f.default
     return value
 
 
@@ -139,9 +200,10 @@ def _build_section(name: str, cls: type, raw: Any, problems: list[str]):
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
-    if "=" not in text:
-        raise ScenarioError(f"--set {text}: expected key.path=value")
-    key, raw = text.split("=", 1)
+    key, eq, raw = text.partition("=")
+    if not eq or not all(part.strip() for part in key.split(".")):
+        raise ScenarioError(f"--set {_excerpt(text)}: expected section.key=value (a key "
+                            f"path of non-empty names before the '=')")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -170,6 +232,15 @@ def read_toml(path: str | Path) -> dict:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ScenarioError("scenario file not found", source=str(path)) from None
+    except IsADirectoryError:
+        raise ScenarioError("the scenario path is a directory, not a TOML file",
+                            source=str(path)) from None
+    except PermissionError:
+        raise ScenarioError("scenario file cannot be read (permission denied)",
+                            source=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"not valid TOML: not UTF-8 text (byte {exc.start})",
+                            source=str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"not valid TOML: {exc}", source=str(path)) from None
 
@@ -223,8 +294,12 @@ def load_scenario(source: str | Path | dict | Scenario,
             v = data[k]
             if not isinstance(v, typ) or isinstance(v, bool):
                 problems.append(f"{k}: expected {typ.__name__}, got {_type_name(v)} {v!r}")
-            elif k == "seed" and v < 0:
-                problems.append(f"seed: must be >= 0, got {v}")
+            elif k == "seed" and not 0 <= v <= MAX_SEED:
+                problems.append(f"seed: must be in [0, {MAX_SEED}], got {v}")
+            elif k == "name" and not re.fullmatch(NAME_PATTERN, v):
+                problems.append(f"name: {_excerpt(v)} is not a plain folder name (letters, "
+                                f"digits, '.', '_', '+', '-'; starts with a letter or digit; "
+                                f"at most 100 characters)")
             else:
                 top[k] = v
     sections = {name: _build_section(name, cls, data.get(name, {}), problems)
@@ -265,24 +340,41 @@ def _faults(raw: Any, problems: list[str]) -> tuple[tuple[FaultSpec, ...], Rando
             random = _build_section(f"{key}.random", RandomFaults, e["random"], problems)
         if "at_s" in e or "target" in e:
             at, target, dur = e.get("at_s"), e.get("target"), e.get("duration_s")
-            if isinstance(at, bool) or not isinstance(at, (int, float)) or at < 0:
-                problems.append(f"{key}.at_s: expected a time >= 0 in seconds, got {at!r}")
+            if not _is_time(at, 0.0):
+                problems.append(f"{key}.at_s: expected a time in [0, {MAX_TIME_S:g}] seconds, "
+                                f"got {_excerpt(at)}")
             if not isinstance(target, str) or not target.startswith(("node:", "gpu:",
                                                                      "link:")):
                 problems.append(f"{key}.target: expected node:N, gpu:N or link:A-B, got "
-                                f"{target!r}")
-            if dur is not None and (isinstance(dur, bool) or not isinstance(dur, (int, float))
-                                    or dur <= 0):
-                problems.append(f"{key}.duration_s: expected seconds > 0 (omit for a "
-                                f"permanent fault), got {dur!r}")
+                                f"{_excerpt(target)}")
+            if dur is not None and (not _is_time(dur, 0.0) or dur == 0):
+                problems.append(f"{key}.duration_s: expected seconds in (0, {MAX_TIME_S:g}] "
+                                f"(omit for a permanent fault), got {_excerpt(dur)}")
             if not any(p.startswith(key + ".") for p in problems):
                 scheduled.append(FaultSpec(float(at), target,
                                            None if dur is None else float(dur)))
     return tuple(scheduled), random
 
 
+def _is_time(v: Any, lo: float) -> bool:
+    """Whether ``v`` is a finite number of seconds in [lo, MAX_TIME_S]."""
+    return (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+            and lo <= v <= MAX_TIME_S)
+
+
 def _workload_problems(s: Scenario) -> list[str]:
     w, p = s.workload, []
+    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is not None:
+        if w.num_requests is None and w.duration_s is not None and (
+                w.rate_per_s * w.duration_s > MAX_REQUESTS):
+            p.append(f"workload.duration_s: rate_per_s x duration_s = "
+                     f"{w.rate_per_s * w.duration_s:.3g} requests, more than the "
+                     f"{MAX_REQUESTS} a run may draw (set num_requests or shorten it)")
+        if w.duration_s is None and w.num_requests is not None and (
+                w.num_requests / w.rate_per_s > MAX_TIME_S):
+            p.append(f"workload.rate_per_s: num_requests / rate_per_s = "
+                     f"{w.num_requests / w.rate_per_s:.3g} s of arrivals, beyond the "
+                     f"{MAX_TIME_S:g} s a run may simulate (raise the rate or set duration_s)")
     if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is None:
         p.append(f"workload.rate_per_s: required for arrival = \"{w.arrival}\" (a number > 0)")
     if w.arrival == "closed_loop" and w.concurrency is None:

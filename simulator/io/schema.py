@@ -249,3 +249,67 @@ SECTIONS: dict[str, type] = {
     "recovery": RecoveryKeys,
 }
 TOP_LEVEL = {"name": str, "seed": int}
+
+
+# -- physical ranges ------------------------------------------------------------------------
+#: Most tokens in one prompt, output, step budget or context: 16 Mi, beyond any model's.
+MAX_TOKENS = 2**24
+#: Longest simulated time a key may ask for (s): 2**23 s (97 days) is the range in which the
+#: clock's times stay exact (simulator.engine.clock).
+MAX_TIME_S = float(2**23)
+#: Most requests one run may draw (10 million: a run's tables then hold ~2 GB).
+MAX_REQUESTS = 10_000_000
+#: Bounds of the numeric keys beyond the ``min``/``gt``/``max`` of their field metadata,
+#: by dotted key (``faults.random.*`` for every ``[faults.random]`` table). A value outside
+#: is an error that names the key and the range; docs/scenario.md lists them.
+LIMITS: dict[str, dict[str, float]] = {
+    "cluster.nodes": {"max": 4096},
+    "cluster.oversubscription": {"max": 64.0},
+    "cluster.spines": {"max": 4096},
+    "cluster.nodes_per_leaf": {"max": 4096},
+    "cluster.nic_gbps": {"min": 1.0, "max": 10_000.0},
+    "cluster.switch_latency_s": {"max": 1e-3},
+    "parallel.tp": {"max": 1024},
+    "parallel.pp": {"max": 1024},
+    "parallel.dp": {"max": 65536},
+    "engine.swap_space_gib": {"max": 4096.0},
+    "engine.max_num_seqs": {"max": 65536},
+    "engine.max_num_batched_tokens": {"max": MAX_TOKENS},
+    "engine.block_size": {"max": 1024},
+    "engine.max_model_len": {"max": MAX_TOKENS},
+    "engine.max_inflight_microbatches": {"max": 1024},
+    "engine.step_overhead_s": {"max": 1.0},
+    "engine.runtime_reserve_gib": {"max": 1024.0},
+    "engine.layer_launch_s": {"max": 0.1},
+    "engine.cuda_graph_max_batch": {"max": 65536},
+    "engine.token_delay_s": {"max": 60.0},
+    "engine.kv_offload_gib": {"max": 65536.0},
+    "router.load_weight": {"max": 1e6},
+    "workload.rate_per_s": {"min": 1e-6, "max": 1e6},
+    "workload.cv": {"min": 0.01, "max": 100.0},
+    "workload.concurrency": {"max": 100_000},
+    "workload.think_time_s": {"max": MAX_TIME_S},
+    "workload.num_requests": {"max": MAX_REQUESTS},
+    "workload.duration_s": {"max": MAX_TIME_S},
+    "workload.time_scale": {"min": 1e-6, "max": 1e6},
+    "workload.start_s": {"max": 1e9},
+    "workload.hash_block_tokens": {"max": 65536},
+    "workload.shared_prefix_tokens": {"max": MAX_TOKENS},
+    "workload.prefix_groups": {"max": 1_000_000},
+    "slo.ttft_s": {"max": MAX_TIME_S},
+    "slo.tpot_s": {"max": MAX_TIME_S},
+    "output.window_s": {"min": 1e-3, "max": MAX_TIME_S},
+    "alerts.ttft_p99_s": {"max": MAX_TIME_S},
+    "alerts.e2e_p99_s": {"max": MAX_TIME_S},
+    "recovery.max_retries": {"max": 1000},
+    "recovery.restart_s": {"max": MAX_TIME_S},
+    "recovery.pending_timeout_s": {"max": MAX_TIME_S},
+    "faults.random.gpu_mtbf_h": {"min": 1e-3, "max": 1e9},
+    "faults.random.node_mtbf_h": {"min": 1e-3, "max": 1e9},
+    "faults.random.link_mtbf_h": {"min": 1e-3, "max": 1e9},
+    "faults.random.repair_s": {"max": MAX_TIME_S},
+}
+#: Highest seed (numpy's SeedSequence takes any integer; TOML integers are 64-bit).
+MAX_SEED = 2**63 - 1
+#: A scenario name is a plain folder name (it names ``runs/<name>/``).
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}"

@@ -1,9 +1,21 @@
-"""Write a run's outputs: requests.csv, steps.csv, summary.json, scenario.toml."""
+"""Write a run's outputs: requests.csv, steps.csv, summary.json, scenario.toml.
+
+A run owns its folder: every file is written into a fresh temporary folder beside the
+target, which then takes the target's place (a previous run's folder is swapped out and
+deleted). So no stale file of an earlier run survives (a ``--no-steps`` run leaves no old
+steps.csv), a crash leaves no half-written folder, and no link already in the folder is
+followed. A target that holds anything but a run's files is refused before simulating.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import re
+import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,8 +24,13 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import tomli_w
 
+from simulator.errors import ScenarioError
 from simulator.io.chrome_trace import write_trace
 from simulator.io.scenario import to_dict
+
+#: Files a run writes; a folder holding only these (and plots) may be replaced by a run.
+RUN_FILES = frozenset({"requests.csv", "steps.csv", "trace.json", "gpu_timeseries.csv",
+                       "timeseries.csv", "alerts.csv", "summary.json", "scenario.toml"})
 
 
 def _clean(v):
@@ -31,21 +48,130 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
 
 
 def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = True) -> Path:
-    """Write the files of a :class:`~simulator.Result` into ``out_dir`` (created):
-    requests.csv, steps.csv and trace.json (when steps were kept), timeseries.csv,
-    alerts.csv, summary.json and scenario.toml."""
+    """Write the files of a :class:`~simulator.Result` into ``out_dir``: requests.csv,
+    steps.csv and trace.json (when steps were kept), timeseries.csv, alerts.csv,
+    summary.json and scenario.toml.
+
+    The files are written into a new temporary folder beside ``out_dir`` that then replaces
+    it; ``out_dir`` must be new, empty or a previous run's folder (see :func:`check_out`).
+
+    Raises
+    ------
+    ScenarioError
+        When ``out_dir`` may not be written (checked before anything is written).
+    """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    has_steps = steps and not result.steps.empty
-    with ThreadPoolExecutor(1) as pool:
-        # trace.json in a second thread: Arrow formats it and writes the CSVs below with the
-        # GIL released, so the two overlap on a second core.
-        traced = (pool.submit(write_trace, out / "trace.json", result.requests, result.steps)
-                  if has_steps and trace else None)
-        _write_tables(result, out, has_steps)
-        if traced is not None:
-            traced.result()  # re-raises a failure to write it
+    check_out(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # as mkdir would make it (mkdtemp: 0700)
+        has_steps = steps and not result.steps.empty
+        with ThreadPoolExecutor(1) as pool:
+            # trace.json in a second thread: Arrow formats it and writes the CSVs below with
+            # the GIL released, so the two overlap on a second core.
+            traced = (pool.submit(write_trace, tmp / "trace.json", result.requests,
+                                  result.steps) if has_steps and trace else None)
+            _write_tables(result, tmp, has_steps)
+            if traced is not None:
+                traced.result()  # re-raises a failure to write it
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _replace(new: Path, out: Path) -> None:
+    """Put folder ``new`` at ``out``: a rename, after moving a previous run's folder aside
+    (deleted once the new one is in place; links inside it are removed, never followed)."""
+    old = None
+    if out.is_dir() and not out.is_symlink():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.rename(out, old / "run")
+    os.rename(new, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def check_out(out: str | Path) -> bool:
+    """Check that a run may write its folder ``out``, before it simulates anything.
+
+    ``out`` may be new, an empty folder, or a folder holding only a previous run's files
+    (:data:`RUN_FILES` and ``*.png`` plots), which the run replaces. Its nearest existing
+    parent must be a writable folder.
+
+    Returns
+    -------
+    bool
+        Whether ``out`` holds a previous run that will be replaced.
+
+    Raises
+    ------
+    ScenarioError
+        Naming ``--out``, the path and what is wrong.
+    """
+    out = Path(out)
+    where = f"--out {str(out)!r}"
+    if out.is_symlink():
+        raise ScenarioError(f"{where}: is a symbolic link; give the real folder")
+    if out.exists() and not out.is_dir():
+        raise ScenarioError(f"{where}: exists and is not a folder")
+    if out.name in ("", ".", "..") or out.resolve() == out.resolve().parent:
+        raise ScenarioError(f"{where}: name a folder of its own for the run")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ScenarioError(f"{where}: {str(parent)!r} is not a folder")
+    try:  # the one honest test of writing there (permissions, read-only or virtual file
+        # systems like /proc): make and remove an empty folder
+        os.rmdir(tempfile.mkdtemp(prefix=".probe.", dir=parent))
+    except OSError as exc:
+        raise ScenarioError(f"{where}: cannot write in {str(parent)!r} "
+                            f"({exc.strerror})") from None
+    if not out.exists():
+        return False
+    foreign = [p.name for p in out.iterdir()
+               if not ((p.name in RUN_FILES or p.suffix == ".png")
+                       and (p.is_symlink() or p.is_file()))]
+    if foreign:
+        shown = ", ".join(repr(n) for n in sorted(foreign)[:3])
+        raise ScenarioError(f"{where}: holds {shown}{' ...' if len(foreign) > 3 else ''}, "
+                            f"not a run's files; a run replaces its whole folder, so give a "
+                            f"new or empty one")
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ScenarioError(f"{where}: cannot replace it (permission denied)")
+    return any(out.iterdir())
+
+
+def default_out(name: str, overrides: list[str] | None = None,
+                seed: int | None = None) -> Path:
+    """``runs/<name>/``, or ``runs/<name>-<changes>/`` when ``--set`` overrides or ``--seed``
+    change the scenario: each ``section.key=value`` adds ``<key><value>`` (``--set
+    parallel.tp=8 --set parallel.pp=1``: ``runs/<name>-tp8-pp1/``), ``--seed 3`` adds
+    ``seed3``; when that would be longer than 48 characters, an 8-digit hash of the changes
+    replaces it (``runs/<name>-h1a2b3c4d/``)."""
+    parts = []
+    for text in overrides or []:
+        key, _, value = text.partition("=")
+        value = value.strip().strip("\"'")
+        parts.append(key.strip().split(".")[-1] + value)
+    if seed is not None:
+        parts.append(f"seed{seed}")
+    if not parts:
+        return Path("runs") / name
+    suffix = "-".join(re.sub(r"[^A-Za-z0-9._+]+", "_", p) for p in parts)
+    if len(suffix) > 48:
+        digest = hashlib.sha1("\n".join([*(overrides or []), str(seed)]).encode())
+        suffix = "h" + digest.hexdigest()[:8]
+    return Path("runs") / f"{name}-{suffix}"
 
 
 def _write_tables(result, out: Path, has_steps: bool) -> None:

@@ -9,7 +9,8 @@ from simulator.engine.request import Request
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "replica", "prompt_tokens", "output_tokens",
                    "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
-                   "e2e_s", "preemptions", "status", "retries", "reason", "cached_prompt_tokens"]
+                   "e2e_s", "preemptions", "status", "retries", "reason", "generated_tokens",
+                   "cached_prompt_tokens"]
 STEP_COLUMNS = ["replica", "stage", "stream", "start_s", "end_s", "prefill_tokens", "decode_tokens",
                 "batch_size", "compute_s", "comm_s", "kv_blocks", "prefill_pairs", "prefill_ctx",
                 "decode_kv", "sampled"]
@@ -19,7 +20,8 @@ STEP_DTYPE = np.dtype([(c, np.float64 if c in _FLOAT_STEP else np.int64) for c i
 
 REQUEST_RECORD = ["request_id", "arrival_s", "replica", "prompt_tokens", "output_tokens",
                   "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status",
-                  "retries", "reason", "cached_prompt_tokens"]
+                  "retries", "reason", "generated_tokens",
+                   "cached_prompt_tokens"]
 
 _TEXT = {"status", "reason"}
 REQUEST_DTYPE = np.dtype([(c, object if c in _TEXT else np.float64 if c.endswith("_s")
@@ -55,7 +57,8 @@ class Recorder:
     def request(self, r: Request) -> None:
         self._rows.append((r.id, r.arrival_s, r.replica, r.prompt, r.output,
                            r.first_scheduled_s, r.first_token_s, r.finish_s,
-                           r.preemptions, r.status, r.retries, r.reason, r.cached_tokens))
+                           r.preemptions, r.status, r.retries, r.reason, r.generated,
+                           r.cached_tokens))
         if self._spec is not None:
             self._spec[r.id] = (r.spec_steps, r.spec_accepted)
         if len(self._rows) >= self._chunk:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from simulator.io.schema import WorkloadKeys
+from simulator.errors import ScenarioError
+from simulator.io.schema import MAX_TIME_S, WorkloadKeys
 
 
 def _gaps(w: WorkloadKeys, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -46,4 +47,8 @@ def trace_window(df: pd.DataFrame, w: WorkloadKeys) -> pd.DataFrame:
     out["arrival_s"] = (out["arrival_s"] - w.start_s) * w.time_scale
     if w.num_requests is not None:
         out = out.iloc[: w.num_requests]
+    if len(out) and out["arrival_s"].iloc[-1] > MAX_TIME_S:
+        raise ScenarioError(f"workload.time_scale: {w.time_scale:g} stretches the trace to "
+                            f"{out['arrival_s'].iloc[-1]:.3g} s, beyond the {MAX_TIME_S:g} s "
+                            f"a run may simulate")
     return out.reset_index(drop=True)

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from simulator.io.schema import MAX_TOKENS
+
 
 def sample_lengths(spec: Any, n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` integer token counts (>= 1) drawn from ``spec``.
@@ -16,7 +18,8 @@ def sample_lengths(spec: Any, n: int, rng: np.random.Generator) -> np.ndarray:
         An int (every request the same) or a table with ``dist`` one of constant (value),
         uniform (min, max: inclusive integers), normal (mean, std), lognormal (mean, sigma:
         the arithmetic mean and the log-space sigma, mu = ln(mean) - sigma^2/2) or
-        exponential (mean); optional ``min`` and ``max`` clip the draws.
+        exponential (mean); optional ``min`` and ``max`` clip the draws (always to at
+        most ``MAX_TOKENS``).
     """
     if isinstance(spec, int):
         return np.full(n, spec, dtype=np.int64)
@@ -36,7 +39,8 @@ def sample_lengths(spec: Any, n: int, rng: np.random.Generator) -> np.ndarray:
     else:  # validated earlier; kept for direct callers
         raise ValueError(f"unknown length distribution {dist!r}")
     lo = max(1, int(spec.get("min", 1)))
-    hi = spec.get("max", np.inf)
+    # Never past MAX_TOKENS: a heavy tail must not overflow int64 (no model takes more).
+    hi = min(spec.get("max", MAX_TOKENS), MAX_TOKENS)
     return np.clip(np.rint(x), lo, hi).astype(np.int64)
 
 
