@@ -308,6 +308,9 @@ LIMITS: dict[str, dict[str, float]] = {
     "faults.random.node_mtbf_h": {"min": 1e-3, "max": 1e9},
     "faults.random.link_mtbf_h": {"min": 1e-3, "max": 1e9},
     "faults.random.repair_s": {"max": MAX_TIME_S},
+    "speculative.num_speculative_tokens": {"max": 64},
+    "speculative.mean_accepted_tokens": {"max": 64.0},
+    "speculative.disable_by_batch_size": {"max": 65536},
 }
 #: Highest seed (numpy's SeedSequence takes any integer; TOML integers are 64-bit).
 MAX_SEED = 2**63 - 1
