@@ -270,3 +270,59 @@ def test_draft_model_must_exist_and_share_the_vocabulary(toy):
                                        "acceptance": 0.8}))
     with pytest.raises(simulator.ScenarioError, match="engine.scheduler"):
         simulator.run(toy(engine={"scheduler": "sarathi"}, speculative=SPEC))
+
+
+# -- interplay: failures, pipeline streams, prefix caching ---------------------------------
+
+@pytest.mark.parametrize("case", ["fault", "pp", "sessions"])
+def test_speculation_with_faults_pipelines_and_prefix_caching_keeps_every_token(toy, case):
+    w = {"arrival": "poisson", "rate_per_s": 20.0, "num_requests": 120,
+         "prompt_tokens": 300, "output_tokens": {"dist": "uniform", "min": 1, "max": 400}}
+    sc = toy(workload=w, speculative={**SPEC, "acceptance": 0.6})
+    if case == "fault":  # replica 0 dies under its decoders; they re-prefill on replica 1
+        sc = toy(cluster={"nodes": 2}, parallel={"dp": 2},
+                 workload={**w, "rate_per_s": 40.0, "num_requests": 300, "output_tokens": 600},
+                 router={"policy": "least_outstanding"}, recovery={"restart_s": 1.0},
+                 speculative={**SPEC, "acceptance": 0.6})
+        sc["faults"] = [{"at_s": 3.0, "target": "gpu:0", "duration_s": 1.0}]
+    elif case == "pp":  # two micro-batch streams through two stages
+        sc["parallel"] = {"tp": 1, "pp": 2}
+    else:
+        sc["workload"] = {"arrival": "sessions", "rate_per_s": 4.0, "num_requests": 20,
+                          "turns": 3, "think_time_s": 1.0, "prompt_tokens": 200,
+                          "output_tokens": 150, "shared_prefix_tokens": 512,
+                          "hash_block_tokens": 64}
+    res = simulator.run(sc)
+    req = res.requests
+    assert (req["status"] == "completed").all()
+    assert (req["generated_tokens"] == req["output_tokens"]).all()
+    cap = res.summary["kv_blocks_per_replica"] // res.plan.streams_per_replica
+    assert res.steps["kv_blocks"].between(0, cap).all()
+    if case == "fault":
+        assert res.summary["retries_total"] > 0
+    if case == "sessions":
+        assert res.summary["prefix_hit_rate"] > 0
+    assert res.summary["acceptance_length_mean"] > 1
+
+
+@pytest.mark.parametrize("kv_tokens", [None, 6000])
+def test_always_disabled_speculation_reproduces_plain_decoding_exactly(toy, kv_tokens):
+    """The per-sequence arrays, stepping one token at a time (disable_by_batch_size = 1,
+    n-gram: no drafter weights), give the aggregate form's results bit for bit, also with
+    preemptions."""
+    sc = toy(workload={"arrival": "poisson", "rate_per_s": 100.0, "num_requests": 60,
+                       "prompt_tokens": {"dist": "uniform", "min": 50, "max": 600},
+                       "output_tokens": {"dist": "uniform", "min": 1, "max": 400}},
+             engine={"max_num_batched_tokens": 1024, "max_model_len": 1000})
+    if kv_tokens:
+        with_kv_tokens(sc, kv_tokens)
+    plain = simulator.run(sc)
+    spec = simulator.run({**sc, "speculative": {"method": "ngram", "acceptance": 0.9,
+                                                "disable_by_batch_size": 1}})
+    assert spec.summary["spec_step_fraction"] == 0.0
+    if kv_tokens:
+        assert plain.summary["preemptions_total"] > 0
+    pd.testing.assert_frame_equal(plain.requests, spec.requests[plain.requests.columns])
+    pd.testing.assert_frame_equal(plain.steps, spec.steps)
+    for key in ("itl_mean_s", "itl_p50_s", "itl_p99_s", "tpot_mean_s"):
+        assert plain.summary[key] == spec.summary[key]

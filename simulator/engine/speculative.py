@@ -323,7 +323,9 @@ class SpeculativeBatcher(ContinuousBatcher):
             for g, c in zip(vals.tolist(), counts.tolist(), strict=True):
                 self.gaps.add(g, int(c))
         self._last[idx] = now
-        for s in idx[left == 0].tolist():
+        fin = idx[left == 0]
+        for s in fin[np.argsort(self._rid[fin], kind="stable")].tolist():  # by id, as the
+            # base class's finish heap pops requests that finish at the same step
             req = self._req[s]
             kv_now = self._stop_decode(req)
             if req.hashes is not None and self.prefix is not None:
