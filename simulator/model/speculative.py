@@ -81,6 +81,14 @@ class DraftCost:
                                    allreduce, layer_launch_s, graph_sizes, graph_mixed)
             self.proj = True
         self._h = target.hidden
+        self._proj: dict[int, float] = {}  # projection GEMM time by token count
+
+    def _projection(self, tokens: int) -> float:
+        """The replicated ``[2h -> h]`` GEMM of eagle / mtp for ``tokens`` rows (cached)."""
+        t = self._proj.get(tokens)
+        if t is None:
+            t = self._proj[tokens] = self.stage.gemm_time(tokens, self._h, 2 * self._h)
+        return t
 
     def time(self, n: int, sum_kv: int, k: int) -> float:
         """Draft seconds of one step: compute + communication of every pass.
@@ -108,10 +116,10 @@ class DraftCost:
         c, m = st.step(t1, (k + 1) * sum_kv + n * (k + 1) * (k + 2) / 2, sum_kv, 0, n)
         total = c + m
         if self.proj:
-            total += st.gemm_time(t1, self._h, 2 * self._h)
+            total += self._projection(t1)
         for j in range(2, k + 1):
             c, m = st.step(n, 0.0, 0, sum_kv + n * (k + j), n)
             total += c + m
             if self.proj:
-                total += st.gemm_time(n, self._h, 2 * self._h)
+                total += self._projection(n)
         return total
