@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import simulator
+from simulator.cli import main
 from simulator.engine.speculative import Acceptance, uniforms
 from simulator.model.memory import weight_bytes_per_gpu
 from simulator.model.spec import load_model
@@ -326,3 +327,16 @@ def test_always_disabled_speculation_reproduces_plain_decoding_exactly(toy, kv_t
     pd.testing.assert_frame_equal(plain.steps, spec.steps)
     for key in ("itl_mean_s", "itl_p50_s", "itl_p99_s", "tpot_mean_s"):
         assert plain.summary[key] == spec.summary[key]
+
+
+def test_example_scenarios_validate_and_bad_sections_exit_2(tmp_path, capsys):
+    for name in ("eagle", "draft"):
+        assert main(["validate", str(simulator.paths.ROOT / "workloads"
+                                     / f"spec-70b-{name}.toml")]) == 0
+        assert "tokens per verification step" in capsys.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[workload]\nrate_per_s = 1.0\nnum_requests = 5\n'
+                   '[speculative]\nmethod = "eagle"\nacceptance = [0.5, "x"]\n')
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "speculative.acceptance" in err and "Traceback" not in err
