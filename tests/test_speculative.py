@@ -18,7 +18,7 @@ from simulator.cli import main
 from simulator.engine.speculative import Acceptance, uniforms
 from simulator.model.memory import weight_bytes_per_gpu
 from simulator.model.spec import load_model
-from simulator.model.speculative import DraftCost
+from simulator.model.speculative import DraftCost, draft_weight_bytes
 
 SPEC = {"method": "eagle", "num_speculative_tokens": 3, "acceptance": 0.7}
 
@@ -340,3 +340,23 @@ def test_example_scenarios_validate_and_bad_sections_exit_2(tmp_path, capsys):
     assert main(["validate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "speculative.acceptance" in err and "Traceback" not in err
+
+
+def test_drafter_weights_and_kv_come_out_of_the_kv_pool():
+    base = {"model": {"name": "llama-3.1-70b"}, "parallel": {"tp": 8},
+            "workload": {"rate_per_s": 1.0, "num_requests": 1}}
+    plain = simulator.build_plan(simulator.load_scenario(base)).memory
+    for method, extra in (("ngram", {}), ("eagle", {}),
+                          ("draft_model", {"draft_model": "llama-3.2-1b"})):
+        sc = simulator.load_scenario({**base, "speculative": {"method": method,
+                                                              "acceptance": 0.7, **extra}})
+        mem = simulator.build_plan(sc).memory
+        target, draft = load_model("llama-3.1-70b"), load_model(extra.get("draft_model",
+                                                                          "llama-3.1-70b"))
+        weights = draft_weight_bytes(method, target, draft, 8, "bf16")
+        kv = {"ngram": 0, "eagle": target.kv_bytes_per_token(2, 8, 1),
+              "draft_model": draft.kv_bytes_per_token(2, 8)}[method]
+        free = plain.kv_bytes_per_gpu[0] - weights
+        assert mem.kv_bytes_per_gpu[0] == pytest.approx(free, rel=1e-12)
+        assert mem.kv_blocks == int(free // (plain.block_bytes_per_gpu[0] + 16 * kv))
+    assert mem.kv_blocks < plain.kv_blocks

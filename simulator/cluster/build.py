@@ -17,7 +17,7 @@ from simulator.io.schema import Scenario
 from simulator.model.cost import ACT_BYTES, StageCost
 from simulator.model.memory import GIB, MemoryPlan, plan_memory, split_layers
 from simulator.model.spec import KV_DTYPES, ModelSpec, load_model
-from simulator.model.speculative import DraftCost, draft_weight_bytes
+from simulator.model.speculative import DraftCost, draft_kv_bytes_per_token, draft_weight_bytes
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce
 from simulator.parallel.placement import ReplicaPlacement, place
 from simulator.topology.graph import Paths, build_graph, nvlink_domains
@@ -166,6 +166,9 @@ def _build(s: Scenario) -> ClusterPlan:
                          s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
                          eng.max_num_batched_tokens, eng.max_num_seqs,
                          eng.runtime_reserve_gib * GIB + draft_bytes)
+    if s.speculative is not None:
+        memory = _with_draft_kv(memory, draft_kv_bytes_per_token(
+            s.speculative.method, model, draft, tp, s.model.kv_dtype))
     streams = eng.max_inflight_microbatches or pp
     stream_tokens = (memory.kv_blocks // streams) * eng.block_size
     if eng.max_model_len is not None:
@@ -213,6 +216,20 @@ def _build(s: Scenario) -> ClusterPlan:
                            sp.mean_accepted_tokens, sp.disable_by_batch_size, cost, s.seed)
     return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len, swap,
                        offload, spec)
+
+
+def _with_draft_kv(memory: MemoryPlan, per_token: float) -> MemoryPlan:
+    """The memory plan with the drafter's KV in every block (charged to every pipeline
+    stage: conservative for pp > 1, where the drafter runs before the first)."""
+    if not per_token:
+        return memory
+    extra = memory.block_size * per_token
+    blocks = min(int(f // (b + extra)) for f, b in zip(memory.kv_bytes_per_gpu,
+                                                       memory.block_bytes_per_gpu, strict=True))
+    if blocks < 1:
+        raise ScenarioError("speculative: the drafter's KV cache leaves no KV block; raise tp "
+                            "or pp, or use a smaller draft")
+    return replace(memory, kv_blocks=blocks)
 
 
 def _drafter(s: Scenario, model: ModelSpec, tp: int) -> tuple[ModelSpec | None, float]:

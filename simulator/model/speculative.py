@@ -46,6 +46,20 @@ def draft_weight_bytes(method: str, target: ModelSpec, draft: ModelSpec | None, 
     return layer + 2 * target.hidden * target.hidden * BYTES_PER_DTYPE[weight_dtype]
 
 
+def draft_kv_bytes_per_token(method: str, target: ModelSpec, draft: ModelSpec | None,
+                             tp: int, kv_dtype: str) -> float:
+    """KV bytes per token of the drafter on one GPU: the draft model's layers, or the one
+    eagle / mtp layer at the target's shape; 0 for ``ngram``. vLLM keeps the drafter's KV in
+    the same block pool as the target's (one block table per request), so a block holds
+    both and the pool has fewer blocks."""
+    kv_b = BYTES_PER_DTYPE[kv_dtype]
+    if method == "ngram":
+        return 0.0
+    if method == "draft_model":
+        return float(draft.kv_bytes_per_token(kv_b, tp))
+    return float(target.kv_bytes_per_token(kv_b, tp, 1))
+
+
 class DraftCost:
     """Seconds to draft ``k`` tokens for ``n`` sequences, as ``time(n, sum_kv, k)``.
 
