@@ -360,3 +360,23 @@ def test_drafter_weights_and_kv_come_out_of_the_kv_pool():
         assert mem.kv_bytes_per_gpu[0] == pytest.approx(free, rel=1e-12)
         assert mem.kv_blocks == int(free // (plain.block_bytes_per_gpu[0] + 16 * kv))
     assert mem.kv_blocks < plain.kv_blocks
+
+
+def test_chunked_prefill_and_verification_share_a_step(toy):
+    """A prompt admitted while another request speculates runs in the same forward: the
+    step's shape is the prompt chunk plus the decoder's k + 1 positions after its KV."""
+    sc = toy(workload={"arrival": "constant", "rate_per_s": 20.0, "num_requests": 2,
+                       "output_tokens": 601},
+             speculative={**SPEC, "acceptance": 1.0, "method": "ngram"})
+    res = simulator.run(sc)
+    mixed = res.steps[(res.steps["prefill_tokens"] > 0) & (res.steps["decode_tokens"] > 0)]
+    assert len(mixed) == 1
+    row = mixed.iloc[0]
+    kv = row["prefill_ctx"]  # the decoder's KV (the new prompt has nothing cached)
+    assert (kv - 100) % 4 == 0 and kv > 100  # prompt + whole steps of k + 1 tokens
+    assert row["prefill_tokens"] == 100 and row["decode_tokens"] == 4
+    assert row["prefill_pairs"] == 100 * 101 / 2 + 4 * kv + 4 * 5 / 2
+    assert row["sampled"] == 4 + 1  # every verified position, and the prompt's first token
+    compute, comm = res.plan.replicas[0].stages[0].step(104, row["prefill_pairs"], kv, 0, 5)
+    assert (row["compute_s"], row["comm_s"]) == (compute, comm)
+    assert (res.requests["generated_tokens"] == 601).all()
