@@ -69,8 +69,7 @@ def cmd_validate(args) -> int:
                             "start_s against the trace)", source=scenario.source)
     p, m = scenario.parallel, plan.model
     print(f"{scenario.source or 'default scenario'}: valid")
-    print(f"  model      {m.name}: {m.total_params / 1e9:.1f} B params, {m.layers} layers, "
-          f"{m.q_heads} heads / {m.kv_heads} KV heads, {scenario.model.weight_dtype} weights")
+    print(f"  model      {m.name}: {m.describe()}, {scenario.model.weight_dtype} weights")
     print(f"  cluster    {scenario.cluster.nodes} x {plan.node.name} "
           f"({plan.graph.graph['gpu'].name}), {plan.gpus_used} GPUs used")
     print(f"  layout     tp={p.tp} pp={p.pp} dp={p.dp}, "
@@ -87,6 +86,8 @@ def cmd_validate(args) -> int:
     mem = plan.memory
     print(f"  memory     weights {max(mem.weights_per_gpu) / GIB:.1f} GiB per GPU, KV cache "
           f"{mem.kv_blocks} blocks = {mem.kv_tokens} tokens per replica")
+    if mem.note:
+        print(f"  layout     {mem.note}")
     print(f"  max_model_len {plan.max_model_len}")
     w = scenario.workload
     if requests is None:

@@ -13,13 +13,25 @@ from simulator.engine.schedulers import SCHEDULERS
 from simulator.engine.speculative import SpecConfig, spec_config
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, load_node
+from simulator.io.scenario import resolve_path
 from simulator.io.schema import Scenario
 from simulator.model.cost import ACT_BYTES, StageCost
-from simulator.model.memory import GIB, MemoryPlan, plan_memory, split_layers
+from simulator.model.memory import (
+    GIB,
+    ExpertLayout,
+    MemoryPlan,
+    plan_memory,
+    plan_moe_memory,
+    split_layers,
+)
+from simulator.model.moe_cost import A2APaths
+from simulator.model.moe_stage import MoEStageCost
+from simulator.model.routing import Routing, popularity, read_weights
 from simulator.model.spec import KV_DTYPES, ModelSpec, load_model
 from simulator.model.speculative import DraftCost, draft_kv_bytes_per_token, draft_weight_bytes
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce
 from simulator.parallel.placement import ReplicaPlacement, place
+from simulator.topology.flows import Flow, finish_times
 from simulator.topology.graph import Paths, build_graph, nvlink_domains
 
 
@@ -107,6 +119,15 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
                        eng.custom_allreduce and nvlink)
         key = (i, ar)
         cost = shared.get(key) if shared is not None else None
+        if cost is None and (model.moe is not None or model.mla is not None):
+            layout, routing = expert_setup(s, model, node)
+            cost = MoEStageCost(model, node.gpu, tp, sum(layers[:i]), layers[i], i == 0,
+                                i == pp - 1, s.model.weight_dtype, s.model.kv_dtype, ar,
+                                layout, routing, a2a_paths(paths, group),
+                                s.model.moe_a2a_mode, eng.layer_launch_s,
+                                s.model.two_batch_overlap)
+            if shared is not None:
+                shared[key] = cost
         if cost is None:
             cost = StageCost(model, node.gpu, tp, layers[i], i == 0, i == pp - 1,
                              s.model.weight_dtype, s.model.kv_dtype, ar, eng.layer_launch_s,
@@ -121,6 +142,81 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
          model.hidden * ACT_BYTES / (paths.bandwidth(a[0], b[0]) * BANDWIDTH_EFFICIENCY))
         for a, b in zip(pl.stages, pl.stages[1:], strict=False))
     return tuple(stages), sends
+
+
+def expert_setup(s: Scenario, model: ModelSpec, node: NodeSpec) -> tuple[ExpertLayout, Routing]:
+    """The expert layout of a MoE / MLA model and its routing (popularity over the EP
+    ranks, redundant experts, the run's routing draws from the scenario seed)."""
+    par, moe = s.parallel, model.moe
+    dtype = s.model.weight_dtype
+    if moe is not None and moe.expert_dtype is not None:  # the release's own (MXFP4)
+        dtype = moe.expert_dtype if moe.expert_dtype in node.gpu.weight_dtypes else "int4"
+    layout = ExpertLayout(par.ep, par.attention_dp, par.redundant_experts, dtype)
+    experts = moe.experts if moe is not None else 1
+    rt = s.model.routing or {}
+    weights = (read_weights(resolve_path(s, rt["weights_file"]), experts)
+               if "weights_file" in rt else None)
+    p = popularity(experts, rt.get("distribution", "uniform"), rt.get("skew", 1.0), weights,
+                   seed=s.seed)
+    return layout, Routing.build(p, par.ep, par.redundant_experts,
+                                 moe.top_k if moe else 1, s.seed)
+
+
+def a2a_paths(paths: Paths, group: tuple[str, ...]) -> A2APaths:
+    """The group's all-to-all on the graph: one byte from every rank to every other at once
+    through the max-min fair fluid model (the last one lands after ``s_per_byte``), and for
+    the first rank alone the seconds per byte over NVLink-only paths and over the rest."""
+    g = paths.g
+    capacity = {(a, b): d["bandwidth_Bps"] * BANDWIDTH_EFFICIENCY
+                for a, b, d in g.edges(data=True)}
+    flows = []
+    for a in group:
+        for b in group:
+            if a != b:
+                hops = paths.path(a, b)
+                flows.append(Flow(tuple(zip(hops, hops[1:], strict=False)), 1.0))
+    s_per_byte = float(finish_times(flows, capacity).max()) if flows else 0.0
+    src = group[0]
+    intra = inter = lat = 0.0
+    peers = 0
+    for dst in group[1:]:
+        path = paths.path(src, dst)
+        one = 1.0 / (paths.bandwidth(src, dst) * BANDWIDTH_EFFICIENCY)
+        if all(g.edges[a, b]["kind"] == "nvlink" for a, b in zip(path, path[1:],
+                                                                 strict=False)):
+            intra += one
+            peers += 1
+        else:
+            inter += one
+        lat = max(lat, paths.latency(src, dst))
+    return A2APaths(intra, inter, lat, len(group), peers, s_per_byte)
+
+
+def _check_moe(model: ModelSpec, s: Scenario) -> list[str]:
+    par, problems = s.parallel, []
+    if model.moe is None and s.model.two_batch_overlap:
+        problems.append(f"model.two_batch_overlap: needs a mixture-of-experts model; "
+                        f"{model.name} is dense")
+    if model.moe is None:
+        for key, value, default in (("ep", par.ep, 1), ("attention_dp", par.attention_dp,
+                                                        False),
+                                    ("redundant_experts", par.redundant_experts, 0)):
+            if value != default:
+                problems.append(f"parallel.{key}: {value!r} needs a mixture-of-experts "
+                                f"model; {model.name} is dense")
+        return problems
+    if par.ep not in (1, par.tp):
+        problems.append(f"parallel.ep: {par.ep} must be 1 (experts sliced by TP) or equal "
+                        f"to parallel.tp ({par.tp}: whole experts over the stage's GPUs)")
+    if par.attention_dp and (par.ep != par.tp or par.tp == 1):
+        problems.append(f"parallel.attention_dp: needs ep = tp > 1 (the MoE layer spans the "
+                        f"attention-DP ranks), got tp={par.tp}, ep={par.ep}")
+    if s.model.two_batch_overlap and not par.attention_dp:
+        problems.append("model.two_batch_overlap: needs parallel.attention_dp = true (it "
+                        "overlaps the all-to-all, which only DP attention has)")
+    if par.redundant_experts and par.ep == 1:
+        problems.append("parallel.redundant_experts: needs expert parallelism (ep > 1)")
+    return problems
 
 
 def _nvlink_ring(paths: Paths, group: tuple[str, ...]) -> bool:
@@ -149,7 +245,8 @@ def _build(s: Scenario) -> ClusterPlan:
     model = load_model(s.model.name, s.base_dir)
     node = cluster_node(s)
     tp, pp, dp = s.parallel.tp, s.parallel.pp, s.parallel.dp
-    problems = _check_heads(model, tp, pp)
+    problems = _check_moe(model, s)
+    problems += _check_heads(model, 1 if s.parallel.attention_dp else tp, pp)
     if problems:
         raise ScenarioError(problems)
     for key, allowed in (("weight_dtype", node.gpu.weight_dtypes), ("kv_dtype", KV_DTYPES)):
@@ -162,10 +259,17 @@ def _build(s: Scenario) -> ClusterPlan:
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
     draft, draft_bytes = _drafter(s, model, tp)
-    memory = plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,
-                         s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
-                         eng.max_num_batched_tokens, eng.max_num_seqs,
-                         eng.runtime_reserve_gib * GIB + draft_bytes)
+    if model.moe is not None or model.mla is not None:
+        memory = plan_moe_memory(model, node.gpu.memory_bytes, tp, pp,
+                                 expert_setup(s, model, node)[0], s.model.weight_dtype,
+                                 s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
+                                 eng.max_num_batched_tokens, eng.max_num_seqs,
+                                 eng.runtime_reserve_gib * GIB + draft_bytes)
+    else:
+        memory = plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,
+                             s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
+                             eng.max_num_batched_tokens, eng.max_num_seqs,
+                             eng.runtime_reserve_gib * GIB + draft_bytes)
     if s.speculative is not None:
         memory = _with_draft_kv(memory, draft_kv_bytes_per_token(
             s.speculative.method, model, draft, tp, s.model.kv_dtype))

@@ -43,6 +43,7 @@ from simulator.io.schema import Scenario
 from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.links import link_utilization, link_windows
+from simulator.metrics.moe import add_moe_columns, moe_summary
 from simulator.metrics.records import Recorder
 from simulator.metrics.speculative import speculative_summary
 from simulator.metrics.summary import summarize
@@ -498,6 +499,9 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     summary["availability_mean"] = float(np.mean(avail))
     summary["availability_min"] = float(np.min(avail))
     summary["retries_total"] = cluster.retries
+    if plan.model.moe is not None:
+        steps = add_moe_columns(steps, [rp.stages for rp in plan.replicas])
+        summary.update(moe_summary(steps))
     summary.update(link_utilization(plan, [r.step_tokens for r in cluster.replicas],
                                     [r.steps for r in cluster.replicas],
                                     summary["simulated_time_s"]))

@@ -383,6 +383,7 @@ def _workload_problems(s: Scenario) -> list[str]:
         p.append("workload.trace: required for arrival = \"trace\" (a CSV path)")
     if w.arrival != "trace" and w.num_requests is None and w.duration_s is None:
         p.append("workload.num_requests: set num_requests and/or duration_s")
+    p += _routing_problems(s.model.routing)
     eng = s.engine
     accepted = SCHEDULER_PARAMS.get(eng.scheduler, ())
     for k, v in (eng.scheduler_args or {}).items():
@@ -424,6 +425,26 @@ def _speculative_problems(sp: SpeculativeKeys | None) -> list[str]:
     elif m > k:
         p.append(f"speculative.mean_accepted_tokens: must be <= num_speculative_tokens "
                  f"({k}), got {m}")
+    return p
+
+
+ROUTING_KEYS = ("distribution", "skew", "weights_file")
+
+
+def _routing_problems(routing: dict | None) -> list[str]:
+    """``[model.routing]``: distribution uniform | zipf, skew > 0, weights_file a path."""
+    p: list[str] = []
+    for k, v in (routing or {}).items():
+        key = f"model.routing.{k}"
+        if k not in ROUTING_KEYS:
+            p.append(f"{key}: unknown key" + _did_you_mean(k, ROUTING_KEYS))
+        elif k == "distribution" and v not in ("uniform", "zipf"):
+            p.append(f"{key}: {v!r} is not allowed (allowed: uniform, zipf)")
+        elif k == "skew" and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not math.isfinite(v) or not 0 < v <= 10):
+            p.append(f"{key}: expected a number in (0, 10], got {v!r}")
+        elif k == "weights_file" and not isinstance(v, str):
+            p.append(f"{key}: expected a path to a file of per-expert weights, got {v!r}")
     return p
 
 

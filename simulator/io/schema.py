@@ -37,6 +37,14 @@ class ModelSpecKeys:
     name: str = _f("llama-3.1-8b", kind="model")
     weight_dtype: str = _f("bf16", choices=DTYPES)
     kv_dtype: str = _f("bf16", choices=DTYPES)
+    # MoE all-to-all (attention DP): DeepEP "normal" (prefill), "low_latency" (decode), or
+    # "auto" (normal for steps with prefill, low_latency for decode-only steps).
+    moe_a2a_mode: str = _f("auto", choices=("auto", "normal", "low_latency"))
+    # [model.routing]: distribution = "uniform" | "zipf", skew (zipf exponent),
+    # weights_file (one weight per expert). Checked in simulator.io.scenario.
+    routing: dict | None = _f(None, kind="table", optional=True)
+    # Two micro-batches per step whose all-to-all and compute overlap (attention DP only).
+    two_batch_overlap: bool = _f(False)
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,13 @@ class ParallelKeys:
     # spread: replicas on the nodes with the most free GPUs (across failure domains);
     # packed: fill nodes in order.
     placement: str = _f("spread", choices=("spread", "packed"))
+    # MoE models: expert parallelism over the tp GPUs of a stage (1: experts sliced by TP,
+    # "MoE-TP"; tp: whole experts spread over the ranks), attention data parallel (each
+    # rank runs attention for its own requests; needs ep = tp), and extra expert replicas
+    # (EPLB) spread over the EP ranks.
+    ep: int = _f(1, min=1)
+    attention_dp: bool = _f(False)
+    redundant_experts: int = _f(0, min=0)
 
 
 @dataclass(frozen=True)
@@ -272,6 +287,8 @@ LIMITS: dict[str, dict[str, float]] = {
     "parallel.tp": {"max": 1024},
     "parallel.pp": {"max": 1024},
     "parallel.dp": {"max": 65536},
+    "parallel.ep": {"max": 1024},
+    "parallel.redundant_experts": {"max": 65536},
     "engine.swap_space_gib": {"max": 4096.0},
     "engine.max_num_seqs": {"max": 65536},
     "engine.max_num_batched_tokens": {"max": MAX_TOKENS},

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simulator.metrics.moe import stage_work as moe_stage_work
 from simulator.model.cost import ACT_BYTES, StageCost, gemm_work
+from simulator.model.moe_stage import MoEStageCost
 
 GPU_COLUMNS = ["window_start_s", "gpu", "replica", "stage", "compute_util", "hbm_util",
                "nvlink_util", "nic_util"]
@@ -43,6 +45,16 @@ class StageHardware:
 
 def stage_work(st: StageHardware, g: pd.DataFrame) -> tuple[np.ndarray, ...]:
     """FLOPs, HBM bytes, NVLink bytes and NIC bytes per GPU for each step in ``g``."""
+    if isinstance(st.cost, MoEStageCost):  # its own per-rank work
+        flops, hbm, nvlink, nic = moe_stage_work(st.cost,
+            (g["prefill_tokens"] + g["decode_tokens"]).to_numpy(float),
+            g["prefill_pairs"].to_numpy(float), g["prefill_ctx"].to_numpy(float),
+            g["decode_kv"].to_numpy(float), g["sampled"].to_numpy(float))
+        tokens = (g["prefill_tokens"] + g["decode_tokens"]).to_numpy(float)
+        send = 0 * tokens if st.last else tokens * st.cost.model.hidden * ACT_BYTES
+        if st.send_over_nic:
+            return flops, hbm, nvlink, nic + send
+        return flops, hbm, nvlink + send, nic
     sh, layers = st.cost.shapes, st.cost.layers
     tokens = (g["prefill_tokens"] + g["decode_tokens"]).to_numpy(float)
     flops = np.zeros(len(g))

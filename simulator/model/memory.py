@@ -3,10 +3,18 @@
 KV capacity per GPU = memory * utilization - weights - activations - runtime reserve, divided
 by the bytes of one block (``block_size`` tokens of this stage's layers, REFERENCE.md s. 1).
 A replica holds as many blocks as its tightest stage.
+
+Mixture-of-experts and MLA models (:func:`plan_moe_memory`) plan one rank of a stage: its
+attention weights (TP-sharded, or whole under attention DP), its routed experts (``E / ep``
+whole experts, plus its share of redundant ones, or every expert sliced by TP when ep = 1),
+shared experts and dense layers following the attention layout, and its KV cache: an MLA
+cache is replicated on every rank of a TP group, while under attention DP each rank holds
+the KV of its own requests, so the replica's KV capacity is ``tp`` times one rank's.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from simulator.errors import ScenarioError
@@ -63,6 +71,7 @@ class MemoryPlan:
     block_bytes_per_gpu: tuple[int, ...]
     kv_blocks: int
     block_size: int
+    note: str = ""  # how the KV cache and experts are laid out (MoE / MLA models)
 
     @property
     def kv_tokens(self) -> int:
@@ -94,3 +103,150 @@ def plan_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
             f"but {budget / GIB:.1f} GiB is usable (memory x gpu_memory_utilization); short "
             f"by {need - budget / GIB:.1f} GiB. Raise tp or pp, or use fp8 weights")
     return MemoryPlan(tuple(weights), tuple(free), tuple(block), blocks, block_size)
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """How a MoE / MLA model spreads over the ``tp`` GPUs of a stage.
+
+    ``ep`` is 1 (every expert sliced over the TP group: MoE-TP) or ``tp`` (whole experts
+    spread over the group's ranks). ``attention_dp``: each rank runs attention (and the
+    dense layers and shared experts) for its own requests with whole weights.
+    ``expert_dtype`` is the dtype experts run in (the release's own where it declares one).
+    """
+
+    ep: int = 1
+    attention_dp: bool = False
+    redundant_experts: int = 0
+    expert_dtype: str = "bf16"
+
+    def experts_per_rank(self, experts: int) -> int:
+        """Routed experts one EP rank holds: ceil((E + redundant) / ep)."""
+        return math.ceil((experts + self.redundant_experts) / self.ep)
+
+
+def attention_params_per_gpu(model: ModelSpec, tp: int) -> float:
+    """Attention weights of one layer on one GPU of a TP group of ``tp`` (1: whole).
+
+    GQA: Q and O shard over TP, K and V up to n_kv heads. MLA: the down projections
+    (h x q_lora_rank, h x (kv_lora_rank + rope)) and their norms are replicated, the
+    per-head up projections and O shard over TP.
+    """
+    h, d = model.hidden, model.head_dim
+    if model.mla is None:
+        kvh = kv_heads_per_gpu(model.kv_heads, tp)
+        return h * (model.q_heads // tp + 2 * kvh) * d + (model.q_heads // tp) * d * h
+    m = model.mla
+    down = h * m.q_lora_rank + m.q_lora_rank + h * m.cache_width + m.kv_lora_rank
+    return down + (model.attn_params_per_layer - down) / tp
+
+
+def moe_weight_bytes_per_gpu(model: ModelSpec, tp: int, layout: ExpertLayout, start: int,
+                             layers: int, first: bool, last: bool, weight_dtype: str) -> float:
+    """Bytes of weights on one rank of a stage holding layers ``start .. start+layers-1``.
+
+    Attention, dense MLPs and shared experts shard over TP (whole under attention DP); the
+    routers and norms stay 16-bit and whole; routed experts are ``experts_per_rank`` whole
+    experts (ep = tp) or all experts sliced by TP (ep = 1), in ``layout.expert_dtype``.
+    """
+    h, w_b = model.hidden, BYTES_PER_DTYPE[weight_dtype]
+    attn_tp = 1 if layout.attention_dp else tp
+    moe_set = set(model.moe.layers) if model.moe else set()
+    n_moe = sum(1 for i in range(start, start + layers) if i in moe_set)
+    attn = attention_params_per_gpu(model, attn_tp) * w_b
+    total = layers * (attn + 2 * h * ACT_BYTES)
+    total += (layers - n_moe) * model.mlp_params_per_layer / attn_tp * w_b
+    if n_moe:
+        m = model.moe
+        e_b = BYTES_PER_DTYPE[layout.expert_dtype]
+        if layout.ep > 1:
+            experts = layout.experts_per_rank(m.experts) * m.expert_params(h)
+        else:
+            experts = (m.experts + layout.redundant_experts) * m.expert_params(h) / tp
+        per = (m.router_params(h) * ACT_BYTES + experts * e_b
+               + 3 * h * m.shared_intermediate / attn_tp * w_b)
+        total += n_moe * per
+    shard = model.vocab * h // tp * ACT_BYTES
+    if first:
+        total += shard
+    if last and not (first and model.tie_word_embeddings):
+        total += shard + h * ACT_BYTES
+    return float(total)
+
+
+def moe_activation_bytes(model: ModelSpec, tp: int, layout: ExpertLayout, max_tokens: int,
+                         max_seqs: int) -> float:
+    """Peak activations of one rank: the attention part of :func:`activation_bytes` for
+    the rank's tokens (``max_tokens / tp`` under attention DP), plus the dispatched tokens
+    of a MoE layer (``max_tokens * k / ep`` rows of h in and out, and the gated
+    intermediates of the rank's expert slice)."""
+    attn_tp = 1 if layout.attention_dp else tp
+    rank_tokens = math.ceil(max_tokens / tp) if layout.attention_dp else max_tokens
+    dense = activation_bytes(model, attn_tp, rank_tokens, max_seqs)
+    if model.moe is None:
+        return dense
+    m = model.moe
+    moe_tp = tp if layout.ep == 1 else 1
+    routed = max_tokens * m.top_k / layout.ep
+    return dense + routed * (2 * model.hidden + 4 * m.intermediate / moe_tp) * ACT_BYTES
+
+
+def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
+                    layout: ExpertLayout, weight_dtype: str, kv_dtype: str, block_size: int,
+                    utilization: float, max_tokens: int, max_seqs: int,
+                    reserve_bytes: float) -> MemoryPlan:
+    """:func:`plan_memory` for a MoE or MLA model, one rank at a time.
+
+    The replica's KV blocks are those of its tightest stage, times ``tp`` under attention
+    DP (each rank caches its own requests). Raises a :class:`ScenarioError` that says by
+    how much the tightest rank misses.
+    """
+    stages = split_layers(model.layers, pp)
+    starts = [sum(stages[:i]) for i in range(pp)]
+    budget = gpu_memory_bytes * utilization
+    act = moe_activation_bytes(model, tp, layout, max_tokens, max_seqs)
+    kv_b = BYTES_PER_DTYPE[kv_dtype]
+    kv_tp = 1 if layout.attention_dp else tp
+    weights, free, block = [], [], []
+    for i, layers in enumerate(stages):
+        w = moe_weight_bytes_per_gpu(model, tp, layout, starts[i], layers, i == 0,
+                                     i == pp - 1, weight_dtype)
+        weights.append(w)
+        free.append(budget - w - act - reserve_bytes)
+        block.append(block_size * model.kv_bytes_per_token(kv_b, kv_tp, layers))
+    worst = min(range(pp), key=lambda i: free[i] / block[i])
+    blocks = int(free[worst] // block[worst])
+    if blocks < 1:
+        need = (weights[worst] + act + reserve_bytes + block[worst]) / GIB
+        how = (f"ep={layout.ep}, attention_dp={str(layout.attention_dp).lower()}, "
+               f"redundant_experts={layout.redundant_experts}")
+        raise ScenarioError(
+            f"model.name: {model.name} ({weight_dtype}, experts {layout.expert_dtype}) does "
+            f"not fit with tp={tp}, pp={pp}, {how}: stage {worst} needs {need:.1f} GiB per "
+            f"GPU (weights {weights[worst] / GIB:.1f}, activations {act / GIB:.1f}, reserve "
+            f"{reserve_bytes / GIB:.1f}, one KV block) but {budget / GIB:.1f} GiB is usable "
+            f"(memory x gpu_memory_utilization); short by {need - budget / GIB:.1f} GiB. "
+            f"Add GPUs (tp/ep or pp), or use lower-precision weights")
+    replicas = tp if layout.attention_dp else 1
+    return MemoryPlan(tuple(weights), tuple(free), tuple(block), blocks * replicas, block_size,
+                      _note(model, tp, layout))
+
+
+def _note(model: ModelSpec, tp: int, layout: ExpertLayout) -> str:
+    """One line on the layout: experts per GPU, and where the KV cache lives."""
+    parts = []
+    if model.moe is not None:
+        if layout.ep > 1:
+            extra = (f" (with {layout.redundant_experts} redundant over the group)"
+                     if layout.redundant_experts else "")
+            parts.append(f"EP{layout.ep}: {layout.experts_per_rank(model.moe.experts)} "
+                         f"whole experts per GPU{extra}")
+        else:
+            parts.append(f"all {model.moe.experts} experts sliced {tp} ways (MoE-TP)")
+        parts.append(f"experts in {layout.expert_dtype}")
+    if layout.attention_dp:
+        parts.append(f"attention DP: each of {tp} GPUs caches its own requests' KV")
+    elif model.mla is not None and tp > 1:
+        parts.append(f"MLA cache replicated on all {tp} GPUs of the TP group (attention_dp "
+                     f"would hold {tp}x the tokens)")
+    return "; ".join(parts)

@@ -1,8 +1,12 @@
 """Model architecture from a Hugging Face ``config.json``: sizes, parameters, bytes.
 
-A catalog name (``llama-3.1-70b``) loads ``simulator/model/configs/<name>.json``; any other
-value is a path to a config.json. Dense decoder-only transformers with (grouped-query)
-attention and a gated or plain MLP are supported.
+A catalog name (``llama-3.1-70b``) loads ``simulator/model/configs/<name>.json``; a value
+that ends with ``.json`` or names a directory is a path to a config.json (relative to the
+scenario file). Decoder-only transformers with (grouped-query) attention or multi-head
+latent attention (MLA, DeepSeek-V3), a gated or plain MLP, and optionally mixture-of-experts
+layers (routed experts with top-k routing, shared experts, a per-layer dense / MoE pattern)
+and sliding-window or chunked attention on some layers. A field the simulator cannot
+express is a :class:`ScenarioError` that names it: never a silent dense approximation.
 """
 
 from __future__ import annotations
@@ -19,11 +23,62 @@ BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5, "fp4"
 #: Dtypes the KV cache can be stored in.
 KV_DTYPES = ("bf16", "fp16", "fp8")
 GATED_ACTIVATIONS = {"silu", "swiglu", "gelu_pytorch_tanh", "geglu"}
+#: quantization_config.quant_method values a release may ship in, and the weight dtype
+#: they mean (fp8: DeepSeek's 128 x 128 block-scaled e4m3; mxfp4: gpt-oss experts).
+NATIVE_QUANT = {"fp8": "fp8", "mxfp4": "fp4"}
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts layers: routed experts, top-k routing, shared experts.
+
+    ``layers`` are the indices of the MoE layers; the others run a dense MLP of
+    ``ModelSpec.intermediate``. ``shared_intermediate`` is the total intermediate size of
+    the shared experts (0: none). ``expert_dtype`` is the dtype the release ships its
+    experts in when it differs from the rest (gpt-oss: MXFP4), else None.
+    """
+
+    experts: int  # E
+    top_k: int  # k
+    intermediate: int  # I_e, per routed expert
+    shared_intermediate: int  # I_s, all shared experts together
+    layers: tuple[int, ...]
+    router_bias: bool = False
+    expert_bias: bool = False
+    expert_dtype: str | None = None
+
+    def expert_params(self, hidden: int) -> int:
+        """Gate, up and down projections of one routed expert: 3 h I_e (+ biases)."""
+        bias = 2 * self.intermediate + hidden if self.expert_bias else 0
+        return 3 * hidden * self.intermediate + bias
+
+    def router_params(self, hidden: int) -> int:
+        return hidden * self.experts + (self.experts if self.router_bias else 0)
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and a compressed KV latent.
+
+    Per token and layer the cache holds the latent (``kv_lora_rank``) and the shared rotary
+    key (``qk_rope_head_dim``): it has no heads, so TP cannot shard it.
+    """
+
+    q_lora_rank: int  # 0: Q projected from the hidden state directly
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def cache_width(self) -> int:
+        """Values cached per token and layer: kv_lora_rank + qk_rope_head_dim."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Sizes of a dense decoder-only transformer (notation of REFERENCE.md section 1)."""
+    """Sizes of a decoder-only transformer (notation of REFERENCE.md section 1)."""
 
     name: str
     hidden: int  # h
@@ -31,18 +86,36 @@ class ModelSpec:
     q_heads: int  # n_q
     kv_heads: int  # n_kv
     head_dim: int  # d
-    intermediate: int  # I
+    intermediate: int  # I (the dense MLP)
     vocab: int  # V
     max_position_embeddings: int
     gated_mlp: bool = True
     tie_word_embeddings: bool = False
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    # Sliding-window (or chunked) attention: the window in tokens and which layers use it.
+    sliding_window: int | None = None
+    window_layers: tuple[int, ...] = ()
+    attention_bias: bool = False
+    # The weight dtype the release ships in (quantization_config), None for 16-bit.
+    native_dtype: str | None = None
     mtp_layers: int = 0  # multi-token prediction modules (num_nextn_predict_layers)
 
     @property
     def attn_params_per_layer(self) -> int:
-        """Q, K, V and output projections: h*(n_q + 2 n_kv)*d + n_q*d*h."""
+        """Q, K, V and output projections: h*(n_q + 2 n_kv)*d + n_q*d*h (MLA: the low-rank
+        Q and KV projections, their norms and the output projection)."""
         h, d = self.hidden, self.head_dim
-        return h * (self.q_heads + 2 * self.kv_heads) * d + self.q_heads * d * h
+        if self.mla is not None:
+            m, n = self.mla, self.q_heads
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * n * qk
+                 if m.q_lora_rank else h * n * qk)
+            kv = h * m.cache_width + m.kv_lora_rank + m.kv_lora_rank * n * (
+                m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv + n * m.v_head_dim * h
+        bias = (self.q_heads + 2 * self.kv_heads) * d + h if self.attention_bias else 0
+        return h * (self.q_heads + 2 * self.kv_heads) * d + self.q_heads * d * h + bias
 
     @property
     def mlp_params_per_layer(self) -> int:
@@ -51,69 +124,252 @@ class ModelSpec:
 
     @property
     def params_per_layer(self) -> int:
+        """Parameters of a dense layer."""
         return self.attn_params_per_layer + self.mlp_params_per_layer + 2 * self.hidden
+
+    @property
+    def moe_layers(self) -> int:
+        return 0 if self.moe is None else len(self.moe.layers)
+
+    def moe_layer_params(self, experts: int) -> int:
+        """A MoE layer holding ``experts`` routed experts (all: ``moe.experts``)."""
+        m, h = self.moe, self.hidden
+        return (self.attn_params_per_layer + m.router_params(h) + experts * m.expert_params(h)
+                + 3 * h * m.shared_intermediate + 2 * h)
 
     @property
     def embedding_params(self) -> int:
         return self.vocab * self.hidden
 
+    def _params(self, experts: int) -> int:
+        lm_head = 0 if self.tie_word_embeddings else self.embedding_params
+        dense = (self.layers - self.moe_layers) * self.params_per_layer
+        moe = self.moe_layers * self.moe_layer_params(experts) if self.moe else 0
+        return dense + moe + self.embedding_params + lm_head + self.hidden
+
     @property
     def total_params(self) -> int:
-        lm_head = 0 if self.tie_word_embeddings else self.embedding_params
-        return self.layers * self.params_per_layer + self.embedding_params + lm_head + self.hidden
+        """Every weight: embedding, LM head, attention, dense MLPs, routers, experts, norms."""
+        return self._params(self.moe.experts if self.moe else 0)
+
+    @property
+    def active_params(self) -> int:
+        """Weights one token uses: as :attr:`total_params` with top-k routed experts."""
+        return self._params(self.moe.top_k if self.moe else 0)
 
     def kv_bytes_per_token(self, kv_bytes: int, tp: int = 1, layers: int | None = None) -> int:
         """KV cache bytes per token on one GPU: 2 * layers * ceil(n_kv/tp) * d * b_kv.
 
         KV heads shard across TP up to n_kv; beyond that each GPU keeps one replicated head.
+        MLA caches ``layers * (kv_lora_rank + qk_rope_head_dim) * b_kv`` on every GPU of the
+        TP group (the latent has no heads to shard).
         """
         layers = self.layers if layers is None else layers
+        if self.mla is not None:
+            return layers * self.mla.cache_width * kv_bytes
         return 2 * layers * kv_heads_per_gpu(self.kv_heads, tp) * self.head_dim * kv_bytes
+
+    def describe(self) -> str:
+        """One line for ``validate``: parameters, attention, experts, native precision."""
+        text = f"{self.total_params / 1e9:.1f} B params"
+        if self.moe is not None:
+            m = self.moe
+            shared = f", shared {m.shared_intermediate}" if m.shared_intermediate else ""
+            text += (f" ({self.active_params / 1e9:.1f} B active), MoE: {m.experts} experts, "
+                     f"top-{m.top_k}, expert intermediate {m.intermediate}{shared}, "
+                     f"{len(m.layers)} of {self.layers} layers")
+        else:
+            text += f", {self.layers} layers"
+        if self.mla is not None:
+            text += (f", MLA: {self.q_heads} heads, KV latent {self.mla.kv_lora_rank} + rope "
+                     f"{self.mla.qk_rope_head_dim} per token and layer")
+        else:
+            text += f", {self.q_heads} heads / {self.kv_heads} KV heads"
+        if self.sliding_window:
+            text += f", window {self.sliding_window} on {len(self.window_layers)} layers"
+        if self.native_dtype or (self.moe and self.moe.expert_dtype):
+            text += f", ships in {self.native_dtype or self.moe.expert_dtype}"
+            text += " (experts)" if self.moe and self.moe.expert_dtype else ""
+        return text
 
 
 def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
     return max(1, kv_heads // tp)
 
 
+def _int(config: dict, key: str, default=None, minimum: int = 1) -> int:
+    """A whole-number field >= ``minimum``, or a ScenarioError naming it."""
+    value = config.get(key, default)
+    if value is None:
+        raise ScenarioError(f"model.name: config.json lacks the field {key!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not value.is_integer()) or value < minimum:
+        raise ScenarioError(f"model.name: config.json field {key!r} = {value!r} is not an "
+                            f"integer >= {minimum}")
+    return int(value)
+
+
+def _moe(config: dict, layers: int, hidden: int) -> MoESpec | None:
+    """The MoE part of a config, or None for a dense model."""
+    key = next((k for k in ("n_routed_experts", "num_local_experts", "num_experts")
+                if config.get(k)), None)
+    if key is None:
+        return None
+    experts = _int(config, key)
+    top_k = _int(config, "num_experts_per_tok", config.get("experts_per_token"))
+    if top_k > experts:
+        raise ScenarioError(f"model.name: config.json field 'num_experts_per_tok' = {top_k} "
+                            f"exceeds the {experts} experts ({key})")
+    mtype = config.get("model_type", "")
+    if "first_k_dense_replace" in config or "n_routed_experts" in config:  # DeepSeek, Kimi
+        first = _int(config, "first_k_dense_replace", 0, minimum=0)
+        freq = _int(config, "moe_layer_freq", 1)
+        moe_layers = tuple(i for i in range(first, layers) if i % freq == 0)
+        inter = _int(config, "moe_intermediate_size")
+        shared = _int(config, "n_shared_experts", 0, minimum=0) * inter
+    elif "interleave_moe_layer_step" in config:  # Llama 4: every step-th layer, one shared
+        step = _int(config, "interleave_moe_layer_step")
+        moe_layers = tuple(range(step - 1, layers, step))
+        inter = _int(config, "intermediate_size")
+        shared = inter
+    elif "decoder_sparse_step" in config or "mlp_only_layers" in config:  # Qwen-MoE
+        step = _int(config, "decoder_sparse_step", 1)
+        dense = config.get("mlp_only_layers") or []
+        if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
+            raise ScenarioError(f"model.name: config.json field 'mlp_only_layers' = {dense!r} "
+                                f"is not a list of layer indices")
+        moe_layers = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+        inter = _int(config, "moe_intermediate_size")
+        shared = _int(config, "shared_expert_intermediate_size", 0, minimum=0)
+    else:  # Mixtral, gpt-oss: every layer, experts of intermediate_size
+        moe_layers = tuple(range(layers))
+        inter = _int(config, "intermediate_size")
+        shared = 0
+    if not moe_layers:
+        raise ScenarioError(f"model.name: config.json declares {experts} experts ({key}) but "
+                            f"its layer pattern leaves no MoE layer")
+    expert_dtype = None
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") == "mxfp4":
+        expert_dtype = NATIVE_QUANT["mxfp4"]
+    return MoESpec(experts, top_k, inter, shared, moe_layers,
+                   router_bias=mtype in ("gpt_oss", "deepseek_v3", "kimi_k2")
+                   or config.get("topk_method") == "noaux_tc",
+                   expert_bias=mtype == "gpt_oss", expert_dtype=expert_dtype)
+
+
+def _mla(config: dict) -> MLASpec | None:
+    if not config.get("kv_lora_rank"):
+        return None
+    q_lora = config.get("q_lora_rank")
+    return MLASpec(0 if q_lora is None else _int(config, "q_lora_rank"),
+                   _int(config, "kv_lora_rank"), _int(config, "qk_nope_head_dim"),
+                   _int(config, "qk_rope_head_dim"), _int(config, "v_head_dim"))
+
+
+def _windows(config: dict, layers: int) -> tuple[int | None, tuple[int, ...]]:
+    """Sliding-window layers (gpt-oss ``layer_types``, Mistral ``sliding_window``) and
+    Llama 4's chunked attention (every layer but each fourth)."""
+    types = config.get("layer_types")
+    if types is not None:
+        allowed = ("sliding_attention", "full_attention")
+        if not isinstance(types, list) or len(types) != layers or any(
+                t not in allowed for t in types):
+            raise ScenarioError(f"model.name: config.json field 'layer_types' must list "
+                                f"{layers} entries of {', '.join(allowed)}")
+        windowed = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+        return (_int(config, "sliding_window") if windowed else None), windowed
+    if config.get("attention_chunk_size"):
+        return (_int(config, "attention_chunk_size"),
+                tuple(i for i in range(layers) if (i + 1) % 4))
+    if config.get("sliding_window") and config.get("use_sliding_window", True):
+        if "max_window_layers" in config and config.get("use_sliding_window"):
+            raise ScenarioError("model.name: config.json field 'use_sliding_window' = true "
+                                "with 'max_window_layers' (Qwen layer-range windows) is not "
+                                "supported")
+        return _int(config, "sliding_window"), tuple(range(layers))
+    return None, ()
+
+
 def from_config(config: dict, name: str) -> ModelSpec:
-    """Build a :class:`ModelSpec` from the fields of a Hugging Face config.json."""
-    try:
-        hidden = int(config["hidden_size"])
-        q_heads = int(config["num_attention_heads"])
-        return ModelSpec(
-            name=name,
-            hidden=hidden,
-            layers=int(config["num_hidden_layers"]),
-            q_heads=q_heads,
-            kv_heads=int(config.get("num_key_value_heads") or q_heads),
-            head_dim=int(config.get("head_dim") or hidden // q_heads),
-            intermediate=int(config["intermediate_size"]),
-            vocab=int(config["vocab_size"]),
-            max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
-            gated_mlp=config.get("hidden_act", "silu") in GATED_ACTIVATIONS,
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
-        )
-    except KeyError as exc:
-        raise ScenarioError(f"model.name: config.json lacks the field {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise ScenarioError(f"model.name: config.json has a malformed field ({exc})") from None
+    """Build a :class:`ModelSpec` from the fields of a Hugging Face config.json.
+
+    Raises
+    ------
+    ScenarioError
+        Naming the first field that is missing, malformed (every numeric field must be an
+        integer >= 1) or not expressible (an unknown ``quantization_config.quant_method``,
+        ``moe_layer_freq`` patterns the parser does not know, ...).
+    """
+    if not isinstance(config, dict):
+        raise ScenarioError("model.name: config.json is not a JSON object")
+    if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]  # multimodal release (Llama 4): the text tower
+    hidden = _int(config, "hidden_size")
+    q_heads = _int(config, "num_attention_heads")
+    layers = _int(config, "num_hidden_layers")
+    kv_heads = _int(config, "num_key_value_heads", q_heads)
+    if q_heads % kv_heads:
+        raise ScenarioError(f"model.name: config.json field 'num_key_value_heads' = {kv_heads} "
+                            f"does not divide num_attention_heads = {q_heads}")
+    mla = _mla(config)
+    if mla is not None:
+        head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    else:
+        head_dim = _int(config, "head_dim", config.get("head_dim") or hidden // q_heads)
+    native = None
+    quant = config.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        if method not in NATIVE_QUANT:
+            raise ScenarioError(f"model.name: config.json field 'quantization_config."
+                                f"quant_method' = {method!r} is not supported (allowed: "
+                                f"{', '.join(NATIVE_QUANT)}; or remove quantization_config "
+                                f"and set model.weight_dtype)")
+        native = NATIVE_QUANT[method] if method == "fp8" else None
+    act = config.get("hidden_act", "silu")
+    moe = _moe(config, layers, hidden)
+    window, windowed = _windows(config, layers)
+    return ModelSpec(
+        name=name,
+        hidden=hidden,
+        layers=layers,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=_int(config, "intermediate_size_mlp", config.get("intermediate_size")),
+        vocab=_int(config, "vocab_size"),
+        max_position_embeddings=_int(config, "max_position_embeddings", 4096),
+        gated_mlp=act in GATED_ACTIVATIONS,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        moe=moe, mla=mla, sliding_window=window, window_layers=windowed,
+        attention_bias=bool(config.get("attention_bias", False)) and mla is None,
+        native_dtype=native,
+        mtp_layers=_int(config, "num_nextn_predict_layers", 0, minimum=0),
+    )
 
 
 def load_model(name: str, base_dir: str | Path = ".") -> ModelSpec:
-    """A catalog model by name, or a config.json at a path (relative to ``base_dir``)."""
-    path = MODEL_CONFIGS / f"{name}.json"
-    if not path.exists():
+    """A catalog model by name, or a config.json at a path (relative to ``base_dir``).
+
+    Only an exact catalog name reads the catalog folder; anything else must look like a
+    path (ends with .json or names a directory) and resolves relative to ``base_dir``, so
+    ``"../x"`` can never reach files through the catalog folder.
+    """
+    names = catalog(MODEL_CONFIGS, ".json")
+    if name in names:
+        path = MODEL_CONFIGS / f"{name}.json"
+    else:
         candidate = Path(name) if Path(name).is_absolute() else Path(base_dir) / name
-        if not (name.endswith(".json") or candidate.is_dir()):
-            names = ", ".join(catalog(MODEL_CONFIGS, ".json"))
+        if not name or not (name.endswith(".json") or candidate.is_dir()):
             raise ScenarioError(f"model.name: unknown model {name!r} "
-                                f"(catalog: {names}; or a path to a config.json)")
+                                f"(catalog: {', '.join(names)}; or a path to a config.json "
+                                f"or to a folder holding one)")
         path = candidate / "config.json" if candidate.is_dir() else candidate
-        if not path.exists():
+        if not path.is_file():
             raise ScenarioError(f"model.name: config file {str(path)!r} not found")
     try:
         config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"model.name: cannot read {str(path)!r} as JSON ({exc})") from None
-    return from_config(config, name if path.parent == MODEL_CONFIGS else path.stem)
+    return from_config(config, name if name in names else path.stem)

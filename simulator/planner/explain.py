@@ -11,7 +11,7 @@ import re
 import pandas as pd
 
 from simulator.io.schema import SloKeys
-from simulator.planner.space import Layout, WorkloadStats
+from simulator.planner.space import Layout, WorkloadStats, layout_label
 
 
 def sig(x: float, digits: int = 3) -> float:
@@ -42,7 +42,7 @@ def label(r: pd.Series) -> str:
     chunk = r.get("chunk_size")
     lim = (f"chunk {int(chunk)}" if chunk is not None and not pd.isna(chunk)
            else f"budget {int(r['max_num_batched_tokens'])}")
-    return (f"TP{int(r['tp'])} PP{int(r['pp'])} DP{int(r['dp'])} "
+    return (f"{layout_label(r)} "
             f"(max_num_seqs {int(r['max_num_seqs'])}, {lim})")
 
 
@@ -60,7 +60,7 @@ def no_fit(cands: pd.DataFrame, model: str, dtype: str, cap: int) -> str:
                 f"closest is short by {gib:g} GiB per GPU: {why}")
     r = cands.iloc[-1]
     return (f"model.name: no layout of at most {cap} GPUs serves {model} ({dtype}); e.g. "
-            f"TP{r['tp']} PP{r['pp']} DP{r['dp']}: {r['reason']}")
+            f"{layout_label(r)}: {r['reason']}")
 
 
 def no_slo(table: pd.DataFrame, slo: SloKeys, q: float, stats: WorkloadStats) -> str:
@@ -127,7 +127,7 @@ def reason(best: pd.Series, table: pd.DataFrame, cands: pd.DataFrame, objective:
         elif objective == "goodput_per_gpu" and not out.empty:
             r = out.sort_values("gpus", kind="stable").iloc[-1]
             binds = (f"what binds: memory or legality; no smaller layout serves it, e.g. "
-                     f"TP{r['tp']} PP{r['pp']} DP{r['dp']}: {r['reason']}")
+                     f"{layout_label(r)}: {r['reason']}")
         else:
             binds = ("what binds: nothing simulated scores higher (the estimate ranked "
                      "the other candidates lower)")

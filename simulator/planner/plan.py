@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.cluster.build import ClusterPlan, build_plan, expert_setup
 from simulator.cluster.simulation import workload_requests
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario, SloKeys
-from simulator.model.memory import GIB, plan_memory
+from simulator.model.memory import GIB, plan_memory, plan_moe_memory
 from simulator.model.spec import load_model
 from simulator.planner.estimate import estimate
 from simulator.planner.explain import compare, misses, no_fit, no_slo, reason, sig
@@ -90,24 +90,58 @@ class PlanResult:
 
 def _key(lay: Layout, lim: Limits) -> str:
     chunk = f"-c{lim.chunk_size}" if lim.chunk_size is not None else ""
-    return (f"tp{lay.tp}-pp{lay.pp}-dp{lay.dp}-s{lim.max_num_seqs}"
+    moe = (f"-ep{lay.ep}" if lay.ep > 1 else "") + ("-adp" if lay.attention_dp else "")
+    return (f"tp{lay.tp}-pp{lay.pp}-dp{lay.dp}{moe}-s{lim.max_num_seqs}"
             f"-b{lim.max_num_batched_tokens}{chunk}")
 
 
 def _stable(row) -> tuple:
     chunk = row["chunk_size"]
     return (row["gpus"], row["tp"], row["pp"], row["dp"], row["max_num_seqs"],
-            row["max_num_batched_tokens"], -1 if pd.isna(chunk) else chunk)
+            row["max_num_batched_tokens"], -1 if pd.isna(chunk) else chunk,
+            *_moe_of(row))
 
 
-def _point(lay: Layout, lim: Limits) -> dict:
-    return {"parallel.tp": lay.tp, "parallel.pp": lay.pp, "parallel.dp": lay.dp,
+def _moe_of(row) -> tuple[int, bool]:
+    """(ep, attention_dp) of a candidate row (dense models have no such columns)."""
+    ep = row["ep"] if "ep" in row else 1
+    adp = row["attention_dp"] if "attention_dp" in row else False
+    return int(ep), bool(adp)
+
+
+def _layout(row) -> Layout:
+    return Layout(int(row["tp"]), int(row["pp"]), int(row["dp"]), *_moe_of(row))
+
+
+def _columns(columns: list[str], model) -> list[str]:
+    """``columns`` with ``ep`` and ``attention_dp`` after ``dp`` for a MoE model."""
+    if model.moe is None:
+        return columns
+    i = columns.index("dp") + 1
+    return [*columns[:i], "ep", "attention_dp", *columns[i:]]
+
+
+def _point(lay: Layout, lim: Limits, moe_model: bool = False) -> dict:
+    """Scenario overrides of a candidate. A MoE model's layout always sets ep and
+    attention_dp (the scenario's own [parallel] is ignored), and no redundant experts
+    without EP."""
+    moe: dict = {}
+    if moe_model:
+        moe = {"parallel.ep": lay.ep, "parallel.attention_dp": lay.attention_dp}
+        if lay.ep == 1:
+            moe["parallel.redundant_experts"] = 0
+    return {"parallel.tp": lay.tp, "parallel.pp": lay.pp, "parallel.dp": lay.dp, **moe,
             **lim.overrides()}
 
 
 def _memory(cp: ClusterPlan, lim: Limits):
     s, m = cp.scenario, cp.model
     e = s.engine
+    if m.moe is not None or m.mla is not None:
+        return plan_moe_memory(m, cp.node.gpu.memory_bytes, s.parallel.tp, s.parallel.pp,
+                               expert_setup(s, m, cp.node)[0], s.model.weight_dtype,
+                               s.model.kv_dtype, e.block_size, e.gpu_memory_utilization,
+                               lim.budget, lim.max_num_seqs, e.runtime_reserve_gib * GIB)
     return plan_memory(m, cp.node.gpu.memory_bytes, s.parallel.tp, s.parallel.pp,
                        s.model.weight_dtype, s.model.kv_dtype, e.block_size,
                        e.gpu_memory_utilization, lim.budget, lim.max_num_seqs,
@@ -134,11 +168,13 @@ def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStat
     rows = []
     for lay in layouts(model, gpus):
         try:
-            cp = build_plan(load_scenario(resolve_point(base, _point(lay, probe), s.seed)))
+            cp = build_plan(load_scenario(resolve_point(
+                base, _point(lay, probe, model.moe is not None), s.seed)))
         except ScenarioError as exc:
             cp, why = None, "; ".join(exc.problems)
         for lim in limits:
-            row = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
+            row = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep,
+                   "attention_dp": lay.attention_dp,
                    "max_num_seqs": lim.max_num_seqs,
                    "max_num_batched_tokens": lim.max_num_batched_tokens,
                    "chunk_size": lim.chunk_size, "gpus": lay.gpus, "status": "excluded",
@@ -161,7 +197,8 @@ def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStat
             est = estimate(cp, lim, mem.kv_tokens, stats, s.slo.ttft_s, s.slo.tpot_s)
             row.update(est.as_row(), status="feasible")
     df = pd.DataFrame(rows)
-    for c in CANDIDATE_COLUMNS:
+    columns = _columns(CANDIDATE_COLUMNS, model)
+    for c in columns:
         if c not in df:
             df[c] = math.nan
     df["chunk_size"] = df["chunk_size"].astype("Int64")
@@ -179,7 +216,7 @@ def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStat
     df = df.iloc[order].reset_index(drop=True)
     feasible = df["status"] == "feasible"
     df["est_rank"] = pd.Series(range(1, len(df) + 1)).where(feasible).astype("Int64")
-    return df[CANDIDATE_COLUMNS]
+    return df[columns]
 
 
 def _rank_key(objective: str):
@@ -278,8 +315,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         r = cands.loc[i]
         lim = Limits(int(r["max_num_seqs"]), int(r["max_num_batched_tokens"]),
                      None if pd.isna(r["chunk_size"]) else int(r["chunk_size"]))
-        lay = Layout(int(r["tp"]), int(r["pp"]), int(r["dp"]))
-        return resolve_point(base, _point(lay, lim), s.seed)
+        lay = _layout(r)
+        return resolve_point(base, _point(lay, lim, model.moe is not None), s.seed)
 
     # Rounds: the next `top` by the estimate (at most PER_LAYOUT per layout), until a
     # simulated candidate other than the rule of thumb meets the SLOs (the estimate can be
@@ -292,7 +329,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         batch = []
         while pos < len(order) and len(batch) < top:
             i, pos = order[pos], pos + 1
-            lay = (cands.loc[i, "tp"], cands.loc[i, "pp"], cands.loc[i, "dp"])
+            lay = _layout(cands.loc[i])
             if per.get(lay, 0) < PER_LAYOUT:
                 per[lay] = per.get(lay, 0) + 1
                 batch.append(i)
@@ -309,7 +346,9 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     for i in picked:
         c = cands.loc[i]
         sim = sims[i]
-        row = {k: c[k] for k in ("tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens",
+        row = {k: c[k] for k in ("tp", "pp", "dp", *(("ep", "attention_dp") if "ep" in c
+                                                     else ()),
+                                 "max_num_seqs", "max_num_batched_tokens",
                                  "chunk_size", "gpus", "est_capacity_req_per_s",
                                  "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica")}
         row.update({k: v for k, v in sim.items()
@@ -320,7 +359,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         row["_rule"] = i == rule_idx
         rows.append(row)
     table = pd.DataFrame(rows)
-    for c in [*PLAN_COLUMNS, "status", "error"]:
+    for c in [*_columns(PLAN_COLUMNS, model), "status", "error"]:
         if c not in table:
             table[c] = math.nan
     slo = s.slo
@@ -349,8 +388,9 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
            if best is not None else "")
     comparison = compare(best, rule_row.iloc[0] if not rule_row.empty else None, rule,
                           objective, slo, slo_quantile)
+    columns = _columns(PLAN_COLUMNS, model)
     return PlanResult(s, objective, slo_quantile, cap, total, stats,
-                      cands.reset_index(drop=True), table[PLAN_COLUMNS].copy(), rule,
+                      cands.reset_index(drop=True), table[columns].copy(), rule,
                       rule_why, best, why, comparison, error, time.perf_counter() - t0,
                       wall)
 

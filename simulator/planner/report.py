@@ -14,6 +14,7 @@ import pandas as pd
 from simulator.planner.capacity import CapacityResult
 from simulator.planner.plan import PlanResult
 from simulator.planner.plots import capacity_plot, pareto_plot
+from simulator.planner.space import layout_label
 
 
 def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list[Path]:
@@ -57,13 +58,14 @@ def format_plan(result: PlanResult) -> str:
     lines.append(f"  rule       {result.rule_why}")
     lines.append(f"             {result.comparison}")
     q = f"p{result.quantile * 100:g}"
-    lines.append(f"  rank  layout          seqs budget GPUs  {'TTFT ' + q:>8}  "
+    w = max([14, *(len(layout_label(r)) for _, r in result.table.head(10).iterrows())])
+    lines.append(f"  rank  {'layout':<{w + 2}}seqs budget GPUs  {'TTFT ' + q:>8}  "
                  f"{'TPOT ' + q:>8}  tok/s/GPU  goodput/GPU  SLO")
     for _, r in result.table.head(10).iterrows():
         budget = (int(r["max_num_batched_tokens"]) if pd.isna(r["chunk_size"])
                   else int(r["chunk_size"]))
-        lay = f"TP{int(r['tp'])} PP{int(r['pp'])} DP{int(r['dp'])}"
-        lines.append(f"  {int(r['rank']):>4}  {lay:<14} {int(r['max_num_seqs']):>5} "
+        lay = layout_label(r)
+        lines.append(f"  {int(r['rank']):>4}  {lay:<{w}} {int(r['max_num_seqs']):>5} "
                      f"{budget:>6} {int(r['gpus']):>4}  {r['ttft_slo_q_s']:>8.3f}  "
                      f"{r['tpot_slo_q_s']:>8.4f}  {r['throughput_tok_per_s_per_gpu']:>9.1f}  "
                      f"{r['goodput_req_per_s_per_gpu']:>11.3f}  "

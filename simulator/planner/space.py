@@ -17,7 +17,7 @@ import pandas as pd
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
 from simulator.io.schema import Scenario
-from simulator.model.memory import GIB, plan_memory
+from simulator.model.memory import GIB, ExpertLayout, plan_memory, plan_moe_memory
 from simulator.model.spec import ModelSpec
 
 #: Engine limits searched (docs/planner.md): running sequences per stream and token budget
@@ -36,13 +36,28 @@ class Layout:
     tp: int
     pp: int
     dp: int
+    ep: int = 1  # MoE models: 1 (experts sliced by TP) or tp
+    attention_dp: bool = False
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
 
     def __str__(self) -> str:
-        return f"TP{self.tp} PP{self.pp} DP{self.dp}"
+        return f"TP{self.tp} PP{self.pp} DP{self.dp}" + moe_label(self.ep, self.attention_dp)
+
+
+def moe_label(ep, attention_dp) -> str:
+    """`` EP8``, `` EP8 DP-attn`` or nothing (ep = 1, TP attention)."""
+    ep = 1 if ep is None or ep != ep else int(ep)
+    return (f" EP{ep}" if ep > 1 else "") + (" DP-attn" if attention_dp is True
+                                                 or attention_dp == 1.0 else "")
+
+
+def layout_label(row) -> str:
+    """``TP8 PP1 DP1`` (plus the MoE part) of a candidate or plan row."""
+    return (f"TP{int(row['tp'])} PP{int(row['pp'])} DP{int(row['dp'])}"
+            + moe_label(row.get("ep"), row.get("attention_dp")))
 
 
 @dataclass(frozen=True, order=True)
@@ -142,12 +157,17 @@ def legal_tps(model: ModelSpec, gpus: int) -> list[int]:
 
 def layouts(model: ModelSpec, gpus: int) -> list[Layout]:
     """Every (tp, pp, dp) with tp dividing the heads, pp <= layers and tp*pp*dp <= gpus,
-    in a stable order (GPUs, then tp, pp, dp)."""
+    in a stable order (GPUs, then tp, pp, dp). For a MoE model each layout with tp > 1
+    also comes with expert parallelism (ep = tp), with TP and with DP attention."""
     out = [Layout(tp, pp, dp)
            for tp in legal_tps(model, gpus)
            for pp in range(1, min(model.layers, gpus // tp) + 1)
            for dp in range(1, gpus // (tp * pp) + 1)]
-    return sorted(out, key=lambda lay: (lay.gpus, lay.tp, lay.pp, lay.dp))
+    if model.moe is not None:
+        out += [Layout(lay.tp, lay.pp, lay.dp, lay.tp, adp) for lay in out if lay.tp > 1
+                for adp in (False, True)]
+    return sorted(out, key=lambda lay: (lay.gpus, lay.tp, lay.pp, lay.dp, lay.ep,
+                                        lay.attention_dp))
 
 
 def engine_limits(s: Scenario) -> list[Limits]:
@@ -190,10 +210,19 @@ def rule_of_thumb(s: Scenario, model: ModelSpec, gpu_memory_bytes: float, node_g
     short = ""
     for pp in range(1, min(model.layers, gpus // tp) + 1):
         try:
-            mem = plan_memory(model, gpu_memory_bytes, tp, pp, s.model.weight_dtype,
-                              s.model.kv_dtype, e.block_size, e.gpu_memory_utilization,
-                              e.max_num_batched_tokens, e.max_num_seqs,
-                              e.runtime_reserve_gib * GIB)
+            if model.moe is not None or model.mla is not None:  # vLLM's default: MoE-TP
+                expert = (model.moe.expert_dtype if model.moe and model.moe.expert_dtype
+                          else s.model.weight_dtype)
+                mem = plan_moe_memory(model, gpu_memory_bytes, tp, pp,
+                                      ExpertLayout(expert_dtype=expert), s.model.weight_dtype,
+                                      s.model.kv_dtype, e.block_size, e.gpu_memory_utilization,
+                                      e.max_num_batched_tokens, e.max_num_seqs,
+                                      e.runtime_reserve_gib * GIB)
+            else:
+                mem = plan_memory(model, gpu_memory_bytes, tp, pp, s.model.weight_dtype,
+                                  s.model.kv_dtype, e.block_size, e.gpu_memory_utilization,
+                                  e.max_num_batched_tokens, e.max_num_seqs,
+                                  e.runtime_reserve_gib * GIB)
         except ScenarioError as exc:
             short = exc.problems[0]
             continue

@@ -1,0 +1,321 @@
+"""Step cost of a stage of a mixture-of-experts and/or MLA model (docs/moe.md).
+
+A step of a MoE stage on the slowest rank: per layer, attention projections, attention and
+elementwise kernels on the rank's tokens (all of them under TP attention, ``T / tp`` under
+attention DP); a dense MLP, or a MoE block (router GEMM, shared experts, routed experts of
+the rank that received most tokens in this step's routing draw); under TP attention two
+all-reduces per layer (the second also combines the experts' partial outputs), under
+attention DP a dispatch and a combine all-to-all per MoE layer. The all-to-all varies per
+step with the routing, so it is counted in the step's compute time (it is on the critical
+path) and reported on its own by :meth:`MoEStageCost.moe_columns`; ``comm`` keeps the TP
+all-reduces and the logits gather, which are constant for a token count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.calibration.forms import ACT_BYTES, gemm_time
+from simulator.hardware.specs import GPUSpec
+from simulator.model.cost import StageCost
+from simulator.model.memory import ExpertLayout, attention_params_per_gpu
+from simulator.model.moe_cost import (
+    A2APaths,
+    a2a_time,
+    dispatch_bytes_per_peer,
+    expert_time,
+    mla_shapes,
+)
+from simulator.model.routing import Routing, imbalance, step_index
+from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, kv_heads_per_gpu
+from simulator.parallel.collective import AllReduceCost
+
+
+@dataclass(frozen=True)
+class MoETable:
+    """Per routing state (row of the draw block) for one token count: the MoE block's
+    time on the slowest rank (routed experts), its all-to-all time (dispatch + combine)
+    and the imbalance factor, each ``(DRAWS,)``."""
+
+    expert_s: np.ndarray
+    a2a_s: np.ndarray
+    imbalance: np.ndarray
+
+
+class MoEStageCost(StageCost):
+    """:class:`~simulator.model.cost.StageCost` of a MoE and/or MLA stage, on its slowest
+    rank. Same interface (``step``, ``decode_run``, ``decode_steps``); ``decode_run`` and
+    ``decode_steps`` evaluate :meth:`_decode_vec`, as ``step`` does for decode-only
+    steps, so fast-forwarded runs are bit-identical to stepping.
+
+    Parameters
+    ----------
+    start : int
+        Index of the stage's first layer (which of its layers are MoE layers).
+    layout : ExpertLayout
+    routing : Routing
+        Popularity and placement over ``layout.ep`` ranks (1 for MoE-TP).
+    paths : A2APaths or None
+        The EP group's paths (attention DP only).
+    a2a_mode : {"auto", "normal", "low_latency"}
+        ``auto``: normal for steps with prefill, low_latency for decode-only steps.
+    two_batch_overlap : bool
+        Split each step into two half batches whose all-to-all and compute overlap
+        (:meth:`_overlap`); attention DP only.
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, start: int, layers: int,
+                 first: bool, last: bool, weight_dtype: str, kv_dtype: str,
+                 allreduce: AllReduceCost, layout: ExpertLayout, routing: Routing,
+                 paths: A2APaths | None, a2a_mode: str = "auto",
+                 layer_launch_s: float = 0.0, two_batch_overlap: bool = False):
+        super().__init__(model, gpu, tp, layers, first, last, weight_dtype, kv_dtype,
+                         allreduce, layer_launch_s)
+        self.model, self.layout, self.routing, self.paths = model, layout, routing, paths
+        self.a2a_mode = a2a_mode
+        self.tbo = two_batch_overlap
+        self.dp = layout.attention_dp
+        self.split = tp if self.dp else 1
+        attn_tp = 1 if self.dp else tp
+        h = model.hidden
+        moe_set = set(model.moe.layers) if model.moe else set()
+        self.n_moe = sum(1 for i in range(start, start + layers) if i in moe_set)
+        self.n_dense = layers - self.n_moe
+        # Sliding-window / chunked-attention layers read at most `window` keys per query.
+        self.window = model.sliding_window or 0
+        win = set(model.window_layers)
+        self.n_window = sum(1 for i in range(start, start + layers) if i in win)
+        heads = model.q_heads // attn_tp
+        kv_b = BYTES_PER_DTYPE[kv_dtype]
+        pshape, dshape = mla_shapes(model, heads, kv_b, gpu)
+        cal = gpu.calibration
+        (self._pfloor, self._pseq, self._ptok, self._ppair, self._pwaste, self._pserial,
+         self._pqo, self._pkv, self._pp) = pshape.prefill_coeffs(cal.prefill_for(kv_dtype))
+        (self._dfloor, self._dseq, self._dflop, self._dkv, self._dtok,
+         self._dexp) = dshape.decode_coeffs(cal.decode_for(kv_dtype))
+        if model.mla is None:
+            d, kvh = model.head_dim, kv_heads_per_gpu(model.kv_heads, attn_tp)
+            self.attn_gemms = [((heads + 2 * kvh) * d, h), (h, heads * d)]
+        else:
+            m = model.mla
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = ([(m.q_lora_rank, h), (heads * qk, m.q_lora_rank)] if m.q_lora_rank
+                 else [(heads * qk, h)])
+            # kv up-projection (prefill) and its absorbed form (decode) move the same bytes.
+            self.attn_gemms = q + [(m.cache_width, h),
+                                   (heads * (m.qk_nope_head_dim + m.v_head_dim),
+                                    m.kv_lora_rank), (h, heads * m.v_head_dim)]
+        mult = 2 if model.gated_mlp else 1
+        self.dense_gemms = [(mult * model.intermediate // attn_tp, h),
+                            (h, model.intermediate // attn_tp)]
+        moe = model.moe
+        shared = moe.shared_intermediate // attn_tp if moe else 0
+        self.shared_gemms = [(2 * shared, h), (h, shared)] if shared else []
+        self.router_n = moe.experts if moe else 0
+        self.elem_bytes_attn = ACT_BYTES * (10 * h + 2 * (heads + 1) * model.head_dim)
+        self.elem_bytes_dense = ACT_BYTES * 3 * model.intermediate // attn_tp
+        self.elem_bytes_moe = ACT_BYTES * (3 * shared + 2 * h)
+        self.dispatch_bytes = 1 if self.shapes.quantized else ACT_BYTES
+        self.attn_param_bytes = attention_params_per_gpu(model, attn_tp)
+        self._tables: dict[tuple[int, str], MoETable] = {}
+
+    # -- token-count dependent parts ------------------------------------------------------
+    def _rank_tokens(self, tokens: int) -> int:
+        return math.ceil(tokens / self.split)
+
+    def _fixed_time(self, tokens: int) -> tuple[float, float]:
+        """Projections, dense MLPs, router and shared experts of the rank's tokens, the
+        elementwise kernels, the embedding; TP all-reduces (none under attention DP)."""
+        t = self._rank_tokens(tokens)
+        g = self.gemm_time
+        attn = sum(g(t, n, k) for n, k in self.attn_gemms)
+        dense = sum(g(t, n, k) for n, k in self.dense_gemms)
+        shared = sum(g(t, n, k) for n, k in self.shared_gemms)
+        router = float(gemm_time(t, self.router_n, self.model.hidden, self.head_params,
+                                 self.bf16_peak, self.gpu.hbm_bandwidth_Bps,
+                                 self.gpu.sm_count, ACT_BYTES)) if self.n_moe else 0.0
+        elem = self.elem_launch + t * self.elem_bytes_attn / self.elem_bw
+        compute = (self.layers * (attn + elem)
+                   + self.n_dense * (dense + t * self.elem_bytes_dense / self.elem_bw)
+                   + self.n_moe * (router + shared + t * self.elem_bytes_moe / self.elem_bw))
+        if self.first:
+            compute += t * self.hidden_bytes / self.elem_bw
+        comm = 0.0 if self.dp else 2 * self.layers * self.allreduce.time(
+            tokens * self.hidden_bytes)
+        self._fixed[tokens] = (compute, comm)
+        return compute, comm
+
+    def _mode(self, decode_only: bool) -> str:
+        if self.a2a_mode != "auto":
+            return self.a2a_mode
+        return "low_latency" if decode_only else "normal"
+
+    def table(self, tokens: int, mode: str) -> MoETable:
+        """:class:`MoETable` of a step of ``tokens`` tokens (cached)."""
+        key = (tokens, mode)
+        tab = self._tables.get(key)
+        if tab is not None:
+            return tab
+        r, lay, moe = self.routing, self.layout, self.model.moe
+        if not self.n_moe or tokens <= 0:
+            zero = np.zeros(r.z.shape[0])
+            tab = MoETable(zero, zero, zero + 1.0)
+        elif lay.ep > 1:
+            loads = r.rank_loads(tokens)
+            active = r.active_experts(tokens)
+            t = expert_time(loads, active[None, :], self.model.hidden, moe.intermediate,
+                            self.gpu, lay.expert_dtype)
+            imb = imbalance(loads)
+            a2a = np.zeros_like(imb)
+            if self.dp:  # the hottest rank receives imb x the mean
+                per_rank = tokens / lay.ep
+                out = dispatch_bytes_per_peer(per_rank, r, self.model.hidden,
+                                              self.dispatch_bytes, mode)
+                back = dispatch_bytes_per_peer(per_rank, r, self.model.hidden, ACT_BYTES,
+                                               mode)
+                a2a = (a2a_time(out * imb, self.paths, mode)
+                       + a2a_time(back * imb, self.paths, mode))
+            tab = MoETable(t.max(axis=1), a2a, imb)
+        else:  # MoE-TP: every rank runs every expert's slice on all tokens
+            active = r.active_experts(tokens).sum()
+            t = float(expert_time(tokens * moe.top_k, active, self.model.hidden,
+                                  moe.intermediate // self.shapes.tp, self.gpu,
+                                  lay.expert_dtype))
+            n = r.z.shape[0]
+            tab = MoETable(np.full(n, t), np.zeros(n), np.ones(n))
+        self._tables[key] = tab
+        return tab
+
+    # -- the StageCost interface ----------------------------------------------------------
+    def _decode_core(self, n: int, kv: np.ndarray, idx) -> tuple[np.ndarray, np.ndarray]:
+        """(compute without all-to-all and LM head, all-to-all) of decode-only steps."""
+        fixed0 = (self._fixed.get(n) or self._fixed_time(n))[0]
+        s, nr = self.split, self._rank_tokens(n)
+        per = self._dseq * nr
+
+        def attention(kvr):
+            stream = self._dkv * kvr + self._dtok * nr
+            stream = np.maximum(stream, self._dflop * kvr)
+            return (self._dfloor + np.maximum(stream, per)) + self._dexp * np.minimum(stream,
+                                                                                     per)
+
+        kvr = kv / s
+        attn = (self.layers - self.n_window) * attention(kvr)
+        if self.n_window:  # sum_i min(l_i, W) <= min(sum_i l_i, n W): an upper bound
+            attn = attn + self.n_window * attention(np.minimum(kvr, self.window * nr))
+        tab = self.table(n, self._mode(True))
+        return (fixed0 + attn + self.n_moe * tab.expert_s[idx], self.n_moe * tab.a2a_s[idx])
+
+    def _overlap(self, compute, a2a):
+        """Two-batch overlap of two half batches: each half's all-to-all runs under the
+        other half's compute, ``max(2 C_h, 2 A_h)``, plus one MoE layer's share of the
+        shorter one exposed at the ends (pipeline fill and drain)."""
+        return np.maximum(2 * compute, 2 * a2a) + np.minimum(compute, a2a) / max(self.n_moe,
+                                                                                   1)
+
+    def _decode_vec(self, n: int, kv: np.ndarray) -> np.ndarray:
+        """Compute seconds of decode-only steps of ``n`` sequences reading ``kv`` KV
+        entries each (array)."""
+        kv = np.asarray(kv)
+        idx = step_index(kv)
+        kv = kv.astype(float)
+        if self.tbo and n > 1:
+            out = self._overlap(*self._decode_core(math.ceil(n / 2), kv / 2, idx))
+        else:
+            compute, a2a = self._decode_core(n, kv, idx)
+            out = compute + a2a
+        if self.last and n:
+            out = out + (self._head.get(n) or self.head_time(n))[0]
+        if self._launch:
+            out = np.maximum(out, self._launch)
+        return out
+
+    def _comm(self, tokens: int, sampled: int) -> float:
+        comm = (self._fixed.get(tokens) or self._fixed_time(tokens))[1]
+        if self.last and sampled:
+            comm += (self._head.get(sampled) or self.head_time(sampled))[1]
+        return comm
+
+    @staticmethod
+    def _key(tokens, prefill_pairs, decode_kv):
+        """Routing-draw key of a step with prefill (decode-only steps use decode_kv)."""
+        return tokens + 7 * decode_kv + prefill_pairs
+
+    def _prefill_core(self, tokens: int, prefill_pairs: float, prefill_ctx: float,
+                      decode_kv: float, sampled: int, idx: int) -> tuple[float, float]:
+        """(compute without all-to-all and LM head, all-to-all) of a step with prefill."""
+        s = self.split
+        fixed0 = (self._fixed.get(tokens) or self._fixed_time(tokens))[0]
+        seqs_d = math.ceil(sampled / s)
+        t_r = self._rank_tokens(tokens)
+
+        def attention(pairs, ctx, kv):
+            a = self.prefill_attention(t_r, pairs, ctx, 1 if decode_kv or not sampled
+                                       else seqs_d)
+            if kv:
+                a += self._decode(seqs_d, max(self._dkv * kv, self._dflop * kv))
+            return a
+
+        pairs, ctx, kv = prefill_pairs / s, prefill_ctx / s, decode_kv / s
+        attn = (self.layers - self.n_window) * attention(pairs, ctx, kv)
+        if self.n_window:  # each query sees at most W keys (upper bounds, as in decode)
+            w = self.window
+            attn += self.n_window * attention(min(pairs, t_r * w), min(ctx, t_r * w),
+                                              min(kv, seqs_d * w))
+        tab = self.table(tokens, self._mode(False))
+        return (fixed0 + attn + self.n_moe * float(tab.expert_s[idx]),
+                self.n_moe * float(tab.a2a_s[idx]))
+
+    def step(self, tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
+             sampled: int) -> tuple[float, float]:
+        """See :meth:`StageCost.step`; here on the slowest rank of the stage."""
+        if tokens <= 0:
+            return 0.0, 0.0
+        if not prefill_pairs:
+            return float(self._decode_vec(tokens, np.array([decode_kv]))[0]), self._comm(
+                tokens, sampled)
+        idx = step_index(self._key(tokens, int(prefill_pairs), int(decode_kv)))
+        if self.tbo:
+            compute = float(self._overlap(*self._prefill_core(
+                math.ceil(tokens / 2), prefill_pairs / 2, prefill_ctx / 2, decode_kv / 2,
+                math.ceil(sampled / 2), idx)))
+        else:
+            compute, a2a = self._prefill_core(tokens, prefill_pairs, prefill_ctx, decode_kv,
+                                              sampled, idx)
+            compute += a2a
+        if self.last and sampled:
+            compute += (self._head.get(sampled) or self.head_time(sampled))[0]
+        if self._launch:
+            compute = max(compute, self._launch)
+        return compute, self._comm(tokens, sampled)
+
+    def decode_run(self, n: int, decode_kv: int, k: int) -> tuple[list[float], float]:
+        kv = decode_kv + n * np.arange(1, k + 1)
+        return self._decode_vec(n, kv).tolist(), self._comm(n, n)
+
+    def decode_steps(self, n: int, decode_kv: np.ndarray) -> tuple[np.ndarray, float]:
+        return self._decode_vec(n, decode_kv), self._comm(n, n)
+
+    def moe_columns(self, tokens: np.ndarray, prefill_pairs: np.ndarray,
+                    decode_kv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """All-to-all seconds (all MoE layers of the stage) and imbalance factor of
+        recorded steps, from the same tables and draws as their step times."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        pairs = np.asarray(prefill_pairs, dtype=float).astype(np.int64)
+        kv = np.asarray(decode_kv, dtype=np.int64)
+        decode = pairs == 0
+        key = np.where(decode, kv, self._key(tokens, pairs, kv))
+        idx = step_index(key)
+        a2a, imb = np.zeros(tokens.size), np.ones(tokens.size)
+        for t, d in {(int(t), bool(d)) for t, d in zip(tokens, decode, strict=True)}:
+            rows = (tokens == t) & (decode == d)
+            if t <= 0:
+                continue
+            half = self.tbo and (t > 1 if d else True)
+            tab = self.table(math.ceil(t / 2) if half else t, self._mode(d))
+            a2a[rows] = (2 if half else 1) * self.n_moe * tab.a2a_s[idx[rows]]
+            imb[rows] = tab.imbalance[idx[rows]]
+        return a2a, imb

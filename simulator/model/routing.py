@@ -1,0 +1,143 @@
+"""Expert popularity, expert placement over EP ranks, and per-step routed token counts.
+
+A router sends each token to ``k`` of ``E`` experts. Expert ``e`` is chosen with
+probability ``p_e`` (uniform, Zipf with a skew, or weights from a file); the experts'
+popularity ranks are shuffled over their ids once per run (a hot expert is not always
+expert 0). Redundant experts (EPLB) replicate the hottest experts and place the replicas
+so that the expected rank loads are as even as a greedy largest-first packing makes them.
+
+Per step the expert loads are a normal approximation of the multinomial counts,
+``x_e = max(0, T k p_e + sqrt(T k p_e (1 - p_e)) z_e)``, with ``z`` taken from a block of
+pre-drawn standard normals indexed by a hash of the step's own aggregates (not of call
+order), so fast-forwarded decode runs see exactly the draws of step-by-step execution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import ScenarioError
+
+#: Pre-drawn routing states (rows of standard normals) per run.
+DRAWS = 1024
+_HASH = 2654435761  # Knuth's multiplicative hash (odd, ~2^32 / phi)
+
+
+def step_index(key):
+    """Row of the draw block for a step key (int or int array): the top 10 bits of a
+    32-bit multiplicative hash, so keys that grow by a power of two still spread."""
+    if isinstance(key, np.ndarray):
+        return ((key.astype(np.uint64) * np.uint64(_HASH)) & np.uint64(0xFFFFFFFF)) >> 22
+    return ((int(key) * _HASH) & 0xFFFFFFFF) >> 22
+
+
+def popularity(experts: int, distribution: str = "uniform", skew: float = 1.0,
+               weights: np.ndarray | None = None, seed: int = 0) -> np.ndarray:
+    """Probability that a routing slot picks each expert (sums to 1).
+
+    ``zipf``: ``p ~ 1 / rank^skew`` with the ranks shuffled over expert ids by ``seed``;
+    ``weights``: a non-negative weight per expert (normalized).
+    """
+    if weights is not None:
+        p = np.asarray(weights, dtype=float)
+    elif distribution == "zipf":
+        ranks = np.random.default_rng(seed).permutation(experts) + 1.0
+        p = ranks ** -float(skew)
+    else:
+        p = np.ones(experts)
+    return p / p.sum()
+
+
+def read_weights(path: Path, experts: int) -> np.ndarray:
+    """One non-negative number per expert, one per line or comma separated."""
+    try:
+        text = Path(path).read_text()
+        w = np.array([float(x) for x in text.replace(",", " ").split()])
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(f"model.routing.weights_file: cannot read {str(path)!r} as "
+                            f"numbers ({exc})") from None
+    if w.size != experts or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise ScenarioError(f"model.routing.weights_file: expected {experts} finite "
+                            f"non-negative weights (one per expert) with a positive sum, "
+                            f"got {w.size} values in {str(path)!r}")
+    return w
+
+
+def placement(p: np.ndarray, ranks: int, redundant: int = 0) -> np.ndarray:
+    """Share of each expert's tokens handled by each rank, shape ``(ranks, E)``.
+
+    Without redundancy, expert e lives on rank ``e // (E / ranks)`` (contiguous blocks, as
+    vLLM and SGLang lay experts out). With ``redundant`` extra slots, the expert with the
+    largest load per replica gets the next replica (EPLB), and all replicas are packed
+    largest-first onto the least-loaded rank that has a free slot (and no copy of
+    that expert yet); a replicated expert's
+    tokens split evenly over its replicas.
+    """
+    experts = p.size
+    share = np.zeros((ranks, experts))
+    if redundant == 0:
+        share[np.arange(experts) * ranks // experts, np.arange(experts)] = 1.0
+        return share
+    copies = np.ones(experts, dtype=int)
+    for _ in range(redundant):
+        # At most one copy per rank: a second copy on one rank would not split its load.
+        copies[np.argmax(np.where(copies < ranks, p / copies, -1.0))] += 1
+    slots = math.ceil((experts + redundant) / ranks)
+    load, used = np.zeros(ranks), np.zeros(ranks, dtype=int)
+    items = sorted(((p[e] / copies[e], e) for e in range(experts) for _ in range(copies[e])),
+                   reverse=True)
+    for w, e in items:
+        free = np.where((used < slots) & (share[:, e] == 0))[0]  # replicas on distinct ranks
+        if free.size == 0:
+            free = np.where(used < slots)[0]
+        r = free[np.argmin(load[free])]
+        load[r] += w
+        used[r] += 1
+        share[r, e] += 1.0 / copies[e]
+    return share
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Popularity, rank placement and the run's block of standard normals."""
+
+    p: np.ndarray  # (E,)
+    share: np.ndarray  # (ranks, E)
+    z: np.ndarray  # (DRAWS, E)
+    top_k: int
+
+    @classmethod
+    def build(cls, p: np.ndarray, ranks: int, redundant: int, top_k: int,
+              seed: int) -> Routing:
+        z = np.random.default_rng([seed, 14]).standard_normal((DRAWS, p.size))
+        return cls(p, placement(p, ranks, redundant), z, top_k)
+
+    def expert_loads(self, tokens: int) -> np.ndarray:
+        """Tokens routed to each expert in every pre-drawn state, shape ``(DRAWS, E)``;
+        each row sums to ``tokens * k`` (rescaled after clipping at zero)."""
+        mean = tokens * self.top_k * self.p
+        x = np.maximum(mean + np.sqrt(mean * (1.0 - self.p)) * self.z, 0.0)
+        total = x.sum(axis=1, keepdims=True)
+        return x * np.divide(tokens * self.top_k, total, out=np.zeros_like(total),
+                             where=total > 0)
+
+    def rank_loads(self, tokens: int) -> np.ndarray:
+        """Routed tokens each rank receives in every state, shape ``(DRAWS, ranks)``."""
+        return self.expert_loads(tokens) @ self.share.T
+
+    def active_experts(self, tokens: int) -> np.ndarray:
+        """Expected experts (replicas) with at least one token on each rank, ``(ranks,)``:
+        ``sum_e share * (1 - exp(-T k p_e / copies))`` (Poisson arrivals)."""
+        copies = (self.share > 0).sum(axis=0)
+        lam = tokens * self.top_k * self.p / np.maximum(copies, 1)
+        return (self.share > 0) @ (1.0 - np.exp(-lam))
+
+
+def imbalance(rank_loads: np.ndarray) -> np.ndarray:
+    """Max rank tokens / mean rank tokens, per row (1 when no token is routed)."""
+    mean = rank_loads.mean(axis=-1)
+    return np.divide(rank_loads.max(axis=-1), mean, out=np.ones_like(mean), where=mean > 0)
