@@ -17,6 +17,7 @@ import simulator
 from simulator.cli import main
 from simulator.engine.speculative import Acceptance, uniforms
 from simulator.model.memory import weight_bytes_per_gpu
+from simulator.model.moe_stage import MoEStageCost
 from simulator.model.spec import load_model
 from simulator.model.speculative import DraftCost, draft_weight_bytes
 
@@ -380,3 +381,24 @@ def test_chunked_prefill_and_verification_share_a_step(toy):
     compute, comm = res.plan.replicas[0].stages[0].step(104, row["prefill_pairs"], kv, 0, 5)
     assert (row["compute_s"], row["comm_s"]) == (compute, comm)
     assert (res.requests["generated_tokens"] == 601).all()
+
+
+def test_deepseek_v3_mtp_drafts_with_its_moe_layer_and_pays_at_low_load():
+    path = simulator.paths.ROOT / "workloads" / "spec-deepseek-v3-mtp.toml"
+    sc = simulator.load_scenario(path, overrides=["workload.num_requests=6"])
+    plan = simulator.build_plan(sc)
+    head = plan.speculative.draft.__self__.stage
+    assert isinstance(head, MoEStageCost) and head.layers == 1
+    # The MTP layer's weights (its experts on this rank) and its MLA cache come out of the
+    # KV pool; the pool keeps one cache per attention-DP rank.
+    plain = simulator.build_plan(simulator.load_scenario(
+        path, overrides=["speculative.method=ngram"])).memory
+    assert plan.memory.kv_blocks < plain.kv_blocks and plan.memory.kv_blocks % 16 == 0
+    one = {"arrival": "closed_loop", "concurrency": 1, "num_requests": 3}
+    sc = {**simulator.io.scenario.to_dict(sc), "output": {"steps": False}}
+    sc["workload"] = {**{k: v for k, v in sc["workload"].items() if k != "rate_per_s"}, **one}
+    spec = simulator.run(sc)
+    plain = simulator.run({k: v for k, v in sc.items() if k != "speculative"})
+    assert (spec.requests["generated_tokens"] == spec.requests["output_tokens"]).all()
+    assert 0 < spec.summary["draft_time_share"] < 0.1  # one layer of 62
+    assert spec.summary["tpot_mean_s"] < 0.8 * plain.summary["tpot_mean_s"]

@@ -258,7 +258,7 @@ def _build(s: Scenario) -> ClusterPlan:
                         s.cluster.spines, s.cluster.rail_optimized, s.cluster.nodes_per_leaf)
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
-    draft, draft_bytes = _drafter(s, model, tp)
+    draft, draft_bytes = _drafter(s, model, tp, node)
     if model.moe is not None or model.mla is not None:
         memory = plan_moe_memory(model, node.gpu.memory_bytes, tp, pp,
                                  expert_setup(s, model, node)[0], s.model.weight_dtype,
@@ -308,16 +308,7 @@ def _build(s: Scenario) -> ClusterPlan:
         replicas.append(ReplicaPlan(pl, stages, sends, max(host)))
     swap = int(eng.swap_space_gib * GIB // max(memory.block_bytes_per_gpu)) // streams
     offload = _offload_units(s, memory, streams)
-    spec = None
-    if s.speculative is not None:
-        sp = s.speculative
-        graphs, mixed = capture_sizes(eng.cuda_graphs, eng.max_num_seqs,
-                                      eng.cuda_graph_max_batch, tp)
-        cost = DraftCost(sp.method, model, draft, node.gpu, tp, s.model.weight_dtype,
-                         s.model.kv_dtype, replicas[0].stages[0].allreduce,
-                         eng.layer_launch_s, graphs, mixed)
-        spec = spec_config(sp.method, sp.num_speculative_tokens, sp.acceptance,
-                           sp.mean_accepted_tokens, sp.disable_by_batch_size, cost, s.seed)
+    spec = _spec_config(s, model, node, draft, replicas[0], paths)
     return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len, swap,
                        offload, spec)
 
@@ -328,15 +319,41 @@ def _with_draft_kv(memory: MemoryPlan, per_token: float) -> MemoryPlan:
     if not per_token:
         return memory
     extra = memory.block_size * per_token
-    blocks = min(int(f // (b + extra)) for f, b in zip(memory.kv_bytes_per_gpu,
-                                                       memory.block_bytes_per_gpu, strict=True))
+    pairs = list(zip(memory.kv_bytes_per_gpu, memory.block_bytes_per_gpu, strict=True))
+    # Replicas of the cache per replica (tp under attention DP, else 1), kept as planned.
+    copies = memory.kv_blocks // min(int(f // b) for f, b in pairs)
+    blocks = copies * min(int(f // (b + extra)) for f, b in pairs)
     if blocks < 1:
         raise ScenarioError("speculative: the drafter's KV cache leaves no KV block; raise tp "
                             "or pp, or use a smaller draft")
     return replace(memory, kv_blocks=blocks)
 
 
-def _drafter(s: Scenario, model: ModelSpec, tp: int) -> tuple[ModelSpec | None, float]:
+def _spec_config(s: Scenario, model: ModelSpec, node: NodeSpec, draft: ModelSpec | None,
+                 rp: ReplicaPlan, paths: Paths) -> SpecConfig | None:
+    """The [speculative] section as the streams use it, the drafter priced on the first
+    replica's last TP group; an MTP module of a MoE / MLA model as that model's last layer
+    (experts, all-to-all and MLA included)."""
+    sp, eng, tp = s.speculative, s.engine, s.parallel.tp
+    if sp is None:
+        return None
+    graphs, mixed = capture_sizes(eng.cuda_graphs, eng.max_num_seqs, eng.cuda_graph_max_batch,
+                                  tp)
+    ar, head = rp.stages[-1].allreduce, None
+    if sp.method == "mtp" and (model.moe is not None or model.mla is not None):
+        layout, routing = expert_setup(s, model, node)
+        head = MoEStageCost(model, node.gpu, tp, model.layers - 1, 1, False, True,
+                            s.model.weight_dtype, s.model.kv_dtype, ar, layout, routing,
+                            a2a_paths(paths, rp.placement.stages[-1]), s.model.moe_a2a_mode,
+                            eng.layer_launch_s, s.model.two_batch_overlap)
+    cost = DraftCost(sp.method, model, draft, node.gpu, tp, s.model.weight_dtype,
+                     s.model.kv_dtype, ar, eng.layer_launch_s, graphs, mixed, head)
+    return spec_config(sp.method, sp.num_speculative_tokens, sp.acceptance,
+                       sp.mean_accepted_tokens, sp.disable_by_batch_size, cost, s.seed)
+
+
+def _drafter(s: Scenario, model: ModelSpec, tp: int,
+             node: NodeSpec) -> tuple[ModelSpec | None, float]:
     """The draft model (method draft_model) and the drafter's weight bytes per GPU; checks
     the [speculative] section against the engine and the models."""
     sp = s.speculative
@@ -363,7 +380,9 @@ def _drafter(s: Scenario, model: ModelSpec, tp: int) -> tuple[ModelSpec | None, 
             raise ScenarioError(f"speculative.draft_model: {draft.name} has a vocabulary of "
                                 f"{draft.vocab} tokens, {model.name} {model.vocab}; a draft "
                                 f"must share the target's tokenizer")
-    return draft, draft_weight_bytes(sp.method, model, draft, tp, s.model.weight_dtype)
+    layout = (expert_setup(s, model, node)[0]
+              if model.moe is not None or model.mla is not None else None)
+    return draft, draft_weight_bytes(sp.method, model, draft, tp, s.model.weight_dtype, layout)
 
 
 def _offload_units(s: Scenario, memory: MemoryPlan, streams: int) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from simulator.hardware.specs import GPUSpec
 from simulator.model.cost import StageCost
-from simulator.model.memory import weight_bytes_per_gpu
+from simulator.model.memory import ExpertLayout, moe_weight_bytes_per_gpu, weight_bytes_per_gpu
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
 from simulator.parallel.collective import AllReduceCost
 
@@ -32,17 +32,23 @@ METHODS = ("draft_model", "eagle", "mtp", "ngram")
 
 
 def draft_weight_bytes(method: str, target: ModelSpec, draft: ModelSpec | None, tp: int,
-                       weight_dtype: str) -> float:
+                       weight_dtype: str, layout: ExpertLayout | None = None) -> float:
     """Bytes of the drafter's weights on one GPU (0 for ``ngram``).
 
     eagle / mtp: one layer of the target sharded over TP plus the replicated ``[2h, h]``
-    projection (the LM head and embeddings are the target's); draft_model: the whole model.
+    projection (the LM head and embeddings are the target's); an MTP module of a MoE / MLA
+    model is its last layer as ``layout`` places it (experts included); draft_model: the
+    whole model.
     """
     if method == "ngram":
         return 0.0
     if method == "draft_model":
         return weight_bytes_per_gpu(draft, tp, draft.layers, True, True, weight_dtype)
-    layer = weight_bytes_per_gpu(target, tp, 1, False, False, weight_dtype)
+    if method == "mtp" and layout is not None:
+        layer = moe_weight_bytes_per_gpu(target, tp, layout, target.layers - 1, 1, False,
+                                         False, weight_dtype)
+    else:
+        layer = weight_bytes_per_gpu(target, tp, 1, False, False, weight_dtype)
     return layer + 2 * target.hidden * target.hidden * BYTES_PER_DTYPE[weight_dtype]
 
 
@@ -77,12 +83,16 @@ class DraftCost:
     graph_sizes : tuple of int
     graph_mixed : bool
         As :class:`~simulator.model.cost.StageCost`.
+    head : StageCost, optional
+        The one-layer stage of an eagle / mtp drafter when the caller builds it (the MTP
+        layer of a MoE / MLA model, priced by its own stage cost).
     """
 
     def __init__(self, method: str, target: ModelSpec, draft: ModelSpec | None,
                  gpu: GPUSpec, tp: int, weight_dtype: str, kv_dtype: str,
                  allreduce: AllReduceCost, layer_launch_s: float = 0.0,
-                 graph_sizes: tuple[int, ...] = (), graph_mixed: bool = False):
+                 graph_sizes: tuple[int, ...] = (), graph_mixed: bool = False,
+                 head: StageCost | None = None):
         self.method = method
         self.stage: StageCost | None = None
         self.proj = False
@@ -90,6 +100,8 @@ class DraftCost:
             self.stage = StageCost(draft, gpu, tp, draft.layers, True, True, weight_dtype,
                                    kv_dtype, allreduce, layer_launch_s, graph_sizes,
                                    graph_mixed)
+        elif head is not None:  # a one-layer stage built by the caller (MoE / MLA MTP)
+            self.stage, self.proj = head, True
         elif method in ("eagle", "mtp"):
             self.stage = StageCost(target, gpu, tp, 1, False, True, weight_dtype, kv_dtype,
                                    allreduce, layer_launch_s, graph_sizes, graph_mixed)
