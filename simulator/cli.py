@@ -78,6 +78,10 @@ def cmd_validate(args) -> int:
               f"{requests['arrival_s'].max():.1f} s, prompt mean "
               f"{requests['prompt_tokens'].mean():.0f}, output mean "
               f"{requests['output_tokens'].mean():.0f} tokens")
+    if plan.speculative is not None:  # docs/speculative.md
+        sp = scenario.speculative
+        print(f"  speculative {sp.method}, k = {sp.num_speculative_tokens}: "
+              f"{1 + plan.speculative.acceptance.mean:.2f} tokens per verification step")
     return 0
 
 

@@ -10,6 +10,7 @@ import networkx as nx
 
 from simulator.engine.profiles import capture_sizes
 from simulator.engine.schedulers import SCHEDULERS
+from simulator.engine.speculative import SpecConfig, spec_config
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, load_node
 from simulator.io.scenario import resolve_path
@@ -27,6 +28,7 @@ from simulator.model.moe_cost import A2APaths
 from simulator.model.moe_stage import MoEStageCost
 from simulator.model.routing import Routing, popularity, read_weights
 from simulator.model.spec import KV_DTYPES, ModelSpec, load_model
+from simulator.model.speculative import DraftCost, draft_kv_bytes_per_token, draft_weight_bytes
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce
 from simulator.parallel.placement import ReplicaPlacement, place
 from simulator.topology.flows import Flow, finish_times
@@ -55,6 +57,7 @@ class ClusterPlan:
     max_model_len: int
     swap_blocks_per_stream: int  # CPU blocks for swapped KV
     offload_units_per_stream: int = 0  # prefix-cache hash blocks the host tier holds
+    speculative: SpecConfig | None = None  # [speculative]: drafts, acceptance, draft cost
 
     @property
     def gpus_used(self) -> int:
@@ -255,17 +258,21 @@ def _build(s: Scenario) -> ClusterPlan:
                         s.cluster.spines, s.cluster.rail_optimized, s.cluster.nodes_per_leaf)
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
+    draft, draft_bytes = _drafter(s, model, tp, node)
     if model.moe is not None or model.mla is not None:
         memory = plan_moe_memory(model, node.gpu.memory_bytes, tp, pp,
                                  expert_setup(s, model, node)[0], s.model.weight_dtype,
                                  s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
                                  eng.max_num_batched_tokens, eng.max_num_seqs,
-                                 eng.runtime_reserve_gib * GIB)
+                                 eng.runtime_reserve_gib * GIB + draft_bytes)
     else:
         memory = plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,
                              s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
                              eng.max_num_batched_tokens, eng.max_num_seqs,
-                             eng.runtime_reserve_gib * GIB)
+                             eng.runtime_reserve_gib * GIB + draft_bytes)
+    if s.speculative is not None:
+        memory = _with_draft_kv(memory, draft_kv_bytes_per_token(
+            s.speculative.method, model, draft, tp, s.model.kv_dtype))
     streams = eng.max_inflight_microbatches or pp
     stream_tokens = (memory.kv_blocks // streams) * eng.block_size
     if eng.max_model_len is not None:
@@ -301,8 +308,81 @@ def _build(s: Scenario) -> ClusterPlan:
         replicas.append(ReplicaPlan(pl, stages, sends, max(host)))
     swap = int(eng.swap_space_gib * GIB // max(memory.block_bytes_per_gpu)) // streams
     offload = _offload_units(s, memory, streams)
+    spec = _spec_config(s, model, node, draft, replicas[0], paths)
     return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len, swap,
-                       offload)
+                       offload, spec)
+
+
+def _with_draft_kv(memory: MemoryPlan, per_token: float) -> MemoryPlan:
+    """The memory plan with the drafter's KV in every block (charged to every pipeline
+    stage: conservative for pp > 1, where the drafter runs before the first)."""
+    if not per_token:
+        return memory
+    extra = memory.block_size * per_token
+    pairs = list(zip(memory.kv_bytes_per_gpu, memory.block_bytes_per_gpu, strict=True))
+    # Replicas of the cache per replica (tp under attention DP, else 1), kept as planned.
+    copies = memory.kv_blocks // min(int(f // b) for f, b in pairs)
+    blocks = copies * min(int(f // (b + extra)) for f, b in pairs)
+    if blocks < 1:
+        raise ScenarioError("speculative: the drafter's KV cache leaves no KV block; raise tp "
+                            "or pp, or use a smaller draft")
+    return replace(memory, kv_blocks=blocks)
+
+
+def _spec_config(s: Scenario, model: ModelSpec, node: NodeSpec, draft: ModelSpec | None,
+                 rp: ReplicaPlan, paths: Paths) -> SpecConfig | None:
+    """The [speculative] section as the streams use it, the drafter priced on the first
+    replica's last TP group; an MTP module of a MoE / MLA model as that model's last layer
+    (experts, all-to-all and MLA included)."""
+    sp, eng, tp = s.speculative, s.engine, s.parallel.tp
+    if sp is None:
+        return None
+    graphs, mixed = capture_sizes(eng.cuda_graphs, eng.max_num_seqs, eng.cuda_graph_max_batch,
+                                  tp)
+    ar, head = rp.stages[-1].allreduce, None
+    if sp.method == "mtp" and (model.moe is not None or model.mla is not None):
+        layout, routing = expert_setup(s, model, node)
+        head = MoEStageCost(model, node.gpu, tp, model.layers - 1, 1, False, True,
+                            s.model.weight_dtype, s.model.kv_dtype, ar, layout, routing,
+                            a2a_paths(paths, rp.placement.stages[-1]), s.model.moe_a2a_mode,
+                            eng.layer_launch_s, s.model.two_batch_overlap)
+    cost = DraftCost(sp.method, model, draft, node.gpu, tp, s.model.weight_dtype,
+                     s.model.kv_dtype, ar, eng.layer_launch_s, graphs, mixed, head)
+    return spec_config(sp.method, sp.num_speculative_tokens, sp.acceptance,
+                       sp.mean_accepted_tokens, sp.disable_by_batch_size, cost, s.seed)
+
+
+def _drafter(s: Scenario, model: ModelSpec, tp: int,
+             node: NodeSpec) -> tuple[ModelSpec | None, float]:
+    """The draft model (method draft_model) and the drafter's weight bytes per GPU; checks
+    the [speculative] section against the engine and the models."""
+    sp = s.speculative
+    if sp is None:
+        return None, 0.0
+    if s.engine.scheduler != "vllm":
+        raise ScenarioError(f"speculative: needs engine.scheduler = \"vllm\" (got "
+                            f"{s.engine.scheduler!r})")
+    if sp.method == "mtp" and not model.mtp_layers:
+        raise ScenarioError(f"speculative.method: \"mtp\" needs a model with MTP layers "
+                            f"(num_nextn_predict_layers in its config.json); {model.name} "
+                            f"has none (allowed here: draft_model, eagle, ngram)")
+    draft = None
+    if sp.method == "draft_model":
+        try:
+            draft = load_model(sp.draft_model, s.base_dir)
+        except ScenarioError as exc:
+            raise ScenarioError(str(exc).replace("model.name", "speculative.draft_model",
+                                                 1)) from None
+        problems = _check_heads(draft, tp, 1)
+        if problems:
+            raise ScenarioError([f"speculative.draft_model: {p}" for p in problems])
+        if draft.vocab != model.vocab:
+            raise ScenarioError(f"speculative.draft_model: {draft.name} has a vocabulary of "
+                                f"{draft.vocab} tokens, {model.name} {model.vocab}; a draft "
+                                f"must share the target's tokenizer")
+    layout = (expert_setup(s, model, node)[0]
+              if model.moe is not None or model.mla is not None else None)
+    return draft, draft_weight_bytes(sp.method, model, draft, tp, s.model.weight_dtype, layout)
 
 
 def _offload_units(s: Scenario, memory: MemoryPlan, streams: int) -> int:

@@ -36,6 +36,7 @@ from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
 from simulator.engine.request import WAITING, Request
 from simulator.engine.schedulers import SCHEDULERS
+from simulator.engine.speculative import SpecStats, SpeculativeBatcher
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, resolve_path
 from simulator.io.schema import Scenario
@@ -45,6 +46,7 @@ from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
 from simulator.metrics.records import Recorder
+from simulator.metrics.speculative import speculative_summary
 from simulator.metrics.summary import summarize
 from simulator.metrics.timeseries import mark_down, timeseries, window_edges
 from simulator.metrics.utilization import StageHardware, gpu_windows
@@ -104,6 +106,7 @@ class Cluster:
         self.env, self.plan, self.router, self.recorder = env, plan, router, recorder
         eng = plan.scenario.engine
         self.gaps = GapHistogram()
+        self.spec_stats = SpecStats()  # speculative decoding totals (unused without it)
         sends = shared_sends(env, plan, TICK)  # PP sends sharing fabric links: flow model
         self.replicas = [
             Replica(env, rp.placement.replica,
@@ -148,6 +151,9 @@ class Cluster:
         if "reserve_tokens" in cls.PARAMS:
             kwargs["max_model_len"] = plan.max_model_len
         blocks = plan.memory.kv_blocks // plan.streams_per_replica
+        if plan.speculative is not None:  # build checked: the vLLM v1 scheduler
+            cls = SpeculativeBatcher
+            kwargs.update(spec=plan.speculative, stats=self.spec_stats)
         return cls(KVCache(blocks, eng.block_size), eng.max_num_seqs,
                    eng.max_num_batched_tokens, preemption=eng.preemption,
                    swap_blocks=plan.swap_blocks_per_stream, gaps=self.gaps,
@@ -450,7 +456,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     plan = build_plan(s)
     rngs = _rngs(s.seed)
     env = simpy.Environment()
-    recorder = Recorder(keep_steps=s.output.steps and keep_steps)
+    recorder = Recorder(keep_steps=s.output.steps and keep_steps,
+                        speculative=s.speculative is not None)
     cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"],
                                              load_weight=s.router.load_weight), recorder)
     w = s.workload
@@ -482,6 +489,11 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
                         max_num_batched_tokens=s.engine.max_num_batched_tokens,
                         pp=s.parallel.pp)
+    if plan.speculative is not None:
+        summary.update(speculative_summary(requests, cluster.spec_stats.draft_s,
+                                           sum(engine["stage_busy_s"]),
+                                           cluster.spec_stats.spec_steps,
+                                           cluster.spec_stats.plain_steps))
     summary["kv_blocks_per_replica"] = plan.memory.kv_blocks
     summary["kv_tokens_per_replica"] = plan.memory.kv_tokens
     summary["max_model_len"] = plan.max_model_len

@@ -32,7 +32,8 @@ class Batch:
     """What one step runs: aggregate counts plus the prefill chunks ``(request, tokens)``."""
 
     __slots__ = ("tokens", "prefill_tokens", "prefill_pairs", "prefill_ctx", "n_decode",
-                 "decode_kv", "sampled", "chunks", "batch_size", "kv_blocks", "swap_blocks")
+                 "decode_kv", "sampled", "chunks", "batch_size", "kv_blocks", "swap_blocks",
+                 "spec", "draft_s")
 
     def __init__(self, n_decode: int, decode_kv: int, chunks: list, prefill_tokens: int,
                  prefill_pairs: float, prefill_ctx: int, sampled: int, kv_blocks: int,
@@ -45,6 +46,8 @@ class Batch:
         self.sampled = sampled
         self.batch_size = n_decode + len(chunks)
         self.swap_blocks = swap_blocks  # KV blocks copied to or from CPU memory first
+        self.spec = 0  # speculative tokens per decoder (simulator.engine.speculative)
+        self.draft_s = 0.0  # seconds drafting them, before the step's forward
 
 
 class ContinuousBatcher(Preemption, DecodeRuns):
@@ -347,6 +350,12 @@ class ContinuousBatcher(Preemption, DecodeRuns):
                 req.blocks = 0
                 self._groups[-1][1] -= 1  # it left after emitting at ``now``
                 self._finish(req, now, done)
+        self._complete_chunks(batch, now, done)
+        return done
+
+    def _complete_chunks(self, batch: Batch, now: float, done: list[Request]) -> None:
+        """Apply the step's prefill chunks: a prompt that is complete samples its first
+        token, then decodes or (one-token outputs) finishes into ``done``."""
         for req, x in batch.chunks:
             req.computed += x
             self.pending_tokens -= x
@@ -370,7 +379,10 @@ class ContinuousBatcher(Preemption, DecodeRuns):
                 self._finish(req, now, done)
             else:
                 self._start_decode(req, req.target, now)
-        return done
+
+    def sync_decoders(self) -> None:
+        """Write the decoders' progress into their Requests before a failure reads them
+        (the aggregate form needs nothing: ``generated + k - k0`` is exact)."""
 
     @staticmethod
     def _finish(req: Request, now: float, done: list[Request]) -> None:

@@ -176,6 +176,7 @@ class Replica:
                 done = min(int(np.searchsorted(run[0], now, side="right")), len(run[0]) - 1)
             if done:
                 st.emit_run(run[0][:done])
+            st.sync_decoders()
             for req, last in zip(st.decoding.values(), st.last_tokens(), strict=True):
                 req.generated += st.k - req.k0 + done  # tokens it had produced
                 req.last_token_s = last  # the next gap runs from its last token
@@ -309,10 +310,11 @@ class Replica:
                     rows: list[tuple] = []
                     end, busy = self._inline(now, batch.tokens, batch.prefill_pairs,
                                              batch.prefill_ctx, batch.decode_kv, batch.sampled,
-                                             batch.prefill_tokens, batch.n_decode,
+                                             batch.prefill_tokens,
+                                             batch.tokens - batch.prefill_tokens,
                                              batch.batch_size, batch.kv_blocks,
                                              rows.append if self.record_step else None,
-                                             batch.swap_blocks)
+                                             batch.swap_blocks, batch.draft_s)
                     # Counted once it happened, as recorded: a failure cuts it from both.
                     if extra:
                         now = yield from self._decode_run(s, batch, end, extra, gen, now, rows,
@@ -329,6 +331,8 @@ class Replica:
                             self._record(rows)
             else:
                 lead = self.overhead + batch.swap_blocks * self.swap_s
+                if batch.draft_s:  # speculative drafts, before the first stage
+                    lead += batch.draft_s
                 if lead:
                     yield env.timeout(ticks(lead))
                     if self.generation != gen:
@@ -575,12 +579,14 @@ class Replica:
     def _inline(self, start: float, tokens: int, pairs: float, ctx: int, decode_kv: int,
                 sampled: int, prefill_tokens: int, n_decode: int, batch_size: int,
                 kv_blocks: int, rec: Callable[[tuple], None] | None,
-                swap_blocks: int = 0) -> tuple[float, object]:
+                swap_blocks: int = 0, draft_s: float = 0.0) -> tuple[float, object]:
         """End time and busy time (a float for one stage, else per stage) of a step starting
         at ``start`` with nothing overlapping; records each stage's span (overhead and swap,
         stage, hand-off, stage, ...). Times are on the clock's grid (``start`` is), so the end
         depends on the step alone, not on when it runs."""
         off = self.overhead + swap_blocks * self.swap_s
+        if draft_s:  # speculative drafts run on the replica's GPUs before the forward
+            off += draft_s
         if self._one_stage:  # the loop below for a single stage, unrolled (hot path)
             compute, comm = self._stage0.step(tokens, pairs, ctx, decode_kv, sampled)
             end = round((off + compute + comm) * SCALE) / SCALE
@@ -636,8 +642,9 @@ class Replica:
                 self.step_tokens += b.tokens
             if self.record_step is not None:
                 self.record_step((self.index, i, mb.stream, start, env.now, b.prefill_tokens,
-                                  b.n_decode, b.batch_size, compute, comm, b.kv_blocks,
-                                  b.prefill_pairs, b.prefill_ctx, b.decode_kv, b.sampled))
+                                  b.tokens - b.prefill_tokens, b.batch_size, compute, comm,
+                                  b.kv_blocks, b.prefill_pairs, b.prefill_ctx, b.decode_kv,
+                                  b.sampled))
             if last:
                 mb.done.succeed()
                 continue

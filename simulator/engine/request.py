@@ -18,7 +18,7 @@ class Request:
                  "computed", "blocks", "generated", "k0", "kv0", "epoch", "admit_seq",
                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status",
                  "client", "last_token_s", "retries", "reason", "hashes", "session",
-                 "units", "shared", "next_unit", "cached_tokens")
+                 "units", "shared", "next_unit", "cached_tokens", "spec_steps", "spec_accepted")
 
     def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, client: int = -1):
         self.id, self.arrival_s, self.prompt, self.output = rid, arrival_s, prompt, output
@@ -51,3 +51,6 @@ class Request:
         self.shared = 0
         self.next_unit = 0
         self.cached_tokens = 0
+        # Speculative decoding: verification steps it took part in, drafts accepted in them.
+        self.spec_steps = 0
+        self.spec_accepted = 0

@@ -32,6 +32,7 @@ from simulator.io.schema import (
     FaultSpec,
     RandomFaults,
     Scenario,
+    SpeculativeKeys,
 )
 
 if sys.version_info >= (3, 11):
@@ -152,6 +153,8 @@ def _check_value(key: str, f: dataclasses.Field, value: Any, problems: list[str]
     kind = meta.get("kind")
     if kind == "length":
         _check_length(key, value, problems)
+        return value
+    if kind == "acceptance":  # a number or a list: checked in _speculative_problems
         return value
     if kind == "table":
         if not isinstance(value, dict):
@@ -284,7 +287,7 @@ def load_scenario(source: str | Path | dict | Scenario,
     problems: list[str] = []
     faults, random_faults = _faults(data.get("faults"), problems)
     for k in data:
-        if k == "faults":
+        if k in ("faults", "speculative"):
             continue
         if k not in SECTIONS and k not in TOP_LEVEL:
             problems.append(f"{k}: unknown key" + _did_you_mean(k, [*TOP_LEVEL, *SECTIONS]))
@@ -304,12 +307,15 @@ def load_scenario(source: str | Path | dict | Scenario,
                 top[k] = v
     sections = {name: _build_section(name, cls, data.get(name, {}), problems)
                 for name, cls in SECTIONS.items()}
+    spec = (_build_section("speculative", SpeculativeKeys, data["speculative"], problems)
+            if "speculative" in data else None)
     scenario = Scenario(**top, **sections, faults=faults, random_faults=random_faults,
-                        base_dir=str(base_dir), source=origin)
+                        base_dir=str(base_dir), source=origin, speculative=spec)
     already = {p.split(":", 1)[0] for p in problems}
     if "workload.duration_s" in already:
         already.add("workload.num_requests")
     problems += [p for p in _workload_problems(scenario) if p.split(":", 1)[0] not in already]
+    problems += [p for p in _speculative_problems(spec) if p.split(":", 1)[0] not in already]
     if problems:
         raise ScenarioError(problems, source=origin)
     return scenario
@@ -396,6 +402,35 @@ def _workload_problems(s: Scenario) -> list[str]:
     return p
 
 
+def _speculative_problems(sp: SpeculativeKeys | None) -> list[str]:
+    """The [speculative] keys that depend on each other (method, draft, acceptance)."""
+    if sp is None:
+        return []
+    p, k = [], sp.num_speculative_tokens
+    if sp.method is None:
+        p.append("speculative.method: required (draft_model, eagle, mtp or ngram)")
+    if (sp.method == "draft_model") != (sp.draft_model is not None):
+        p.append("speculative.draft_model: " + (
+            "required for method = \"draft_model\" (a catalog model name)"
+            if sp.draft_model is None else f"only for method = \"draft_model\", got "
+            f"method = {sp.method!r}"))
+    a, m = sp.acceptance, sp.mean_accepted_tokens
+    if (a is None) == (m is None):
+        p.append("speculative.acceptance: set exactly one of acceptance (a probability or a "
+                 "list of k) and mean_accepted_tokens")
+    elif a is not None:
+        vals = a if isinstance(a, list) else [a]
+        ok = all(isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1
+                 for v in vals)
+        if not ok or (isinstance(a, list) and len(a) != k):
+            p.append(f"speculative.acceptance: expected a probability in [0, 1] or a list of "
+                     f"num_speculative_tokens = {k} of them, got {a!r}")
+    elif m > k:
+        p.append(f"speculative.mean_accepted_tokens: must be <= num_speculative_tokens "
+                 f"({k}), got {m}")
+    return p
+
+
 ROUTING_KEYS = ("distribution", "skew", "weights_file")
 
 
@@ -439,4 +474,7 @@ def to_dict(scenario: Scenario) -> dict:
             faults = [{"random": rnd}]
     if faults:
         out["faults"] = faults
+    if scenario.speculative is not None:
+        out["speculative"] = {k: v for k, v in dataclasses.asdict(scenario.speculative).items()
+                              if v is not None}
     return out

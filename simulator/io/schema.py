@@ -25,6 +25,7 @@ LENGTH_DISTS = ("constant", "uniform", "normal", "lognormal", "exponential")
 #: Engine profiles (simulator/engine/profiles.py) and CUDA-graph capture rules.
 PROFILES = ("vllm-v0.6", "vllm-v1", "sglang", "trtllm")
 CUDA_GRAPHS = ("none", "vllm-v0.6", "vllm-v1", "sglang", "trtllm")
+SPEC_METHODS = ("draft_model", "eagle", "mtp", "ngram")
 
 
 def _f(default: Any = None, **meta: Any) -> Any:
@@ -218,6 +219,22 @@ class AlertKeys:
 
 
 @dataclass(frozen=True)
+class SpeculativeKeys:
+    """Speculative decoding (optional section; docs/speculative.md). Set ``acceptance``
+    (one probability alpha: geometric; or a list of k per-position probabilities, each
+    given the previous drafts were accepted) or ``mean_accepted_tokens`` (drafts accepted
+    per step, 0..k: the geometric model with that mean)."""
+
+    method: str | None = _f(None, choices=SPEC_METHODS, optional=True)
+    num_speculative_tokens: int = _f(3, min=1)
+    draft_model: str | None = _f(None, kind="model", optional=True)  # method = draft_model
+    acceptance: Any = _f(None, kind="acceptance", optional=True)
+    mean_accepted_tokens: float | None = _f(None, min=0.0, optional=True)
+    # Steps scheduled while this many requests or more run decode without speculation.
+    disable_by_batch_size: int | None = _f(None, min=1, optional=True)
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A validated scenario. ``base_dir`` resolves relative paths (the file's folder)."""
 
@@ -237,6 +254,7 @@ class Scenario:
     random_faults: RandomFaults | None = None
     base_dir: str = "."
     source: str | None = None
+    speculative: SpeculativeKeys | None = None
 
 
 SECTIONS: dict[str, type] = {
@@ -317,6 +335,9 @@ LIMITS: dict[str, dict[str, float]] = {
     "faults.random.node_mtbf_h": {"min": 1e-3, "max": 1e9},
     "faults.random.link_mtbf_h": {"min": 1e-3, "max": 1e9},
     "faults.random.repair_s": {"max": MAX_TIME_S},
+    "speculative.num_speculative_tokens": {"max": 64},
+    "speculative.mean_accepted_tokens": {"max": 64.0},
+    "speculative.disable_by_batch_size": {"max": 65536},
 }
 #: Highest seed (numpy's SeedSequence takes any integer; TOML integers are 64-bit).
 MAX_SEED = 2**63 - 1

@@ -42,19 +42,25 @@ class Recorder:
         Request rows per packed chunk.
     """
 
-    def __init__(self, keep_steps: bool = True, chunk: int = 65536) -> None:
+    def __init__(self, keep_steps: bool = True, chunk: int = 65536,
+                 speculative: bool = False) -> None:
         self.steps: list[tuple] = []
         self.step = self.steps.append if keep_steps else None
         self._bulk: list[dict] = []  # decode runs' records, as columns
         self._rows: list[tuple] = []
         self._chunks: list[pd.DataFrame] = []
         self._chunk = chunk
+        # Speculative decoding: per-request verification steps and accepted drafts, kept
+        # (and written as columns) only when it is on, so other runs' files do not change.
+        self._spec: dict[int, tuple[int, int]] | None = {} if speculative else None
 
     def request(self, r: Request) -> None:
         self._rows.append((r.id, r.arrival_s, r.replica, r.prompt, r.output,
                            r.first_scheduled_s, r.first_token_s, r.finish_s,
                            r.preemptions, r.status, r.retries, r.reason, r.generated,
                            r.cached_tokens))
+        if self._spec is not None:
+            self._spec[r.id] = (r.spec_steps, r.spec_accepted)
         if len(self._rows) >= self._chunk:
             self._pack()
 
@@ -86,7 +92,14 @@ class Recorder:
         df["tpot_s"] = (df["finish_s"] - df["first_token_s"]) / decode_tokens
         df.loc[df["status"] == "rejected", "finish_s"] = np.nan
         df["e2e_s"] = (df["finish_s"] - df["arrival_s"]).where(df["status"] == "completed")
-        return df[REQUEST_COLUMNS]
+        if self._spec is None:
+            return df[REQUEST_COLUMNS]
+        spec = [self._spec.get(i, (0, 0)) for i in df["request_id"]]
+        df["spec_steps"] = np.array([s for s, _ in spec], dtype=np.int64)
+        df["accepted_tokens"] = np.array([a for _, a in spec], dtype=np.int64)
+        # Accepted drafts per verification step, mean over the request's steps.
+        df["accepted_per_step"] = df["accepted_tokens"] / df["spec_steps"].replace(0, np.nan)
+        return df[REQUEST_COLUMNS + ["spec_steps", "accepted_tokens", "accepted_per_step"]]
 
     def step_bulk(self, columns: dict) -> None:
         """Records of many steps at once, as equal-length column arrays."""

@@ -99,6 +99,7 @@ class ModelSpec:
     attention_bias: bool = False
     # The weight dtype the release ships in (quantization_config), None for 16-bit.
     native_dtype: str | None = None
+    mtp_layers: int = 0  # multi-token prediction modules (num_nextn_predict_layers)
 
     @property
     def attn_params_per_layer(self) -> int:
@@ -344,6 +345,7 @@ def from_config(config: dict, name: str) -> ModelSpec:
         moe=moe, mla=mla, sliding_window=window, window_layers=windowed,
         attention_bias=bool(config.get("attention_bias", False)) and mla is None,
         native_dtype=native,
+        mtp_layers=_int(config, "num_nextn_predict_layers", 0, minimum=0),
     )
 
 
