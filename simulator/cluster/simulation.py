@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from simulator.cluster.build import ClusterPlan, build_plan, prefix_unit, replica_costs
 from simulator.cluster.contention import shared_sends
+from simulator.cluster.disagg import PoolCluster
 from simulator.cluster.faults import (
     FaultState,
     random_faults,
@@ -29,6 +30,7 @@ from simulator.cluster.faults import (
     resolve_target,
     scheduled_faults,
 )
+from simulator.cluster.pools import build_pools
 from simulator.cluster.router import make_router
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import SCALE, TICK, ticks
@@ -42,6 +44,7 @@ from simulator.io.schema import Scenario
 from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.links import link_utilization, link_windows
+from simulator.metrics.pools import pool_summary
 from simulator.metrics.records import Recorder
 from simulator.metrics.summary import summarize
 from simulator.metrics.timeseries import timeseries, window_edges
@@ -391,7 +394,7 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
         The plan, and the open-loop requests (None for closed loop).
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    plan = build_plan(s)
+    plan = build_pools(s) if s.pools else build_plan(s)
     _check_faults(s, plan)
     return plan, workload_requests(s)
 
@@ -412,6 +415,8 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     with _young_collections_rarer():
+        if s.pools:
+            return _run_pools(s, progress, keep_steps)
         return _run(s, progress, keep_steps)
 
 
@@ -540,3 +545,53 @@ def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress
         if bar is not None:
             bar.close()
     return events
+
+
+class PooledCluster(PoolCluster, Cluster):
+    """A cluster of pools (:mod:`simulator.cluster.disagg`) with Cluster's workload
+    processes."""
+
+
+def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
+    """:func:`run` for a scenario with ``[[pools]]`` (docs/disaggregation.md). Time series,
+    alerts and link utilization are not computed for pools yet."""
+    wall0 = time.perf_counter()
+    plan = build_pools(s)
+    rngs = _rngs(s.seed)
+    env = simpy.Environment()
+    recorder = Recorder(keep_steps=s.output.steps and keep_steps)
+    cluster = PooledCluster(env, plan, recorder, rngs)
+    w = s.workload
+    if w.arrival == "closed_loop":
+        counter = [0]
+        prompts = LengthStream(w.prompt_tokens, rngs["prompts"])
+        outputs = LengthStream(w.output_tokens, rngs["outputs"])
+        for c in range(w.concurrency):
+            env.process(cluster.client(c, counter, prompts, outputs))
+        total = w.num_requests
+    else:
+        df = open_loop_workload(s, rngs)
+        if df.empty:
+            raise ScenarioError("workload: no request arrives (check num_requests, duration_s, "
+                                "start_s against the trace)", source=s.source)
+        env.process(cluster.arrive(df))
+        total = len(df)
+    cluster.expected = total
+    events = _drive(env, cluster, total, progress)
+    cluster.close()
+    requests = cluster.request_columns(recorder.requests_frame())
+    steps = recorder.steps_frame()
+    engine = cluster.engine_totals()
+    summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
+                        max_num_batched_tokens=s.engine.max_num_batched_tokens,
+                        pp=len(engine["stage_busy_s"]))
+    summary["kv_blocks_per_replica"] = [p.plan.memory.kv_blocks for p in plan.pools]
+    summary["kv_tokens_per_replica"] = [p.plan.memory.kv_tokens for p in plan.pools]
+    summary["max_model_len"] = plan.max_model_len
+    summary["gpus"] = plan.gpus_used
+    summary["simpy_events"] = events
+    summary["availability_mean"] = summary["availability_min"] = 1.0
+    summary["retries_total"] = 0
+    summary.update(pool_summary(requests, cluster.pool_table(), summary))
+    summary["wall_time_s"] = time.perf_counter() - wall0
+    return Result(summary, requests, steps, s, plan)

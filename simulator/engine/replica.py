@@ -266,6 +266,20 @@ class Replica:
             self._idle[s] = None
             idle.succeed()
 
+    def submit_prefilled(self, req: Request, s: int, last_token_s: float) -> None:
+        """Hand stream ``s`` a request whose prompt KV arrived from a prefill instance
+        (disaggregated serving; its blocks already allocated and counted in
+        ``outstanding``): it joins the decoders at the stream's next step."""
+        req.replica = self.index
+        if self._running[s]:  # a decode run cannot take a new decoder: cut it
+            self._running[s] = False
+            self.procs[s].interrupt()
+        self.streams[s].add_prefilled(req, last_token_s)
+        idle = self._idle[s]
+        if idle is not None:
+            self._idle[s] = None
+            idle.succeed()
+
     # -- processes -----------------------------------------------------------------------
     def serve(self, s: int, gen: int):
         """Stream ``s``: form a batch, run it through the stages, apply the results. Stops
@@ -282,6 +296,8 @@ class Replica:
         while True:
             if self.pull is not None:
                 self.pull(now)
+            if stream.arrived:  # disaggregated: decoders whose KV has arrived join
+                stream.join_prefilled()
             batch = stream.schedule(now)
             if batch is None:
                 if self.pull is not None:  # nothing to do until the next arrival

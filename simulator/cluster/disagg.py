@@ -1,0 +1,233 @@
+"""Run a cluster of pools: heterogeneous DP (mixed pools behind one router) or disaggregated
+prefill and decode (docs/disaggregation.md).
+
+A disaggregated request goes to a prefill instance (the prefill pools' router), which runs
+its prefill as a one-token request: the first token (TTFT) comes from there. Its KV blocks
+then stay held on the prefill instance while it waits, first come first served, for a
+decode instance (the decode pools' router, among those with a free sequence slot and the
+KV blocks its prompt needs: admission, whose wait is backpressure); the decode instance
+reserves the blocks, the KV moves (:mod:`simulator.cluster.transfer`), the prefill side
+frees its blocks, and the request joins the decode instance's decoders with its KV present.
+Its second token waits for the transfer and a decode step (the gap shows in ITL).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from simulator.cluster.build import prefix_unit
+from simulator.cluster.contention import shared_sends
+from simulator.cluster.pools import PooledPlan, PoolPlan, kv_element_bytes
+from simulator.cluster.router import make_router
+from simulator.cluster.transfer import KVTransfers
+from simulator.engine.batching import ContinuousBatcher
+from simulator.engine.clock import TICK
+from simulator.engine.kvcache import KVCache, blocks_for
+from simulator.engine.replica import Replica
+from simulator.engine.schedulers import SCHEDULERS
+from simulator.metrics.gaps import GapHistogram
+from simulator.metrics.records import Recorder
+
+#: Per-request columns a run with pools adds to requests.csv.
+POOL_COLUMNS = ["prefill_replica", "decode_replica", "pool", "decode_pool",
+                "decode_wait_s", "kv_transfer_start_s", "kv_transfer_s", "kv_bytes"]
+
+
+def _scheduler(pool: PoolPlan, gaps: GapHistogram) -> ContinuousBatcher:
+    """One stream's scheduler of a pool's replica (as :meth:`Cluster._scheduler`)."""
+    plan = pool.plan
+    eng = plan.scenario.engine
+    cls = SCHEDULERS[eng.scheduler]
+    kwargs = dict(eng.scheduler_args or {})
+    if "reserve_tokens" in cls.PARAMS:
+        kwargs["max_model_len"] = plan.max_model_len
+    blocks = plan.memory.kv_blocks // plan.streams_per_replica
+    return cls(KVCache(blocks, eng.block_size), eng.max_num_seqs, eng.max_num_batched_tokens,
+               preemption=eng.preemption, swap_blocks=plan.swap_blocks_per_stream, gaps=gaps,
+               prefix_tokens=prefix_unit(plan.scenario),
+               offload_units=plan.offload_units_per_stream, **kwargs)
+
+
+class PoolCluster:
+    """Live replicas of every pool, the front router (prefill or mixed pools), the decode
+    router and admission queue, and the KV transfers, on one environment.
+
+    A mixin: :class:`simulator.cluster.simulation.PooledCluster` adds the workload
+    processes (arrivals, closed-loop clients) and completion bookkeeping of ``Cluster``.
+    """
+
+    def __init__(self, env: simpy.Environment, plan: PooledPlan, recorder: Recorder,
+                 rngs: dict[str, np.random.Generator]):
+        # Cluster's own state, without its single-pool replicas (Cluster.__init__ not run).
+        self.env, self.plan, self.recorder = env, plan, recorder
+        s = plan.scenario
+        self.gaps = GapHistogram()
+        self.max_len = plan.max_model_len
+        self.completed, self.expected, self.done = 0, None, env.event()
+        self.next_arrival_s = float("inf")
+        self.waiters: dict[int, simpy.Event] = {}
+        self.pending: deque = deque()
+        self._waiting: dict[int, object] = {}
+        self.retries, self.last_event_s = 0, 0.0
+        self._hashes, self._sessions = None, []
+        self.replicas: list[Replica] = []
+        self.pool_of: list[PoolPlan] = []
+        front, back = [], []
+        for pool in plan.pools:
+            eng = pool.plan.scenario.engine
+            sends = shared_sends(env, pool.plan, TICK)
+            done = self._decoded if pool.spec.role == "decode" else (
+                self._prefilled if pool.spec.role == "prefill" else self.finish)
+            for k, rp in enumerate(pool.plan.replicas):
+                rep = Replica(env, rp.placement.replica,
+                              [_scheduler(pool, self.gaps)
+                               for _ in range(pool.plan.streams_per_replica)],
+                              list(rp.stages), sends[k],
+                              0.0 if eng.cpu_overlap else eng.step_overhead_s, done,
+                              recorder.step, fast=eng.fast_forward,
+                              swap_s_per_block=rp.swap_s_per_block,
+                              record_bulk=recorder.step_bulk, token_delay_s=eng.token_delay_s)
+                self.replicas.append(rep)
+                self.pool_of.append(pool)
+                (back if pool.spec.role == "decode" else front).append(rep)
+        self.front, self.back = front, back
+        first = next(p for p in plan.pools if p.spec.role != "decode")
+        self.router = make_router(first.spec.router or s.router.policy, rngs["router"],
+                                  load_weight=s.router.load_weight)
+        # The decode router's own stream: child 6 of the run's SeedSequence (simulation's
+        # named streams are children 0-5, so theirs do not change).
+        rng = np.random.default_rng(np.random.SeedSequence(s.seed).spawn(7)[6])
+        last = next((p for p in plan.pools if p.spec.role == "decode"), first)
+        self.decode_router = make_router(last.spec.router or s.router.policy, rng,
+                                         load_weight=s.router.load_weight)
+        self.transfers = KVTransfers(env, plan.graph, plan.model, TICK)
+        self.queue: deque = deque()  # prefilled requests waiting for decode admission
+        self._output: dict[int, int] = {}  # true output length of requests in prefill
+        self._held: dict[int, list] = {}  # request id -> [replica, stream, held blocks, t]
+        self._incoming = [0] * len(self.replicas)  # admitted, KV still moving
+        self.extra: dict[int, list] = {}  # request id -> POOL_COLUMNS values
+        self.transfer_log: list[tuple] = []  # (request, src, dst, start_s, end_s, bytes)
+
+    # -- routing ---------------------------------------------------------------------------
+    def submit(self, req, now: float | None = None) -> None:
+        now = self.env.now if now is None else now
+        self.last_event_s = now
+        if req.prompt + req.output > self.max_len:
+            req.status, req.finish_s = "rejected", now
+            self.finish(req)
+            return
+        rep = self.front[self.router.choose(self.front, req)]
+        pool = self.pool_of[rep.index]
+        self.extra[req.id] = [rep.index, rep.index, pool.spec.name, pool.spec.name,
+                              np.nan, np.nan, np.nan, 0.0]
+        if pool.spec.role == "prefill":
+            self.extra[req.id][1], self.extra[req.id][3] = -1, ""
+            # It runs there as a one-token request; the stream it joins holds its KV after.
+            streams = rep.streams
+            st = 0 if len(streams) == 1 else min(range(len(streams)),
+                                                 key=lambda i: streams[i].outstanding)
+            self._output[req.id] = req.output
+            self._held[req.id] = [rep, st, 0, 0.0]
+            req.output = 1
+        rep.submit(req)
+
+    def _prefilled(self, req) -> None:
+        """A prefill instance emitted the first token: hold the KV, queue for decode."""
+        req.output = self._output.pop(req.id)
+        held = self._held[req.id]
+        st = held[0].streams[held[1]]
+        if req.generated >= req.output:  # a one-token reply is done here
+            del self._held[req.id]
+            self.finish(req)
+            return
+        # Its blocks were just released by the step that finished it: hold them again
+        # (nothing ran in between), so the instance cannot reuse them until the KV leaves.
+        blocks = min(blocks_for(req.prompt, st.bs), st.kv.free)
+        st.kv.allocate(blocks)
+        held[2], held[3] = blocks, self.env.now
+        req.units, req.shared, req.next_unit = [], 0, 0
+        self.queue.append(req)
+        self._admit()
+
+    def _admit(self) -> None:
+        """Admit queued requests, in order, to decode instances that can take them now."""
+        while self.queue:
+            req = self.queue[0]
+            ok = []
+            for rep in self.back:
+                s = max(range(len(rep.streams)), key=lambda i: rep.streams[i].kv.free)
+                st = rep.streams[s]
+                need = st._admit_blocks(req, req.prompt)
+                seqs = self._incoming[rep.index] + sum(
+                    x.running + len(x.waiting) + len(x.arrived) for x in rep.streams)
+                if rep.up and need <= st.kv.free and seqs < st.max_seqs * len(rep.streams):
+                    ok.append((rep, s, need))
+            if not ok:
+                return
+            rep, s, need = ok[self.decode_router.choose([o[0] for o in ok], req)]
+            self.queue.popleft()
+            rep.streams[s].kv.allocate(need)
+            req.blocks = need
+            rep.outstanding += 1
+            self._incoming[rep.index] += 1
+            self.env.process(self.move(req, rep, s))
+
+    def move(self, req, dst: Replica, s: int):
+        """Move the request's KV from its prefill instance to ``dst``, then hand it over."""
+        src, s_src, blocks, ready = self._held.pop(req.id)
+        t0 = self.env.now
+        sp, dp_ = self.pool_of[src.index], self.pool_of[dst.index]
+        src_stages = sp.plan.replicas[src.index - sp.first_replica].placement.stages
+        dst_stages = dp_.plan.replicas[dst.index - dp_.first_replica].placement.stages
+        overlap = 0.0
+        if sp.spec.kv_transfer == "layerwise" and t0 == ready:  # admitted at once
+            overlap = max(0.0, ready - req.first_scheduled_s)
+        ev, nbytes = self.transfers.start(req.prompt, src_stages, dst_stages,
+                                          kv_element_bytes(sp), overlap, self.plan.model.layers)
+        yield ev
+        now = self.env.now
+        src.streams[s_src].kv.release(blocks)  # the prefill instance may reuse them now
+        src.wake()
+        self._incoming[dst.index] -= 1
+        self.extra[req.id][1:] = [dst.index, sp.spec.name, dp_.spec.name, t0 - ready, t0,
+                                  now - t0, nbytes]
+        self.transfer_log.append((req.id, src.index, dst.index, t0, now, nbytes))
+        dst.submit_prefilled(req, s, ready)
+
+    def _decoded(self, req) -> None:
+        self.finish(req)
+        self._admit()
+
+    # -- results ---------------------------------------------------------------------------
+    def engine_totals(self) -> dict:
+        """The replicas' streaming totals, as ``summarize`` takes them (stages by index
+        across pools)."""
+        pp = max(len(r.stages) for r in self.replicas)
+        return {"steps": sum(r.steps for r in self.replicas),
+                "step_tokens": sum(r.step_tokens for r in self.replicas),
+                "union_s": sum(r.union_s for r in self.replicas),
+                "stage_busy_s": [sum(r.stage_busy_s[i] for r in self.replicas
+                                     if i < len(r.stages)) for i in range(pp)],
+                "gaps": self.gaps}
+
+    def pool_table(self) -> pd.DataFrame:
+        """One row per pool: name, role, GPUs, replicas, price, busy time of its replicas
+        (``union_s``: time some stage of a replica computed or communicated)."""
+        rows = []
+        for pool in self.plan.pools:
+            reps = [r for r in self.replicas if self.pool_of[r.index] is pool]
+            rows.append({"pool": pool.spec.name, "role": pool.spec.role, "gpus": pool.gpus,
+                         "replicas": len(reps), "gpu_hour_usd": pool.spec.gpu_hour_usd,
+                         "busy_s": sum(r.union_s for r in reps)})
+        return pd.DataFrame(rows)
+
+    def request_columns(self, requests: pd.DataFrame) -> pd.DataFrame:
+        """``requests`` with the :data:`POOL_COLUMNS` of each request (in its row order)."""
+        default = [-1, -1, "", "", np.nan, np.nan, np.nan, 0.0]
+        rows = [self.extra.get(int(i), default) for i in requests["request_id"]]
+        extra = pd.DataFrame(rows, columns=POOL_COLUMNS, index=requests.index)
+        return pd.concat([requests, extra], axis=1)
