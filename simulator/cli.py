@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.cluster.pools import describe_pools
 from simulator.cluster.simulation import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
@@ -59,6 +60,9 @@ def cmd_validate(args) -> int:
     plan, requests = check(scenario)
     p, m = scenario.parallel, plan.model
     print(f"{scenario.source or 'default scenario'}: valid")
+    if scenario.pools:  # docs/disaggregation.md
+        print(describe_pools(plan))
+        return 0
     print(f"  model      {m.name}: {m.total_params / 1e9:.1f} B params, {m.layers} layers, "
           f"{m.q_heads} heads / {m.kv_heads} KV heads, {scenario.model.weight_dtype} weights")
     print(f"  cluster    {scenario.cluster.nodes} x {plan.node.name} "

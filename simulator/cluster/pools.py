@@ -220,3 +220,20 @@ def _build(s: Scenario) -> PooledPlan:
 def kv_element_bytes(pool: PoolPlan) -> float:
     """Bytes of one KV element in the pool's KV dtype."""
     return BYTES_PER_DTYPE[pool.kv_dtype]
+
+
+def describe_pools(plan: PooledPlan) -> str:
+    """Text lines of ``validate`` for a cluster of pools: per pool its role, nodes, layout,
+    KV cache and replicas' GPUs."""
+    lines = [f"  cluster    {plan.graph.graph['name']}, {plan.gpus_used} GPUs used, "
+             f"max_model_len {plan.max_model_len}"]
+    for pool in plan.pools:
+        sp, mem = pool.spec, pool.plan.memory
+        lines.append(f"  pool {sp.name} ({sp.role})  {pool.plan.node.name}, tp={sp.tp} "
+                     f"pp={sp.pp} dp={sp.dp}, KV {pool.kv_dtype} {mem.kv_tokens} tokens per "
+                     f"replica, weights {max(mem.weights_per_gpu) / 2**30:.1f} GiB per GPU")
+        for rp in pool.plan.replicas:
+            stages = " | ".join(",".join(g.removeprefix("gpu") for g in st)
+                                for st in rp.placement.stages)
+            lines.append(f"    replica {rp.placement.replica}  GPUs {stages}")
+    return "\n".join(lines)

@@ -1,0 +1,252 @@
+"""Pools and disaggregated prefill/decode: KV transfer pricing checked by hand, admission
+backpressure, conservation of requests across pools, contention on a shared NIC, the
+no-pools path unchanged, and one clear error per invalid combination."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+
+from simulator import DEFAULT_SCENARIO, ScenarioError, load_scenario, run
+from simulator.cluster.disagg import POOL_COLUMNS
+from simulator.cluster.pools import build_pools
+from simulator.cluster.simulation import check
+from simulator.cluster.transfer import KVTransfers, kv_flows
+from simulator.engine.clock import TICK
+from simulator.io.scenario import to_dict
+from simulator.model.spec import load_model
+
+EFF = 0.75  # BANDWIDTH_EFFICIENCY: links run at 75 % of line rate for point-to-point sends
+KV_8B = 2 * 32 * 8 * 128 * 2  # Llama-3.1-8B, bf16: 2 x layers x kv heads x d x bytes
+
+
+def pools_scenario(prefill: dict, decode: dict, **sections) -> dict:
+    """Llama-3.1-8B on DGX H100 pools: one request of 1000 prompt tokens unless told."""
+    s = {"name": "dg", "seed": 3, "model": {"name": "llama-3.1-8b"},
+         "cluster": {"topology": "dgx-h100"},
+         "pools": [{"name": "p", "role": "prefill", **prefill},
+                   {"name": "d", "role": "decode", **decode}],
+         "workload": {"arrival": "constant", "rate_per_s": 1.0, "num_requests": 1,
+                      "prompt_tokens": 1000, "output_tokens": 4}}
+    for k, v in sections.items():
+        s[k] = {**s.get(k, {}), **v}
+    return s
+
+
+# -- transfer pricing ---------------------------------------------------------------------
+def test_kv_flows_split_by_heads_and_layers():
+    m = load_model("llama-3.1-8b")
+    g = [f"s{i}" for i in range(8)]
+    # TP8 -> TP8: rank q sends its one KV head to rank q, all 32 layers.
+    same = kv_flows(m, 2, [g], [[f"d{i}" for i in range(8)]])
+    assert sorted(same) == [(f"s{i}", f"d{i}", KV_8B / 8) for i in range(8)]
+    # TP8 -> TP2: each decode rank gathers its 4 heads from 4 prefill ranks.
+    gather = kv_flows(m, 2, [g], [["d0", "d1"]])
+    assert {(a, b) for a, b, _ in gather} == {(f"s{i}", f"d{i // 4}") for i in range(8)}
+    assert all(x == KV_8B / 8 for _, _, x in gather)
+    # TP2 x PP2 -> TP4: layers 0-15 from stage 0, 16-31 from stage 1; 2 heads per rank.
+    pp = kv_flows(m, 2, [["a0", "a1"], ["b0", "b1"]], [["d0", "d1", "d2", "d3"]])
+    assert sorted(pp) == sorted([(f"{st}{q // 2}", f"d{q}", 16 * 2 * 2 * 128 * 2)
+                                 for st in "ab" for q in range(4)])
+    # Every case moves the whole KV once (decode TP <= KV heads: no replication).
+    for flows in (same, gather, pp):
+        assert sum(x for _, _, x in flows) == KV_8B
+
+
+def one_request(scenario: dict) -> pd.Series:
+    r = run(scenario)
+    assert r.requests["status"].tolist() == ["completed"]
+    return r.requests.iloc[0]
+
+
+def test_transfer_time_nvlink_hand_computed():
+    # Prefill TP4 on GPUs 0-3, decode TP4 on GPUs 4-7 of one DGX H100: 4 flows of 2 heads,
+    # each GPU -> NVSwitch -> GPU on its own links: 1000 x 32768 B at 450 GB/s x 0.75,
+    # plus two 0.4 us hops.
+    row = one_request(pools_scenario({"nodes": 1, "tp": 4},
+                                     {"same_nodes_as": "p", "tp": 4}))
+    expected = 1000 * KV_8B / 4 / (450e9 * EFF) + 2 * 0.4e-6
+    assert expected == pytest.approx(97.89e-6, rel=1e-3)
+    assert row["kv_transfer_s"] == pytest.approx(expected, abs=3 * TICK)
+    assert row["kv_bytes"] == 1000 * KV_8B
+    assert row["decode_wait_s"] == 0.0
+    # TTFT ends on the prefill instance; the transfer starts there and then.
+    assert row["kv_transfer_start_s"] == row["first_token_s"]
+    assert row["prefill_replica"] == 0 and row["decode_replica"] == 1
+
+
+def test_transfer_time_across_the_fabric_hand_computed():
+    # One node each, TP8 -> TP8: 8 flows of one head, each GPU -> NIC (PCIe 64 GB/s) ->
+    # switch (50 GB/s) -> NIC -> GPU: bottleneck 50 GB/s x 0.75; latency 0.5 + 1.3 + 1.3
+    # + 0.5 us (PCIe half-hop, NIC 1 us + half of the 0.6 us switch, twice).
+    row = one_request(pools_scenario({"nodes": 1, "tp": 8}, {"nodes": 1, "tp": 8}))
+    expected = 1000 * KV_8B / 8 / (50e9 * EFF) + 3.6e-6
+    assert expected == pytest.approx(440.5e-6, rel=1e-3)
+    assert row["kv_transfer_s"] == pytest.approx(expected, abs=3 * TICK)
+
+
+def test_layerwise_transfer_leaves_the_last_layer_exposed():
+    # The NVLink transfer (98 us) is far shorter than the prefill of 1000 tokens: only the
+    # last of 32 layers remains after the prefill ends.
+    row = one_request(pools_scenario({"nodes": 1, "tp": 4, "kv_transfer": "layerwise"},
+                                     {"same_nodes_as": "p", "tp": 4}))
+    expected = 1000 * KV_8B / 4 / 32 / (450e9 * EFF) + 2 * 0.4e-6
+    assert row["kv_transfer_s"] == pytest.approx(expected, abs=3 * TICK)
+
+
+def test_two_transfers_sharing_a_nic_split_its_bandwidth():
+    # Two prefill GPUs of node 0 send to the one decode GPU of node 1 at the same time:
+    # both flows cross that GPU's NIC link, so each gets half of it and takes twice as long.
+    plan = build_pools(load_scenario(pools_scenario({"nodes": 1, "tp": 1, "dp": 2},
+                                                    {"nodes": 1, "tp": 1})))
+    env = simpy.Environment()
+    kv = KVTransfers(env, plan.graph, plan.model, 0.0)
+    src = [p.plan.replicas for p in plan.pools]
+    a, b = ([r.placement.stages for r in src[0]])
+    d = src[1][0].placement.stages
+    alone = kv.time_alone(1000, a, d, 2)
+    assert alone == pytest.approx(1000 * KV_8B / (50e9 * EFF) + 3.6e-6, rel=1e-9)
+    done = {}
+    for name, s in (("a", a), ("b", b)):
+        ev, _ = kv.start(1000, s, d, 2)
+        ev.callbacks.append(lambda _, n=name: done.__setitem__(n, env.now))
+    env.run()
+    both = 2 * 1000 * KV_8B / (50e9 * EFF) + 3.6e-6
+    assert done["a"] == pytest.approx(both, rel=1e-9)
+    assert done["b"] == pytest.approx(both, rel=1e-9)
+    # The same through a run: two requests arriving together on two prefill replicas.
+    sc = pools_scenario({"nodes": 1, "tp": 1, "dp": 2}, {"nodes": 1, "tp": 1},
+                        workload={"rate_per_s": 1e9, "num_requests": 2})
+    req = run(sc).requests
+    assert sorted(req["prefill_replica"]) == [0, 1]
+    assert (req["decode_replica"] == 2).all()
+    assert req["kv_transfer_s"].to_numpy() == pytest.approx([both, both], rel=1e-3)
+
+
+# -- admission and conservation ----------------------------------------------------------
+def test_decode_admission_backpressure():
+    # The decode instance runs one sequence at a time: each request's KV waits on the
+    # prefill side until the previous one finishes, and moves the moment it does.
+    sc = pools_scenario({"nodes": 1, "tp": 1}, {"nodes": 1, "tp": 1,
+                                                "engine": {"max_num_seqs": 1}},
+                        workload={"rate_per_s": 50.0, "num_requests": 6,
+                                  "output_tokens": 64})
+    req = run(sc).requests.sort_values("kv_transfer_start_s")
+    assert (req["status"] == "completed").all()
+    start, finish = req["kv_transfer_start_s"].to_numpy(), req["finish_s"].to_numpy()
+    assert np.allclose(start[1:], np.maximum(finish[:-1], req["first_token_s"].to_numpy()[1:]),
+                       atol=2 * TICK)
+    wait = req["decode_wait_s"].to_numpy()
+    assert wait[0] == 0.0 and (wait[1:] > 0).all()
+    assert np.allclose(wait, start - req["first_token_s"].to_numpy(), atol=2 * TICK)
+    # Nothing overlaps on the decode side.
+    assert (start[1:] >= finish[:-1] - 2 * TICK).all()
+
+
+def test_every_request_is_accounted_for_across_pools():
+    sc = pools_scenario({"nodes": 1, "tp": 2, "dp": 2}, {"nodes": 1, "tp": 4, "dp": 1},
+                        workload={"arrival": "poisson", "rate_per_s": 30.0,
+                                  "num_requests": 150,
+                                  "prompt_tokens": {"dist": "lognormal", "mean": 1500,
+                                                    "sigma": 0.8, "max": 6000},
+                                  "output_tokens": {"dist": "uniform", "min": 1,
+                                                    "max": 60}},
+                        router={"policy": "least_outstanding"})
+    r = run(sc)
+    req = r.requests
+    assert sorted(req["request_id"]) == list(range(150))
+    assert (req["status"] == "completed").all()
+    moved = req["output_tokens"] > 1
+    assert set(req["prefill_replica"]) == {0, 1}
+    assert set(req.loc[moved, "decode_replica"]) == {2}
+    assert (req.loc[~moved, "decode_replica"] == -1).all()  # one token: done on prefill
+    assert req.loc[~moved, "kv_transfer_s"].isna().all()
+    # Each moved request carries its whole prompt's KV once (TP2 -> TP4, 8 KV heads).
+    assert req.loc[moved, "kv_bytes"].tolist() == (req.loc[moved, "prompt_tokens"]
+                                                   * KV_8B).tolist()
+    assert r.summary["kv_bytes_moved"] == float((req.loc[moved, "prompt_tokens"]
+                                                 * KV_8B).sum())
+    # Time order: arrival <= first token <= transfer start <= transfer end <= finish.
+    m = req[moved]
+    assert (m["first_token_s"] >= m["arrival_s"]).all()
+    assert (m["kv_transfer_start_s"] >= m["first_token_s"]).all()
+    end = m["kv_transfer_start_s"] + m["kv_transfer_s"]
+    assert (m["finish_s"] > end).all()
+    s = r.summary
+    assert s["requests_completed"] == 150 and s["kv_transfers"] == int(moved.sum())
+    assert set(s["pool_utilization"]) == {"p", "d"}
+    assert 0 < s["pool_utilization"]["p"] <= 1 and 0 < s["pool_utilization"]["d"] <= 1
+    assert s["goodput_req_per_s_per_gpu"] == pytest.approx(s["goodput_req_per_s"] / 8)
+    assert np.isnan(s["cost_per_million_tokens_usd"])  # no prices given
+
+
+def test_cost_per_million_tokens():
+    sc = pools_scenario({"nodes": 1, "tp": 1, "gpu_hour_usd": 3.0},
+                        {"nodes": 1, "tp": 1, "gpu_hour_usd": 1.0},
+                        workload={"num_requests": 3})
+    r = run(sc)
+    done = r.requests
+    span = done["finish_s"].max() - done["arrival_s"].min()
+    usd = (3.0 + 1.0) * span / 3600
+    assert r.summary["cost_per_million_tokens_usd"] == pytest.approx(
+        usd / (done["output_tokens"].sum() / 1e6))
+
+
+def test_heterogeneous_mixed_pools_share_one_router():
+    sc = {"name": "het", "seed": 2, "model": {"name": "llama-3.1-8b"},
+          "cluster": {"topology": "dgx-h100"},
+          "pools": [{"name": "h100", "role": "mixed", "nodes": 1, "tp": 1, "dp": 2},
+                    {"name": "a100", "role": "mixed", "topology": "dgx-a100", "nodes": 1,
+                     "tp": 1, "dp": 2}],
+          "router": {"policy": "round_robin"},
+          "workload": {"arrival": "poisson", "rate_per_s": 20.0, "num_requests": 80,
+                       "prompt_tokens": 512, "output_tokens": 32}}
+    r = run(sc)
+    req = r.requests
+    assert (req["status"] == "completed").all()
+    assert req["replica"].value_counts().to_dict() == {0: 20, 1: 20, 2: 20, 3: 20}
+    assert (req["pool"] == np.where(req["replica"] < 2, "h100", "a100")).all()
+    assert req["kv_transfer_s"].isna().all() and r.summary["kv_bytes_moved"] == 0
+    # The same prompt prefills faster on an H100 than on an A100.
+    ttft = req.groupby("pool")["ttft_s"].min()
+    assert ttft["h100"] < ttft["a100"]
+
+
+# -- no pools: today's results -----------------------------------------------------------
+def test_one_mixed_pool_is_the_scenario_without_pools():
+    s = load_scenario(dict(DEFAULT_SCENARIO), overrides=["workload.num_requests=200"])
+    assert s.pools == () and "pools" not in to_dict(s)
+    plain = run(s)
+    d = to_dict(s)
+    p = d["parallel"]
+    d["pools"] = [{"name": "all", "role": "mixed", "nodes": d["cluster"]["nodes"],
+                   "tp": p["tp"], "pp": p["pp"], "dp": p["dp"]}]
+    pooled = run(d)
+    pd.testing.assert_frame_equal(plain.requests, pooled.requests.drop(columns=POOL_COLUMNS))
+    pd.testing.assert_frame_equal(plain.steps, pooled.steps)
+
+
+# -- invalid combinations: one clear error each -------------------------------------------
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s["pools"].pop(0), "pools.role: a decode pool needs a prefill pool"),
+    (lambda s: s["pools"][1].update(role="mixed"),
+     "pools.role: mixed pools cannot be combined"),
+    (lambda s: s["pools"][1].update(kv_dtype="fp8"),
+     "pools[1] (d).kv_dtype: fp8 differs from bf16 of pool 'p'"),
+    (lambda s: (s["model"].update(name="llama-3.1-70b"), s["pools"][1].update(tp=1)),
+     "pools[1] (d): model.name: llama-3.1-70b (bf16) does not fit with tp=1"),
+    (lambda s: s["pools"][1].update(same_nodes_as="x"),
+     "pools[1] (d).same_nodes_as: 'x' is not an earlier pool"),
+    (lambda s: s["pools"][1].update(name="p"), "pools.name: 'p' names more than one pool"),
+    (lambda s: s["pools"][1].update(engine={"max_num_seqz": 4}),
+     "pools[1].engine.max_num_seqz: unknown key (did you mean 'max_num_seqs'?)"),
+])
+def test_invalid_pool_combinations(change, message):
+    s = pools_scenario({"nodes": 1, "tp": 8}, {"nodes": 1, "tp": 8})
+    change(s)
+    with pytest.raises(ScenarioError) as err:
+        check(s)
+    assert len(err.value.problems) == 1
+    assert err.value.problems[0].startswith(message), err.value.problems[0]
