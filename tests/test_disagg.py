@@ -4,22 +4,28 @@ no-pools path unchanged, and one clear error per invalid combination."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 import simpy
 
-from simulator import DEFAULT_SCENARIO, ScenarioError, load_scenario, run
+from simulator import DEFAULT_SCENARIO, ScenarioError, load_scenario, run, write_result
 from simulator.cluster.disagg import POOL_COLUMNS
 from simulator.cluster.pools import build_pools
 from simulator.cluster.simulation import check
 from simulator.cluster.transfer import KVTransfers, kv_flows
 from simulator.engine.clock import TICK
+from simulator.io.chrome_trace import TRANSFER_PID
 from simulator.io.scenario import to_dict
 from simulator.model.spec import load_model
 
 EFF = 0.75  # BANDWIDTH_EFFICIENCY: links run at 75 % of line rate for point-to-point sends
 KV_8B = 2 * 32 * 8 * 128 * 2  # Llama-3.1-8B, bf16: 2 x layers x kv heads x d x bytes
+
+
+DROP = object()  # in a section override: remove the key
 
 
 def pools_scenario(prefill: dict, decode: dict, **sections) -> dict:
@@ -31,7 +37,7 @@ def pools_scenario(prefill: dict, decode: dict, **sections) -> dict:
          "workload": {"arrival": "constant", "rate_per_s": 1.0, "num_requests": 1,
                       "prompt_tokens": 1000, "output_tokens": 4}}
     for k, v in sections.items():
-        s[k] = {**s.get(k, {}), **v}
+        s[k] = {kk: vv for kk, vv in {**s.get(k, {}), **v}.items() if vv is not DROP}
     return s
 
 
@@ -250,3 +256,37 @@ def test_invalid_pool_combinations(change, message):
         check(s)
     assert len(err.value.problems) == 1
     assert err.value.problems[0].startswith(message), err.value.problems[0]
+
+
+# -- outputs -------------------------------------------------------------------------------
+def test_transfers_have_their_own_trace_track(tmp_path):
+    sc = pools_scenario({"nodes": 1, "tp": 2}, {"nodes": 1, "tp": 2},
+                        workload={"num_requests": 4, "rate_per_s": 20.0})
+    r = run(sc)
+    write_result(r, tmp_path)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    moved = [e for e in events if e.get("cat") == "transfer"]
+    assert len(moved) == 4 and all(e["pid"] == TRANSFER_PID and e["tid"] == 1 for e in moved)
+    req = r.requests.set_index("request_id")
+    for e in moved:
+        row = req.loc[e["args"]["request"]]
+        assert e["ts"] == pytest.approx(row["kv_transfer_start_s"] * 1e6, abs=1e-3)
+        assert e["dur"] == pytest.approx(row["kv_transfer_s"] * 1e6, abs=1e-3)
+        assert e["args"]["bytes"] == row["kv_bytes"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["pid"] == TRANSFER_PID}
+    assert names == {"KV transfers", "to replica 1"}
+    csv = pd.read_csv(tmp_path / "requests.csv")
+    assert set(POOL_COLUMNS) <= set(csv.columns)
+
+
+def test_closed_loop_and_same_seed_same_results():
+    sc = pools_scenario({"nodes": 1, "tp": 1, "dp": 2}, {"nodes": 1, "tp": 2},
+                        workload={"arrival": "closed_loop", "concurrency": 6,
+                                  "num_requests": 40, "rate_per_s": DROP,
+                                  "prompt_tokens": {"dist": "uniform", "min": 100,
+                                                    "max": 3000},
+                                  "output_tokens": {"dist": "uniform", "min": 2, "max": 50}})
+    a, b = run(sc), run(sc)
+    assert (a.requests["status"] == "completed").all() and len(a.requests) == 40
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    assert a.summary["kv_transfers"] == 40
