@@ -20,6 +20,7 @@ from simulator.engine.clock import TICK
 from simulator.io.chrome_trace import TRANSFER_PID
 from simulator.io.scenario import to_dict
 from simulator.model.spec import load_model
+from simulator.paths import ROOT
 
 EFF = 0.75  # BANDWIDTH_EFFICIENCY: links run at 75 % of line rate for point-to-point sends
 KV_8B = 2 * 32 * 8 * 128 * 2  # Llama-3.1-8B, bf16: 2 x layers x kv heads x d x bytes
@@ -290,3 +291,14 @@ def test_closed_loop_and_same_seed_same_results():
     assert (a.requests["status"] == "completed").all() and len(a.requests) == 40
     pd.testing.assert_frame_equal(a.requests, b.requests)
     assert a.summary["kv_transfers"] == 40
+
+
+@pytest.mark.parametrize("name", ["disagg-70b-1p1d", "disagg-70b-colocated",
+                                  "disagg-70b-1p1d-short", "disagg-70b-colocated-short",
+                                  "disagg-hetero-h100-a100", "disagg-splitwise-h100-a100"])
+def test_example_scenarios_run(name):
+    s = load_scenario(ROOT / "workloads" / f"{name}.toml",
+                      overrides=["workload.num_requests=12"])
+    r = run(s, keep_steps=False)
+    assert (r.requests["status"] == "completed").all()
+    assert r.summary["cost_per_million_tokens_usd"] > 0
