@@ -14,11 +14,12 @@ import simpy
 from simulator import DEFAULT_SCENARIO, ScenarioError, load_scenario, run, write_result
 from simulator.cluster.disagg import POOL_COLUMNS
 from simulator.cluster.pools import build_pools
-from simulator.cluster.simulation import check
+from simulator.cluster.simulation import PooledCluster, _rngs, check, open_loop_workload
 from simulator.cluster.transfer import KVTransfers, kv_flows
 from simulator.engine.clock import TICK
 from simulator.io.chrome_trace import TRANSFER_PID
 from simulator.io.scenario import to_dict
+from simulator.metrics.records import Recorder
 from simulator.model.spec import load_model
 from simulator.paths import ROOT
 
@@ -302,3 +303,26 @@ def test_example_scenarios_run(name):
     r = run(s, keep_steps=False)
     assert (r.requests["status"] == "completed").all()
     assert r.summary["cost_per_million_tokens_usd"] > 0
+
+
+def test_waiting_requests_hold_their_blocks_on_the_prefill_side():
+    # Six 1000-token prompts arrive together; the decode instance takes one at a time.
+    s = load_scenario(pools_scenario({"nodes": 1, "tp": 1},
+                                     {"nodes": 1, "tp": 1, "engine": {"max_num_seqs": 1}},
+                                     workload={"rate_per_s": 1e9, "num_requests": 6,
+                                               "output_tokens": 200}))
+    env = simpy.Environment()
+    rngs = _rngs(s.seed)
+    cluster = PooledCluster(env, build_pools(s), Recorder(), rngs)
+    cluster.expected = 6
+    env.process(cluster.arrive(open_loop_workload(s, rngs)))
+    prefill, decode = cluster.replicas
+    per = -(-1000 // 16)  # blocks of one prompt
+    env.run(until=0.5)  # every prefill is done (~0.1 s); the first decode (~1.3 s) is not
+    assert len(cluster.queue) == 5
+    assert prefill.streams[0].kv.used == 5 * per  # held for the five waiting requests
+    assert decode.streams[0].kv.used >= per  # the one admitted
+    assert prefill.outstanding == 0 and decode.outstanding == 1
+    env.run()
+    assert cluster.completed == 6 and not cluster.queue and not cluster._held
+    assert prefill.streams[0].kv.used == 0 and decode.streams[0].kv.used == 0

@@ -149,7 +149,8 @@ class PoolCluster:
         blocks = min(blocks_for(req.prompt, st.bs), st.kv.free)
         st.kv.allocate(blocks)
         held[2], held[3] = blocks, self.env.now
-        req.units, req.shared, req.next_unit = [], 0, 0
+        # The decode side neither reuses nor caches its prefix blocks (KV arrives whole).
+        req.units, req.shared, req.next_unit, req.hashes = [], 0, 0, None
         self.queue.append(req)
         self._admit()
 
