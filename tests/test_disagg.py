@@ -10,8 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import simpy
+import tomli_w
 
 from simulator import DEFAULT_SCENARIO, ScenarioError, load_scenario, run, write_result
+from simulator.cli import main
 from simulator.cluster.disagg import POOL_COLUMNS
 from simulator.cluster.pools import build_pools
 from simulator.cluster.simulation import PooledCluster, _rngs, check, open_loop_workload
@@ -22,12 +24,19 @@ from simulator.io.scenario import to_dict
 from simulator.metrics.records import Recorder
 from simulator.model.spec import load_model
 from simulator.paths import ROOT
+from simulator.planner.pools import candidates, plan_pools
 
 EFF = 0.75  # BANDWIDTH_EFFICIENCY: links run at 75 % of line rate for point-to-point sends
 KV_8B = 2 * 32 * 8 * 128 * 2  # Llama-3.1-8B, bf16: 2 x layers x kv heads x d x bytes
 
 
 DROP = object()  # in a section override: remove the key
+
+
+def _toml(folder, scenario: dict):
+    path = folder / "scenario.toml"
+    path.write_text(tomli_w.dumps(scenario))
+    return path
 
 
 def pools_scenario(prefill: dict, decode: dict, **sections) -> dict:
@@ -326,3 +335,45 @@ def test_waiting_requests_hold_their_blocks_on_the_prefill_side():
     env.run()
     assert cluster.completed == 6 and not cluster.queue and not cluster._held
     assert prefill.streams[0].kv.used == 0 and decode.streams[0].kv.used == 0
+
+
+# -- planner -------------------------------------------------------------------------------
+def test_plan_compares_colocated_and_disaggregated_layouts(tmp_path):
+    sc = {"name": "pl", "seed": 1, "model": {"name": "llama-3.1-8b"},
+          "cluster": {"topology": "dgx-h100", "nodes": 1},
+          "workload": {"arrival": "poisson", "rate_per_s": 20.0, "num_requests": 40,
+                       "prompt_tokens": 2048, "output_tokens": 32},
+          "slo": {"ttft_s": 1.0, "tpot_s": 0.05}}
+    kinds = [k for k, _, _ in candidates(load_scenario(sc))]
+    # One node of 8: TP 1, 2, 4, 8 colocated; 1+7 (TP1 only), 2+6 (2 x 2), 4+4 (3 x 3).
+    assert kinds.count("colocated") == 4 and kinds.count("disaggregated") == 1 + 4 + 9
+    r = plan_pools(sc, requests=40)
+    t = r.table
+    assert len(t) == 18 and set(t["status"]) == {"ok"}
+    for kind, best in (("colocated", r.best_colocated),
+                       ("disaggregated", r.best_disaggregated)):
+        rows = t[(t["kind"] == kind) & t["slo_met"].astype(bool)]
+        assert best["kind"] == kind
+        assert best["goodput_req_per_s_per_gpu"] == rows["goodput_req_per_s_per_gpu"].max()
+    assert r.reason and ("wins" in r.reason or "tie" in r.reason)
+    assert main(["plan", "--disagg", "--requests", "20", "--out", str(tmp_path),
+                 str(_toml(tmp_path, sc))]) == 0
+    assert len(pd.read_csv(tmp_path / "plan_pools.csv")) == 18
+
+
+def test_admission_leaves_the_blocks_a_decode_run_has_planned():
+    # Decode replicas of a few thousand tokens each, long prompts: admissions land while
+    # decode runs are under way; a run's planned blocks stay its own (a regression: the
+    # reservation once took them, and the run's end overflowed the cache).
+    sc = {"name": "dg", "seed": 1, "model": {"name": "llama-3.1-70b"},
+          "cluster": {"topology": "dgx-h100"},
+          "pools": [{"name": "p", "role": "prefill", "nodes": 1, "tp": 2, "dp": 4},
+                    {"name": "d", "role": "decode", "nodes": 1, "tp": 2, "dp": 4}],
+          "workload": {"arrival": "poisson", "rate_per_s": 4.0, "num_requests": 60,
+                       "prompt_tokens": {"dist": "lognormal", "mean": 4096, "sigma": 0.5,
+                                         "max": 16384},
+                       "output_tokens": {"dist": "lognormal", "mean": 256, "sigma": 0.5,
+                                         "max": 2048}}}
+    r = run(sc, keep_steps=False)
+    assert (r.requests["status"] == "completed").all()
+    assert r.summary["preemptions_total"] > 0  # the decode caches do fill up

@@ -160,12 +160,13 @@ class PoolCluster:
             req = self.queue[0]
             ok = []
             for rep in self.back:
-                s = max(range(len(rep.streams)), key=lambda i: rep.streams[i].kv.free)
+                free = [rep.unclaimed_blocks(i) for i in range(len(rep.streams))]
+                s = free.index(max(free))
                 st = rep.streams[s]
                 need = st._admit_blocks(req, req.prompt)
                 seqs = self._incoming[rep.index] + sum(
                     x.running + len(x.waiting) + len(x.arrived) for x in rep.streams)
-                if rep.up and need <= st.kv.free and seqs < st.max_seqs * len(rep.streams):
+                if rep.up and need <= free[s] and seqs < st.max_seqs * len(rep.streams):
                     ok.append((rep, s, need))
             if not ok:
                 return

@@ -266,6 +266,12 @@ class Replica:
             self._idle[s] = None
             idle.succeed()
 
+    def unclaimed_blocks(self, s: int) -> int:
+        """KV blocks of stream ``s`` free for a newcomer: free now, less what a decode run
+        in progress allocates for its planned steps (it takes them when it ends)."""
+        st, run = self.streams[s], self._runs[s]
+        return st.kv.free - (st.run_blocks(run[1]) if run is not None else 0)
+
     def submit_prefilled(self, req: Request, s: int, last_token_s: float) -> None:
         """Hand stream ``s`` a request whose prompt KV arrived from a prefill instance
         (disaggregated serving; its blocks already allocated and counted in
