@@ -377,3 +377,40 @@ def test_admission_leaves_the_blocks_a_decode_run_has_planned():
     r = run(sc, keep_steps=False)
     assert (r.requests["status"] == "completed").all()
     assert r.summary["preemptions_total"] > 0  # the decode caches do fill up
+
+
+# -- failures ------------------------------------------------------------------------------
+@pytest.mark.parametrize("target, retry", [("node:0", "reroute"), ("gpu:0", "reroute"),
+                                           ("node:1", "reroute"), ("node:0", "drop"),
+                                           ("node:1", "drop")])
+def test_failures_of_either_pool_follow_the_recovery_rules(target, retry):
+    # Prefill replicas on node 0 (GPUs 0, 1), decode replicas on node 1; long prompts keep
+    # the prefill replicas busy, so the fault catches requests in prefill, waiting for
+    # admission, in transfer and decoding.
+    sc = pools_scenario({"nodes": 1, "tp": 1, "dp": 2}, {"nodes": 1, "tp": 1, "dp": 2},
+                        recovery={"restart_s": 2.0, "retry": retry},
+                        workload={"arrival": "poisson", "rate_per_s": 40.0,
+                                  "num_requests": 150,
+                                  "prompt_tokens": {"dist": "uniform", "min": 6000,
+                                                    "max": 12000},
+                                  "output_tokens": {"dist": "uniform", "min": 1,
+                                                    "max": 200}})
+    healthy = run(sc).requests
+    sc["faults"] = [{"at_s": 1.0, "target": target, "duration_s": 3.0}]
+    r = run(sc)
+    req = r.requests
+    # Every request is accounted for once, with the lengths it was drawn with.
+    assert req["request_id"].tolist() == list(range(150))
+    assert (req["output_tokens"] == healthy["output_tokens"]).all()
+    assert r.summary["retries_total"] == int(req["retries"].sum()) > 0
+    if retry == "reroute":
+        assert (req["status"] == "completed").all()
+    else:
+        dropped = req["status"] == "dropped"
+        assert dropped.sum() == r.summary["retries_total"]
+        assert set(req.loc[~dropped, "status"]) == {"completed"}
+        assert req.loc[dropped, "reason"].str.contains("went down|lost an end").all()
+    # Replicas of the failed part were down 3 s and reloaded for 2 s.
+    assert r.summary["availability_min"] < 1.0
+    moved = req[(req["status"] == "completed") & (req["output_tokens"] > 1)]
+    assert (moved["finish_s"] > moved["kv_transfer_start_s"]).all()

@@ -19,18 +19,20 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from simulator.cluster.build import prefix_unit
+from simulator.cluster.build import prefix_unit, replica_costs
 from simulator.cluster.contention import shared_sends
+from simulator.cluster.faults import FaultState, replica_hops
 from simulator.cluster.pools import PooledPlan, PoolPlan, kv_element_bytes
 from simulator.cluster.router import make_router
 from simulator.cluster.transfer import KVTransfers
 from simulator.engine.batching import ContinuousBatcher
-from simulator.engine.clock import TICK
+from simulator.engine.clock import TICK, ticks
 from simulator.engine.kvcache import KVCache, blocks_for
 from simulator.engine.replica import Replica
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import Recorder
+from simulator.topology.graph import Paths
 
 #: Per-request columns a run with pools adds to requests.csv.
 POOL_COLUMNS = ["prefill_replica", "decode_replica", "pool", "decode_pool",
@@ -95,6 +97,11 @@ class PoolCluster:
                 self.pool_of.append(pool)
                 (back if pool.spec.role == "decode" else front).append(rep)
         self.front, self.back = front, back
+        # Failures, as Cluster keeps them (its act / _retry / _restart use these).
+        self.fault_state = FaultState(plan.graph)
+        self.hops = [replica_hops(rp.placement.stages) for rp in plan.replicas]
+        self.downtime: list[list[list[float]]] = [[] for _ in self.replicas]
+        self._restarting = [False] * len(self.replicas)
         first = next(p for p in plan.pools if p.spec.role != "decode")
         self.router = make_router(first.spec.router or s.router.policy, rngs["router"],
                                   load_weight=s.router.load_weight)
@@ -120,7 +127,11 @@ class PoolCluster:
             req.status, req.finish_s = "rejected", now
             self.finish(req)
             return
-        rep = self.front[self.router.choose(self.front, req)]
+        front = [r for r in self.front if r.up] if self.any_down else self.front
+        if not front:
+            self._hold(req)
+            return
+        rep = front[self.router.choose(front, req)]
         pool = self.pool_of[rep.index]
         self.extra[req.id] = [rep.index, rep.index, pool.spec.name, pool.spec.name,
                               np.nan, np.nan, np.nan, 0.0]
@@ -130,10 +141,19 @@ class PoolCluster:
             streams = rep.streams
             st = 0 if len(streams) == 1 else min(range(len(streams)),
                                                  key=lambda i: streams[i].outstanding)
-            self._output[req.id] = req.output
+            self._output.setdefault(req.id, req.output)  # a retry keeps its true length
             self._held[req.id] = [rep, st, 0, 0.0]
             req.output = 1
         rep.submit(req)
+
+    def _hold(self, req) -> None:
+        """No front replica is up: the request waits (as Cluster.submit holds it)."""
+        self.pending.append(req)
+        timeout = self.plan.scenario.recovery.pending_timeout_s
+        if timeout is not None:
+            token = self._waiting[req.id] = object()
+            self.env.timeout(ticks(timeout)).callbacks.append(
+                lambda _, req=req, token=token, t=timeout: self._give_up(req, token, t))
 
     def _prefilled(self, req) -> None:
         """A prefill instance emitted the first token: hold the KV, queue for decode."""
@@ -146,7 +166,7 @@ class PoolCluster:
             return
         # Its blocks were just released by the step that finished it: hold them again
         # (nothing ran in between), so the instance cannot reuse them until the KV leaves.
-        blocks = min(blocks_for(req.prompt, st.bs), st.kv.free)
+        blocks = min(blocks_for(req.target, st.bs), st.kv.free)
         st.kv.allocate(blocks)
         held[2], held[3] = blocks, self.env.now
         # The decode side neither reuses nor caches its prefix blocks (KV arrives whole).
@@ -163,7 +183,7 @@ class PoolCluster:
                 free = [rep.unclaimed_blocks(i) for i in range(len(rep.streams))]
                 s = free.index(max(free))
                 st = rep.streams[s]
-                need = st._admit_blocks(req, req.prompt)
+                need = st._admit_blocks(req, req.target)
                 seqs = self._incoming[rep.index] + sum(
                     x.running + len(x.waiting) + len(x.arrived) for x in rep.streams)
                 if rep.up and need <= free[s] and seqs < st.max_seqs * len(rep.streams):
@@ -181,6 +201,7 @@ class PoolCluster:
     def move(self, req, dst: Replica, s: int):
         """Move the request's KV from its prefill instance to ``dst``, then hand it over."""
         src, s_src, blocks, ready = self._held.pop(req.id)
+        src_gen, dst_gen = src.generation, dst.generation
         t0 = self.env.now
         sp, dp_ = self.pool_of[src.index], self.pool_of[dst.index]
         src_stages = sp.plan.replicas[src.index - sp.first_replica].placement.stages
@@ -188,13 +209,28 @@ class PoolCluster:
         overlap = 0.0
         if sp.spec.kv_transfer == "layerwise" and t0 == ready:  # admitted at once
             overlap = max(0.0, ready - req.first_scheduled_s)
-        ev, nbytes = self.transfers.start(req.prompt, src_stages, dst_stages,
+        ev, nbytes = self.transfers.start(req.target, src_stages, dst_stages,
                                           kv_element_bytes(sp), overlap, self.plan.model.layers)
         yield ev
         now = self.env.now
+        self._incoming[dst.index] -= 1
+        if src.generation != src_gen or dst.generation != dst_gen:
+            # Either end failed during the transfer: the KV is lost (blocks of a failed
+            # replica went with it); the request starts over by the recovery rules.
+            if src.generation == src_gen:
+                src.streams[s_src].kv.release(blocks)
+                src.wake()
+            if dst.generation == dst_gen:
+                dst.streams[s].kv.release(req.blocks)
+                dst.outstanding -= 1
+                self._admit()
+            req.blocks = req.computed = 0
+            req.target = req.prompt + req.generated  # re-prefill what it has
+            self._retry(req, "its KV transfer lost an end (replica down)",
+                        self.plan.scenario.recovery)
+            return
         src.streams[s_src].kv.release(blocks)  # the prefill instance may reuse them now
         src.wake()
-        self._incoming[dst.index] -= 1
         self.extra[req.id][1:] = [dst.index, sp.spec.name, dp_.spec.name, t0 - ready, t0,
                                   now - t0, nbytes]
         self.transfer_log.append((req.id, src.index, dst.index, t0, now, nbytes))
@@ -202,6 +238,66 @@ class PoolCluster:
 
     def _decoded(self, req) -> None:
         self.finish(req)
+        self._admit()
+
+    def finish(self, req) -> None:
+        """Cluster.finish, with the true output length of a request dropped while it ran
+        as a one-token prefill."""
+        out = self._output.pop(req.id, None)
+        if out is not None:
+            req.output = out
+        super().finish(req)
+
+    def close(self) -> None:
+        for req in self.pending:
+            req.output = self._output.pop(req.id, req.output)
+        super().close()
+
+    # -- failures (Cluster.act drives them; these are the pool-specific parts) -------------
+    def _costs(self, i: int, view) -> tuple[list, list]:
+        """Replica i's stage and hand-off costs on the graph as it is now (its pool's
+        GPU and settings)."""
+        pool = self.pool_of[i]
+        p = pool.plan
+        stages, sends = replica_costs(p.scenario, p.model, p.node,
+                                      p.replicas[i - pool.first_replica].placement,
+                                      Paths(view))
+        return list(stages), list(sends)
+
+    def act(self, target: str, sign: int) -> None:
+        """A fault or repair (Cluster.act); then the requests whose KV waited for decode
+        admission on a prefill replica that went down start over."""
+        super().act(target, sign)
+        lost = [r for r in self.queue if not self._held[r.id][0].up]
+        if lost:
+            self.queue = deque(r for r in self.queue if self._held[r.id][0].up)
+            for req in lost:
+                del self._held[req.id]
+                req.blocks = req.computed = 0
+                req.target = req.prompt + req.generated
+                self._retry(req, "its prefill replica went down before decode admission",
+                            self.plan.scenario.recovery)
+        self._admit()
+
+    def _restart(self, i: int, delay: float):
+        """Reload weights, then serve again if still healthy (Cluster._restart with the
+        pool's own schedulers)."""
+        yield self.env.timeout(ticks(delay))
+        self._restarting[i] = False
+        view = self.fault_state.view()
+        rp = self.plan.replicas[i]
+        if self.replicas[i].up or not self.fault_state.healthy(rp.placement.gpus,
+                                                                self.hops[i], view):
+            return
+        self.downtime[i][-1][1] = self.env.now
+        pool = self.pool_of[i]
+        self.replicas[i].restart([_scheduler(pool, self.gaps)
+                                  for _ in range(pool.plan.streams_per_replica)],
+                                 *self._costs(i, view))
+        while self.pending and any(r.up for r in self.front):
+            req = self.pending.popleft()
+            self._waiting.pop(req.id, None)
+            self.submit(req)
         self._admit()
 
     # -- results ---------------------------------------------------------------------------

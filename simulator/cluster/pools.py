@@ -132,8 +132,8 @@ def build_pools(s: Scenario) -> PooledPlan:
     ScenarioError
         One message naming the pool and the key: a layout the model does not fit (from the
         pool's own build), a ``same_nodes_as`` naming no earlier pool or another preset, a
-        KV dtype that differs between prefill and decode pools, ``leaf_spine`` or faults
-        with pools (not supported yet).
+        KV dtype that differs between prefill and decode pools, ``leaf_spine`` with pools
+        (not supported yet).
     """
     try:
         return _build(s)
@@ -146,8 +146,6 @@ def _build(s: Scenario) -> PooledPlan:
     if s.cluster.fabric == "leaf_spine":
         problems.append("cluster.fabric: \"leaf_spine\" is not supported with [[pools]] yet "
                         "(allowed: single_switch)")
-    if s.faults or s.random_faults is not None:
-        problems.append("faults: failures are not supported with [[pools]] yet")
     if problems:
         raise ScenarioError(problems)
     model = load_model(s.model.name, s.base_dir)

@@ -577,6 +577,7 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
         env.process(cluster.arrive(df))
         total = len(df)
     cluster.expected = total
+    _start_faults(env, cluster, s, rngs["faults"])
     events = _drive(env, cluster, total, progress)
     cluster.close()
     requests = cluster.request_columns(recorder.requests_frame())
@@ -590,8 +591,10 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     summary["max_model_len"] = plan.max_model_len
     summary["gpus"] = plan.gpus_used
     summary["simpy_events"] = events
-    summary["availability_mean"] = summary["availability_min"] = 1.0
-    summary["retries_total"] = 0
+    avail = cluster.availability(cluster.last_event_s)
+    summary["availability_mean"] = float(np.mean(avail))
+    summary["availability_min"] = float(np.min(avail))
+    summary["retries_total"] = cluster.retries
     summary.update(pool_summary(requests, cluster.pool_table(), summary))
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan)

@@ -385,8 +385,8 @@ class ContinuousBatcher(Preemption, DecodeRuns):
             req, last = self.arrived.popleft()
             self.admitted += 1
             req.admit_seq = self.admitted
-            req.computed = req.target = req.prompt
-            self._start_decode(req, req.prompt, last)
+            req.computed = req.target  # the prompt (and tokens of a retried request)
+            self._start_decode(req, req.target, last)
 
     @staticmethod
     def _finish(req: Request, now: float, done: list[Request]) -> None:

@@ -179,7 +179,8 @@ class Replica:
             for req, last in zip(st.decoding.values(), st.last_tokens(), strict=True):
                 req.generated += st.k - req.k0 + done  # tokens it had produced
                 req.last_token_s = last  # the next gap runs from its last token
-            lost += [*st.waiting, *st.prefilling, *st.decoding.values(), *st.swapped]
+            lost += [*st.waiting, *st.prefilling, *st.decoding.values(), *st.swapped,
+                     *(r for r, _ in st.arrived)]  # (disaggregated: KV just arrived)
         for req in lost:
             req.blocks = req.computed = 0
             req.target = req.prompt + req.generated
