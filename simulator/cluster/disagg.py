@@ -108,8 +108,8 @@ class PoolCluster:
         # The decode router's own stream: child 6 of the run's SeedSequence (simulation's
         # named streams are children 0-5, so theirs do not change).
         rng = np.random.default_rng(np.random.SeedSequence(s.seed).spawn(7)[6])
-        last = next((p for p in plan.pools if p.spec.role == "decode"), first)
-        self.decode_router = make_router(last.spec.router or s.router.policy, rng,
+        dec = next((p for p in plan.pools if p.spec.role == "decode"), first)
+        self.decode_router = make_router(dec.spec.router or s.router.policy, rng,
                                          load_weight=s.router.load_weight)
         self.transfers = KVTransfers(env, plan.graph, plan.model, TICK)
         self.queue: deque = deque()  # prefilled requests waiting for decode admission
@@ -117,7 +117,6 @@ class PoolCluster:
         self._held: dict[int, list] = {}  # request id -> [replica, stream, held blocks, t]
         self._incoming = [0] * len(self.replicas)  # admitted, KV still moving
         self.extra: dict[int, list] = {}  # request id -> POOL_COLUMNS values
-        self.transfer_log: list[tuple] = []  # (request, src, dst, start_s, end_s, bytes)
 
     # -- routing ---------------------------------------------------------------------------
     def submit(self, req, now: float | None = None) -> None:
@@ -233,7 +232,6 @@ class PoolCluster:
         src.wake()
         self.extra[req.id][1:] = [dst.index, sp.spec.name, dp_.spec.name, t0 - ready, t0,
                                   now - t0, nbytes]
-        self.transfer_log.append((req.id, src.index, dst.index, t0, now, nbytes))
         dst.submit_prefilled(req, s, ready)
 
     def _decoded(self, req) -> None:
