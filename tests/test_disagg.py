@@ -414,3 +414,19 @@ def test_failures_of_either_pool_follow_the_recovery_rules(target, retry):
     assert r.summary["availability_min"] < 1.0
     moved = req[(req["status"] == "completed") & (req["output_tokens"] > 1)]
     assert (moved["finish_s"] > moved["kv_transfer_start_s"]).all()
+
+
+def test_second_token_waits_for_the_transfer_and_a_decode_step():
+    # TTFT ends on the prefill replica; the decode replica starts its step when the KV has
+    # arrived and its CPU overhead (3 ms) has passed; that step makes the second token.
+    r = run(pools_scenario({"nodes": 1, "tp": 4}, {"same_nodes_as": "p", "tp": 4},
+                           workload={"output_tokens": 2}))
+    q = r.requests.iloc[0]
+    decode = r.steps[r.steps["replica"] == 1]
+    assert len(decode) == 1 and decode["decode_tokens"].iloc[0] == 1
+    arrived = q["kv_transfer_start_s"] + q["kv_transfer_s"]
+    assert decode["start_s"].iloc[0] == pytest.approx(arrived + 0.003, abs=3 * TICK)
+    assert decode["end_s"].iloc[0] == q["finish_s"]
+    # One inter-token gap: first token (prefill side) to second (decode side).
+    assert r.summary["itl_mean_s"] == pytest.approx(q["finish_s"] - q["first_token_s"])
+    assert q["tpot_s"] == pytest.approx(q["finish_s"] - q["first_token_s"])
