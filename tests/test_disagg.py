@@ -288,6 +288,8 @@ def test_transfers_have_their_own_trace_track(tmp_path):
     assert names == {"KV transfers", "to replica 1"}
     csv = pd.read_csv(tmp_path / "requests.csv")
     assert set(POOL_COLUMNS) <= set(csv.columns)
+    ts = pd.read_csv(tmp_path / "timeseries.csv")
+    assert ts["arrivals"].sum() == 4 and {"kv_util_r0", "kv_util_r1"} <= set(ts.columns)
 
 
 def test_closed_loop_and_same_seed_same_results():

@@ -553,8 +553,9 @@ class PooledCluster(PoolCluster, Cluster):
 
 
 def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
-    """:func:`run` for a scenario with ``[[pools]]`` (docs/disaggregation.md). Time series,
-    alerts and link utilization are not computed for pools yet."""
+    """:func:`run` for a scenario with ``[[pools]]`` (docs/disaggregation.md): time series
+    and alerts as without pools (batch efficiency against ``[engine]``'s token budget);
+    link and per-GPU utilization are not computed for pools yet."""
     wall0 = time.perf_counter()
     plan = build_pools(s)
     rngs = _rngs(s.seed)
@@ -596,5 +597,14 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     summary["availability_min"] = float(np.min(avail))
     summary["retries_total"] = cluster.retries
     summary.update(pool_summary(requests, cluster.pool_table(), summary))
+    kept = steps if not steps.empty else None
+    budget = s.engine.max_num_batched_tokens
+    ts = timeseries(requests, kept, window_s=s.output.window_s, budget=budget,
+                    kv_capacity={rp.placement.replica: p.plan.memory.kv_blocks
+                                 for p in plan.pools for rp in p.plan.replicas})
+    thresholds = {k: getattr(s.alerts, k) for k in ("ttft_p99_s", "e2e_p99_s",
+                                                    "batch_efficiency_min")}
+    events_df = alerts(requests, kept, ts, thresholds, window_s=s.output.window_s,
+                       budget=budget)
     summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan)
+    return Result(summary, requests, steps, s, plan, ts, events_df)
