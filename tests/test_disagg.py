@@ -133,13 +133,17 @@ def test_two_transfers_sharing_a_nic_split_its_bandwidth():
     both = 2 * 1000 * KV_8B / (50e9 * EFF) + 3.6e-6
     assert done["a"] == pytest.approx(both, rel=1e-9)
     assert done["b"] == pytest.approx(both, rel=1e-9)
-    # The same through a run: two requests arriving together on two prefill replicas.
+    # The same through a run: two requests 1 us apart on two prefill replicas. The first
+    # moves alone for 1 us, then both share the NIC; each ends 1 us sooner than ``both``
+    # after its start (the first has a 1 us head start, the second 1 us alone at the end).
     sc = pools_scenario({"nodes": 1, "tp": 1, "dp": 2}, {"nodes": 1, "tp": 1},
-                        workload={"rate_per_s": 1e9, "num_requests": 2})
+                        workload={"rate_per_s": 1e6, "num_requests": 2})
     req = run(sc).requests
     assert sorted(req["prefill_replica"]) == [0, 1]
     assert (req["decode_replica"] == 2).all()
-    assert req["kv_transfer_s"].to_numpy() == pytest.approx([both, both], rel=1e-3)
+    assert req["kv_transfer_start_s"].diff().iloc[1] == pytest.approx(1e-6, abs=2 * TICK)
+    assert req["kv_transfer_s"].to_numpy() == pytest.approx([both - 1e-6] * 2,
+                                                            abs=4 * TICK)
 
 
 # -- admission and conservation ----------------------------------------------------------
@@ -320,7 +324,7 @@ def test_waiting_requests_hold_their_blocks_on_the_prefill_side():
     # Six 1000-token prompts arrive together; the decode instance takes one at a time.
     s = load_scenario(pools_scenario({"nodes": 1, "tp": 1},
                                      {"nodes": 1, "tp": 1, "engine": {"max_num_seqs": 1}},
-                                     workload={"rate_per_s": 1e9, "num_requests": 6,
+                                     workload={"rate_per_s": 1e6, "num_requests": 6,
                                                "output_tokens": 200}))
     env = simpy.Environment()
     rngs = _rngs(s.seed)
