@@ -436,3 +436,16 @@ def test_second_token_waits_for_the_transfer_and_a_decode_step():
     # One inter-token gap: first token (prefill side) to second (decode side).
     assert r.summary["itl_mean_s"] == pytest.approx(q["finish_s"] - q["first_token_s"])
     assert q["tpot_s"] == pytest.approx(q["finish_s"] - q["first_token_s"])
+
+
+def test_invalid_pools_exit_2_with_one_line(tmp_path, capsys):
+    s = pools_scenario({"nodes": 1, "tp": 8}, {"nodes": 1, "tp": 8, "kv_dtype": "fp8"})
+    path = _toml(tmp_path, s)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pools[1] (d).kv_dtype: fp8 differs" in err[0]
+    assert "Traceback" not in err[0]
+    s["pools"][1]["kv_dtype"] = "bf16"
+    assert main(["validate", str(_toml(tmp_path, s))]) == 0
+    out = capsys.readouterr().out
+    assert "pool p (prefill)" in out and "pool d (decode)" in out

@@ -78,7 +78,8 @@ def pool_scenario(s: Scenario, pool: PoolKeys, topology: str, nodes: int) -> Sce
     engine overrides and KV dtype; no pools, no faults."""
     engine = replace(s.engine, **(pool.engine or {}))
     return replace(s, cluster=replace(s.cluster, topology=topology, nodes=nodes),
-                   parallel=ParallelKeys(pool.tp, pool.pp, pool.dp, pool.placement),
+                   parallel=ParallelKeys(tp=pool.tp, pp=pool.pp, dp=pool.dp,
+                                         placement=pool.placement),
                    engine=engine, model=replace(s.model, kv_dtype=pool.kv_dtype
                                                 or s.model.kv_dtype),
                    pools=(), faults=(), random_faults=None)
