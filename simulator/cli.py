@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.cluster.pools import describe_pools
 from simulator.cluster.simulation import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
@@ -49,6 +50,9 @@ def cmd_validate(args) -> int:
                             "start_s against the trace)", source=scenario.source)
     p, m = scenario.parallel, plan.model
     print(f"{scenario.source or 'default scenario'}: valid")
+    if scenario.pools:  # docs/disaggregation.md
+        print(describe_pools(plan))
+        return 0
     print(f"  model      {m.name}: {m.describe()}, {scenario.model.weight_dtype} weights")
     gpus = f"{plan.gpus_used} GPU{'s' if plan.gpus_used != 1 else ''}"
     print(f"  cluster    {scenario.cluster.nodes} x {plan.node.name} "
@@ -224,8 +228,18 @@ def cmd_collective(args) -> int:
 
 def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
+    from simulator.planner.pools import format_pools_plan, plan_pools  # noqa: PLC0415
     from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
 
+    if args.disagg:  # colocated vs disaggregated (docs/disaggregation.md)
+        res = plan_pools(args.scenario, requests=args.requests,
+                         slo_quantile=args.slo_quantile, overrides=args.set)
+        out = Path(args.out) if args.out else Path("runs") / f"{res.scenario.name}-plan"
+        out.mkdir(parents=True, exist_ok=True)
+        res.table.to_csv(out / "plan_pools.csv", index=False)
+        print(format_pools_plan(res))
+        print(f"  outputs in {out}/ (plan_pools.csv)")
+        return 0
     result = plan(args.scenario, gpus=args.gpus, objective=args.objective, top=args.top,
                   requests=args.requests, jobs=args.jobs, slo_quantile=args.slo_quantile,
                   overrides=args.set)
@@ -351,6 +365,9 @@ def parser() -> argparse.ArgumentParser:
                                     "scenario; simulate the best and recommend one")
     n.add_argument("scenario", help="scenario TOML file (its layout is ignored)")
     n.add_argument("--gpus", type=int, help="most GPUs a layout may use (default: all)")
+    n.add_argument("--disagg", action="store_true",
+                   help="compare colocated and disaggregated prefill/decode layouts on the "
+                        "scenario's nodes (docs/disaggregation.md)")
     n.add_argument("--objective", default="goodput_per_gpu",
                    help="goodput_per_gpu (default), min_ttft or min_tpot")
     n.add_argument("--top", type=int, default=8, help="candidates simulated (default 8), "

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from simulator.cluster.build import ClusterPlan, build_plan, prefix_unit, replica_costs
 from simulator.cluster.contention import shared_sends
+from simulator.cluster.disagg import PoolCluster
 from simulator.cluster.faults import (
     FaultState,
     random_faults,
@@ -29,6 +30,7 @@ from simulator.cluster.faults import (
     resolve_target,
     scheduled_faults,
 )
+from simulator.cluster.pools import build_pools
 from simulator.cluster.router import make_router
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import SCALE, TICK, ticks
@@ -45,6 +47,7 @@ from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
+from simulator.metrics.pools import pool_summary
 from simulator.metrics.records import Recorder
 from simulator.metrics.speculative import speculative_summary
 from simulator.metrics.summary import summarize
@@ -427,7 +430,7 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
         The plan, and the open-loop requests (None for closed loop).
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    plan = build_plan(s)
+    plan = build_pools(s) if s.pools else build_plan(s)
     _check_faults(s, plan)
     return plan, workload_requests(s)
 
@@ -448,6 +451,8 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     with _young_collections_rarer():
+        if s.pools:
+            return _run_pools(s, progress, keep_steps)
         return _run(s, progress, keep_steps)
 
 
@@ -509,15 +514,34 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     summary.update(link_utilization(plan, [r.step_tokens for r in cluster.replicas],
                                     [r.steps for r in cluster.replicas],
                                     summary["simulated_time_s"]))
-    eng = s.engine
     kept = steps if not steps.empty else None
+    kv_capacity = {r: plan.memory.kv_blocks for r in range(s.parallel.dp)}
+    ts, events_df, window_s, warnings = _observe(
+        s, requests, kept, cluster, summary, kv_capacity,
+        plan.memory.kv_blocks // plan.streams_per_replica)
+    gpu_ts = pd.DataFrame()
+    if kept is not None:
+        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
+        gpu_ts = gpu_windows(steps, stage_hardware(plan), edges)
+        links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
+                             [r.steps for r in cluster.replicas], steps, edges)
+        ts = pd.concat([ts, links], axis=1)  # the same windows
+    summary["wall_time_s"] = time.perf_counter() - wall0
+    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
+
+
+
+def _observe(s: Scenario, requests: pd.DataFrame, kept: pd.DataFrame | None,
+             cluster: Cluster, summary: dict, kv_capacity: dict[int, int],
+             stream_blocks: int) -> tuple[pd.DataFrame, pd.DataFrame, float, list[str]]:
+    """The time series, alert events, window and warnings of a run; adds the downtime
+    spans to ``summary``."""
+    eng = s.engine
     window_s, warnings = _window(requests, s.output.window_s)
     warnings += _outcome_warnings(requests, cluster)
-    stream_blocks = plan.memory.kv_blocks // plan.streams_per_replica
-    ts = timeseries(requests, kept, window_s=window_s,
-                    budget=eng.max_num_batched_tokens,
-                    kv_capacity={r: plan.memory.kv_blocks for r in range(s.parallel.dp)},
-                    max_num_seqs=eng.max_num_seqs, stream_blocks=stream_blocks)
+    ts = timeseries(requests, kept, window_s=window_s, budget=eng.max_num_batched_tokens,
+                    kv_capacity=kv_capacity, max_num_seqs=eng.max_num_seqs,
+                    stream_blocks=stream_blocks)
     ts = mark_down(ts, cluster.downtime, window_edges(float(ts["window_end_s"].iloc[-1]),
                                                       window_s))
     thresholds = {k: getattr(s.alerts, k) for k in ALERT_KEYS}
@@ -529,15 +553,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
                                  for i, (spans, causes) in enumerate(zip(
                                      cluster.downtime, cluster.down_causes, strict=True))
                                  for (a, b), cause in zip(spans, causes, strict=True)]
-    gpu_ts = pd.DataFrame()
-    if kept is not None:
-        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-        gpu_ts = gpu_windows(steps, stage_hardware(plan), edges)
-        links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
-                             [r.steps for r in cluster.replicas], steps, edges)
-        ts = pd.concat([ts, links], axis=1)  # the same windows
-    summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
+    return ts, events_df, window_s, warnings
 
 
 #: Most windows of a run's time series: memory must not grow with simulated time / window.
@@ -632,3 +648,64 @@ def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress
         if bar is not None:
             bar.close()
     return events
+
+
+class PooledCluster(PoolCluster, Cluster):
+    """A cluster of pools (:mod:`simulator.cluster.disagg`) with Cluster's workload
+    processes."""
+
+
+def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
+    """:func:`run` for a scenario with ``[[pools]]`` (docs/disaggregation.md): time series
+    and alerts as without pools (batch efficiency against ``[engine]``'s token budget);
+    link and per-GPU utilization are not computed for pools yet."""
+    wall0 = time.perf_counter()
+    plan = build_pools(s)
+    rngs = _rngs(s.seed)
+    env = simpy.Environment()
+    recorder = Recorder(keep_steps=s.output.steps and keep_steps)
+    cluster = PooledCluster(env, plan, recorder, rngs)
+    w = s.workload
+    if w.arrival == "closed_loop":
+        counter = [0]
+        prompts = LengthStream(w.prompt_tokens, rngs["prompts"])
+        outputs = LengthStream(w.output_tokens, rngs["outputs"])
+        for c in range(w.concurrency):
+            env.process(cluster.client(c, counter, prompts, outputs))
+        total = w.num_requests
+    else:
+        df = open_loop_workload(s, rngs)
+        if df.empty:
+            raise ScenarioError("workload: no request arrives (check num_requests, duration_s, "
+                                "start_s against the trace)", source=s.source)
+        env.process(cluster.arrive(df))
+        total = len(df)
+    cluster.expected = total
+    _start_faults(env, cluster, s, rngs["faults"])
+    events = _drive(env, cluster, total, progress)
+    cluster.close()
+    requests = cluster.request_columns(recorder.requests_frame())
+    steps = recorder.steps_frame()
+    engine = cluster.engine_totals()
+    summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
+                        max_num_batched_tokens=s.engine.max_num_batched_tokens,
+                        pp=len(engine["stage_busy_s"]))
+    summary["kv_blocks_per_replica"] = [p.plan.memory.kv_blocks for p in plan.pools]
+    summary["kv_tokens_per_replica"] = [p.plan.memory.kv_tokens for p in plan.pools]
+    summary["max_model_len"] = plan.max_model_len
+    summary["gpus"] = plan.gpus_used
+    summary["simpy_events"] = events
+    avail = cluster.availability(cluster.last_event_s)
+    summary["availability_mean"] = float(np.mean(avail))
+    summary["availability_min"] = float(np.min(avail))
+    summary["retries_total"] = cluster.retries
+    summary.update(pool_summary(requests, cluster.pool_table(), summary))
+    kept = steps if not steps.empty else None
+    kv_capacity = {rp.placement.replica: p.plan.memory.kv_blocks
+                   for p in plan.pools for rp in p.plan.replicas}
+    stream_blocks = min(p.plan.memory.kv_blocks // p.plan.streams_per_replica
+                        for p in plan.pools)
+    ts, events_df, _, warnings = _observe(s, requests, kept, cluster, summary, kv_capacity,
+                                          stream_blocks)
+    summary["wall_time_s"] = time.perf_counter() - wall0
+    return Result(summary, requests, steps, s, plan, ts, events_df, warnings=warnings)

@@ -108,6 +108,7 @@ class ContinuousBatcher(Preemption, DecodeRuns):
         self._swap_io = 0  # blocks swapped out or in while forming this batch
         self.prefix = (PrefixCache(kv, prefix_tokens, offload_units)
                        if prefix_tokens and self.PREFIX else None)
+        self.arrived: deque[tuple[Request, float]] = deque()  # KV from a prefill instance
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -383,6 +384,21 @@ class ContinuousBatcher(Preemption, DecodeRuns):
     def sync_decoders(self) -> None:
         """Write the decoders' progress into their Requests before a failure reads them
         (the aggregate form needs nothing: ``generated + k - k0`` is exact)."""
+
+    # -- disaggregated serving: requests that arrive with their prompt's KV --------------
+    def add_prefilled(self, req: Request, last_token_s: float) -> None:
+        """Queue a request whose prompt KV came from a prefill instance (its ``req.blocks``
+        already allocated here); it joins the decoders when the next step is formed."""
+        self.arrived.append((req, last_token_s))
+
+    def join_prefilled(self) -> None:
+        """The requests whose KV arrived start decoding (called between steps)."""
+        while self.arrived:
+            req, last = self.arrived.popleft()
+            self.admitted += 1
+            req.admit_seq = self.admitted
+            req.computed = req.target  # the prompt (and tokens of a retried request)
+            self._start_decode(req, req.target, last)
 
     @staticmethod
     def _finish(req: Request, now: float, done: list[Request]) -> None:

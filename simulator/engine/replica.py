@@ -180,7 +180,8 @@ class Replica:
             for req, last in zip(st.decoding.values(), st.last_tokens(), strict=True):
                 req.generated += st.k - req.k0 + done  # tokens it had produced
                 req.last_token_s = last  # the next gap runs from its last token
-            lost += [*st.waiting, *st.prefilling, *st.decoding.values(), *st.swapped]
+            lost += [*st.waiting, *st.prefilling, *st.decoding.values(), *st.swapped,
+                     *(r for r, _ in st.arrived)]  # (disaggregated: KV just arrived)
         for req in lost:
             req.blocks = req.computed = 0
             req.target = req.prompt + req.generated
@@ -267,6 +268,26 @@ class Replica:
             self._idle[s] = None
             idle.succeed()
 
+    def unclaimed_blocks(self, s: int) -> int:
+        """KV blocks of stream ``s`` free for a newcomer: free now, less what a decode run
+        in progress allocates for its planned steps (it takes them when it ends)."""
+        st, run = self.streams[s], self._runs[s]
+        return st.kv.free - (st.run_blocks(run[1]) if run is not None else 0)
+
+    def submit_prefilled(self, req: Request, s: int, last_token_s: float) -> None:
+        """Hand stream ``s`` a request whose prompt KV arrived from a prefill instance
+        (disaggregated serving; its blocks already allocated and counted in
+        ``outstanding``): it joins the decoders at the stream's next step."""
+        req.replica = self.index
+        if self._running[s]:  # a decode run cannot take a new decoder: cut it
+            self._running[s] = False
+            self.procs[s].interrupt()
+        self.streams[s].add_prefilled(req, last_token_s)
+        idle = self._idle[s]
+        if idle is not None:
+            self._idle[s] = None
+            idle.succeed()
+
     # -- processes -----------------------------------------------------------------------
     def serve(self, s: int, gen: int):
         """Stream ``s``: form a batch, run it through the stages, apply the results. Stops
@@ -283,6 +304,8 @@ class Replica:
         while True:
             if self.pull is not None:
                 self.pull(now)
+            if stream.arrived:  # disaggregated: decoders whose KV has arrived join
+                stream.join_prefilled()
             batch = stream.schedule(now)
             if batch is None:
                 if self.pull is not None:  # nothing to do until the next arrival

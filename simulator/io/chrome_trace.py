@@ -109,6 +109,40 @@ def _request_events(requests: pd.DataFrame) -> list[pa.Array]:
     return out
 
 
+#: The process id of the KV-transfer track (disaggregated pools), one thread per decode
+#: replica receiving.
+TRANSFER_PID = 1_000_000
+
+
+def _transfer_events(requests: pd.DataFrame) -> list[pa.Array]:
+    """A complete event per KV transfer of a disaggregated run (none without pools)."""
+    if "kv_transfer_s" not in requests:
+        return []
+    moved = requests[requests["kv_transfer_s"].notna()]
+    if moved.empty:
+        return []
+    col = {c: moved[c].to_numpy() for c in ("request_id", "prefill_replica",
+                                            "decode_replica", "kv_transfer_start_s",
+                                            "kv_transfer_s", "kv_bytes", "decode_wait_s")}
+    return [_events('{"ph":"X","name":"kv transfer","cat":"transfer","pid":',
+                    str(TRANSFER_PID), ',"tid":', col["decode_replica"], ',"ts":',
+                    _us(col["kv_transfer_start_s"]), ',"dur":', _us(col["kv_transfer_s"]),
+                    ',"args":{"request":', col["request_id"], ',"from_replica":',
+                    col["prefill_replica"], ',"bytes":', col["kv_bytes"].astype(np.int64),
+                    ',"admission_wait_us":', _us(col["decode_wait_s"]), "}}")]
+
+
+def _transfer_metadata(requests: pd.DataFrame) -> list[str]:
+    if "kv_transfer_s" not in requests or requests["kv_transfer_s"].isna().all():
+        return []
+    lines = [f'{{"ph":"M","name":"process_name","pid":{TRANSFER_PID},"tid":0,'
+             f'"args":{{"name":"KV transfers"}}}}']
+    for r in sorted(requests.loc[requests["kv_transfer_s"].notna(), "decode_replica"].unique()):
+        lines.append(f'{{"ph":"M","name":"thread_name","pid":{TRANSFER_PID},"tid":{int(r)},'
+                     f'"args":{{"name":"to replica {int(r)}"}}}}')
+    return lines
+
+
 def write_trace(path: str | Path, requests: pd.DataFrame, steps: pd.DataFrame) -> None:
     """Write ``trace.json`` in the Chrome trace event format (JSON object form); a path
     ending in ``.gz`` is gzip-compressed (level 1: fast, about 8x smaller)."""
@@ -117,8 +151,10 @@ def write_trace(path: str | Path, requests: pd.DataFrame, steps: pd.DataFrame) -
               else path.open("wb"))
     with opened as fh:
         fh.write(b'{"displayTimeUnit": "ms", "traceEvents": [\n')
-        for events in (*_step_events(steps), *_request_events(requests)):
+        for events in (*_step_events(steps), *_request_events(requests),
+                       *_transfer_events(requests)):
             fh.write(_bytes(events))
         # The metadata events come last: the array's final element takes no comma.
-        fh.write(",\n".join(_metadata(steps) or ['{"ph":"M","name":"trace"}']).encode())
+        meta = _metadata(steps) + _transfer_metadata(requests)
+        fh.write(",\n".join(meta or ['{"ph":"M","name":"trace"}']).encode())
         fh.write(b"\n]}\n")

@@ -29,7 +29,9 @@ from simulator.io.schema import (
     SCHEDULER_PARAMS,
     SECTIONS,
     TOP_LEVEL,
+    EngineKeys,
     FaultSpec,
+    PoolKeys,
     RandomFaults,
     Scenario,
     SpeculativeKeys,
@@ -286,8 +288,9 @@ def load_scenario(source: str | Path | dict | Scenario,
     data = apply_profile(data)  # [engine] profile: fills the engine keys not set
     problems: list[str] = []
     faults, random_faults = _faults(data.get("faults"), problems)
+    pools = _pools(data.get("pools"), problems)
     for k in data:
-        if k in ("faults", "speculative"):
+        if k in ("faults", "speculative", "pools"):
             continue
         if k not in SECTIONS and k not in TOP_LEVEL:
             problems.append(f"{k}: unknown key" + _did_you_mean(k, [*TOP_LEVEL, *SECTIONS]))
@@ -309,8 +312,11 @@ def load_scenario(source: str | Path | dict | Scenario,
                 for name, cls in SECTIONS.items()}
     spec = (_build_section("speculative", SpeculativeKeys, data["speculative"], problems)
             if "speculative" in data else None)
+    if pools and spec is not None:
+        problems.append("speculative: not supported with [[pools]] yet (remove one of them)")
     scenario = Scenario(**top, **sections, faults=faults, random_faults=random_faults,
-                        base_dir=str(base_dir), source=origin, speculative=spec)
+                        pools=pools, base_dir=str(base_dir), source=origin,
+                        speculative=spec)
     already = {p.split(":", 1)[0] for p in problems}
     if "workload.duration_s" in already:
         already.add("workload.num_requests")
@@ -363,6 +369,44 @@ def _is_time(v: Any, lo: float) -> bool:
     """Whether ``v`` is a finite number of seconds in [lo, MAX_TIME_S]."""
     return (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
             and lo <= v <= MAX_TIME_S)
+
+
+def _pools(raw: Any, problems: list[str]) -> tuple[PoolKeys, ...]:
+    """``[[pools]]`` entries: each key checked as a section, ``engine`` overrides checked
+    against ``[engine]``, names unique, and the roles a cluster can combine: mixed pools
+    alone (heterogeneous DP), or at least one prefill and one decode pool."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        problems.append(f"pools: expected an array of tables ([[pools]]), got {raw!r}")
+        return ()
+    pools = []
+    for i, e in enumerate(raw):
+        key = f"pools[{i}]"
+        if not isinstance(e, dict):
+            problems.append(f"{key}: expected a table, got {_type_name(e)}")
+            continue
+        pool = _build_section(key, PoolKeys, e, problems)
+        if isinstance(pool.engine, dict):
+            if "profile" in pool.engine:
+                problems.append(f"{key}.engine.profile: not allowed per pool (set [engine] "
+                                f"profile for the whole cluster)")
+            _build_section(f"{key}.engine", EngineKeys, pool.engine, problems)
+        pools.append(pool)
+    names = [p.name for p in pools]
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"pools.name: {n!r} names more than one pool (names must be unique)")
+    roles = {p.role for p in pools}
+    if "mixed" in roles and roles != {"mixed"}:
+        problems.append("pools.role: mixed pools cannot be combined with prefill or decode "
+                        "pools (allowed: only mixed pools, or prefill and decode pools)")
+    elif "decode" in roles and "prefill" not in roles:
+        problems.append("pools.role: a decode pool needs a prefill pool (add a [[pools]] "
+                        "entry with role = \"prefill\")")
+    elif "prefill" in roles and "decode" not in roles:
+        problems.append("pools.role: a prefill pool needs a decode pool (add a [[pools]] "
+                        "entry with role = \"decode\")")
+    return tuple(pools)
 
 
 def _workload_problems(s: Scenario) -> list[str]:
@@ -477,4 +521,7 @@ def to_dict(scenario: Scenario) -> dict:
     if scenario.speculative is not None:
         out["speculative"] = {k: v for k, v in dataclasses.asdict(scenario.speculative).items()
                               if v is not None}
+    if scenario.pools:
+        out["pools"] = [{k: v for k, v in dataclasses.asdict(p).items() if v is not None}
+                        for p in scenario.pools]
     return out

@@ -234,6 +234,36 @@ class SpeculativeKeys:
     disable_by_batch_size: int | None = _f(None, min=1, optional=True)
 
 
+#: Roles of a ``[[pools]]`` entry and the two ways a prefill pool hands KV to decode.
+POOL_ROLES = ("prefill", "decode", "mixed")
+KV_TRANSFER_MODES = ("after_prefill", "layerwise")
+
+
+@dataclass(frozen=True)
+class PoolKeys:
+    """One ``[[pools]]`` entry (docs/disaggregation.md): a set of replicas of one role on
+    its own nodes, layout and engine settings."""
+
+    name: str = _f("pool")
+    role: str = _f("mixed", choices=POOL_ROLES)
+    topology: str | None = _f(None, kind="topology", optional=True)  # None: [cluster]'s
+    nodes: int = _f(1, min=1, max=4096)
+    # The name of an earlier pool whose nodes this one shares (its GPUs left free by that
+    # pool; ``nodes`` and ``topology`` then come from it). None: nodes of its own.
+    same_nodes_as: str | None = _f(None, optional=True)
+    tp: int = _f(1, min=1, max=1024)
+    pp: int = _f(1, min=1, max=1024)
+    dp: int = _f(1, min=1, max=65536)
+    placement: str = _f("spread", choices=("spread", "packed"))
+    router: str | None = _f(None, choices=ROUTERS, optional=True)  # None: [router]'s
+    kv_dtype: str | None = _f(None, choices=DTYPES, optional=True)  # None: [model]'s
+    # Price of one GPU of this pool per hour, USD (None: no cost figures).
+    gpu_hour_usd: float | None = _f(None, min=0.0, max=10000.0, optional=True)
+    # prefill pools: move the KV after the prefill ends, or layer by layer during it.
+    kv_transfer: str = _f("after_prefill", choices=KV_TRANSFER_MODES)
+    engine: dict | None = _f(None, kind="table", optional=True)  # [engine] keys overridden
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A validated scenario. ``base_dir`` resolves relative paths (the file's folder)."""
@@ -252,6 +282,7 @@ class Scenario:
     recovery: RecoveryKeys = RecoveryKeys()
     faults: tuple[FaultSpec, ...] = ()
     random_faults: RandomFaults | None = None
+    pools: tuple[PoolKeys, ...] = ()  # empty: one mixed pool from [cluster] and [parallel]
     base_dir: str = "."
     source: str | None = None
     speculative: SpeculativeKeys | None = None

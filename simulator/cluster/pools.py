@@ -1,0 +1,238 @@
+"""Build a cluster of pools (``[[pools]]``): one graph joining the nodes of every pool, and
+per pool its replicas placed on that graph, with the memory and step costs of the pool's own
+GPU, layout and engine settings.
+
+Each pool is checked as a scenario of its own (its node preset, ``tp``/``pp``/``dp`` and
+engine overrides): :func:`simulator.cluster.build.build_plan` says whether the model fits,
+whether tp divides the heads, and sizes the KV cache. Its replicas are then placed on the
+joined graph (the GPUs of the pool's nodes that earlier pools sharing them left free) and
+priced on that graph. Every node's NICs sit on one fabric switch, so a KV transfer between
+pools crosses NIC, switch, NIC, or NVLink when both GPUs share a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import networkx as nx
+
+from simulator.cluster.build import (
+    ClusterPlan,
+    ReplicaPlan,
+    build_plan,
+    cluster_node,
+    replica_costs,
+)
+from simulator.errors import ScenarioError
+from simulator.hardware.specs import NodeSpec
+from simulator.io.schema import ParallelKeys, PoolKeys, Scenario
+from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, load_model
+from simulator.parallel.placement import ReplicaPlacement, place
+from simulator.topology.graph import Paths, gpu_name, nvlink_domains
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """One pool: its spec, its own scenario view and its plan on the joined graph.
+
+    ``plan.replicas[k]`` is the pool's replica k, cluster-wide replica number
+    ``first_replica + k`` (pools numbered in file order).
+    """
+
+    index: int
+    spec: PoolKeys
+    plan: ClusterPlan
+    first_replica: int
+    kv_dtype: str
+
+    @property
+    def gpus(self) -> int:
+        return self.plan.gpus_used
+
+
+@dataclass(frozen=True)
+class PooledPlan:
+    """Everything static about a run with pools."""
+
+    scenario: Scenario
+    model: ModelSpec
+    graph: nx.DiGraph
+    pools: tuple[PoolPlan, ...]
+    max_model_len: int
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(p.spec.role == "prefill" for p in self.pools)
+
+    @property
+    def gpus_used(self) -> int:
+        return sum(p.gpus for p in self.pools)
+
+    @property
+    def replicas(self) -> tuple[ReplicaPlan, ...]:
+        return tuple(r for p in self.pools for r in p.plan.replicas)
+
+
+def pool_scenario(s: Scenario, pool: PoolKeys, topology: str, nodes: int) -> Scenario:
+    """The scenario a pool runs as on its own: its node preset and count, its layout, its
+    engine overrides and KV dtype; no pools, no faults."""
+    engine = replace(s.engine, **(pool.engine or {}))
+    return replace(s, cluster=replace(s.cluster, topology=topology, nodes=nodes),
+                   parallel=ParallelKeys(tp=pool.tp, pp=pool.pp, dp=pool.dp,
+                                         placement=pool.placement),
+                   engine=engine, model=replace(s.model, kv_dtype=pool.kv_dtype
+                                                or s.model.kv_dtype),
+                   pools=(), faults=(), random_faults=None)
+
+
+def joined_graph(nodes: list[NodeSpec]) -> nx.DiGraph:
+    """Nodes of (possibly) different presets, every NIC on one fabric switch.
+
+    The same vertices, links and attributes as :func:`simulator.topology.graph.build_graph`
+    with ``fabric = "single_switch"``: node n's GPUs are numbered after those of nodes
+    0..n-1, and each NIC link carries its own node's NIC bandwidth and latency plus half
+    its preset's switch latency.
+    """
+    g = nx.DiGraph(name=" + ".join(n.name for n in nodes), node_type=nodes[0].name,
+                   fabric="single_switch")
+    g.graph["gpu"] = nodes[0].gpu
+    g.graph["in_switch_reduction"] = all(n.scale_up.in_switch_reduction for n in nodes)
+    if len(nodes) > 1:
+        g.add_node("switch", kind="switch")
+
+    def link(a: str, b: str, bw: float, lat: float, kind: str, scale_up: bool = False) -> None:
+        g.add_edge(a, b, bandwidth_Bps=bw, latency_s=lat, kind=kind, scale_up=scale_up)
+        g.add_edge(b, a, bandwidth_Bps=bw, latency_s=lat, kind=kind, scale_up=scale_up)
+
+    i = 0
+    for n, node in enumerate(nodes):
+        pcie = node.scale_up.kind == "pcie_switch"
+        sw, host = (f"pcieswitch{n}" if pcie else f"nvswitch{n}"), f"host{n}"
+        g.add_node(sw, kind="pcie_switch" if pcie else "nvswitch", node=n)
+        g.add_node(host, kind="host", node=n)
+        for _ in range(node.gpus_per_node):
+            gpu, nic = gpu_name(i), f"nic{i}"
+            g.add_node(gpu, kind="gpu", node=n, index=i)
+            g.add_node(nic, kind="nic", node=n)
+            link(gpu, sw, node.scale_up.bandwidth_Bps, node.scale_up.latency_s,
+                 "pcie" if pcie else "nvlink", scale_up=True)
+            link(gpu, host, node.host.bandwidth_Bps, node.host.latency_s, "pcie")
+            link(gpu, nic, node.host.bandwidth_Bps, node.host.latency_s / 2, "pcie")
+            if len(nodes) > 1:
+                link(nic, "switch", node.nic.bandwidth_Bps,
+                     node.nic.latency_s + node.switch_latency_s / 2, "network")
+            i += 1
+    return g
+
+
+def build_pools(s: Scenario) -> PooledPlan:
+    """Check every pool and derive the joined cluster.
+
+    Raises
+    ------
+    ScenarioError
+        One message naming the pool and the key: a layout the model does not fit (from the
+        pool's own build), a ``same_nodes_as`` naming no earlier pool or another preset, a
+        KV dtype that differs between prefill and decode pools, ``leaf_spine`` with pools
+        (not supported yet).
+    """
+    try:
+        return _build(s)
+    except ScenarioError as exc:
+        raise exc.with_source(s.source) from None
+
+
+def _build(s: Scenario) -> PooledPlan:
+    problems = []
+    if s.cluster.fabric == "leaf_spine":
+        problems.append("cluster.fabric: \"leaf_spine\" is not supported with [[pools]] yet "
+                        "(allowed: single_switch)")
+    if problems:
+        raise ScenarioError(problems)
+    model = load_model(s.model.name, s.base_dir)
+    # Node groups: each pool either brings nodes of its own or shares an earlier pool's.
+    specs: list[NodeSpec] = []
+    first_node: dict[str, tuple[int, int, str]] = {}  # pool -> (first node, count, preset)
+    subs, plans = [], []
+    for i, pool in enumerate(s.pools):
+        key = f"pools[{i}] ({pool.name})"
+        if pool.same_nodes_as is not None:
+            if pool.same_nodes_as not in first_node:
+                raise ScenarioError(f"{key}.same_nodes_as: {pool.same_nodes_as!r} is not an "
+                                    f"earlier pool (allowed: {', '.join(first_node) or 'none'})")
+            start, count, topo = first_node[pool.same_nodes_as]
+            if pool.topology is not None and pool.topology != topo:
+                raise ScenarioError(f"{key}.topology: {pool.topology!r} differs from the "
+                                    f"nodes it shares ({topo!r})")
+        else:
+            topo, count, start = pool.topology or s.cluster.topology, pool.nodes, len(specs)
+        sub = pool_scenario(s, pool, topo, count)
+        try:
+            plan = build_plan(sub)
+        except ScenarioError as exc:
+            raise ScenarioError([f"{key}: {p}" for p in exc.problems]) from None
+        if pool.same_nodes_as is None:
+            specs += [cluster_node(sub)] * count
+        first_node[pool.name] = (start, count, topo)
+        subs.append((sub, start, count))
+        plans.append(plan)
+    roles = [(i, p, p.kv_dtype or s.model.kv_dtype) for i, p in enumerate(s.pools)
+             if p.role != "mixed"]
+    for i, p, dt in roles:
+        if dt != roles[0][2]:
+            raise ScenarioError(f"pools[{i}] ({p.name}).kv_dtype: {dt} differs from "
+                                f"{roles[0][2]} of pool {roles[0][1].name!r}; prefill and "
+                                f"decode pools must keep KV in one dtype to hand it over")
+    graph = joined_graph(specs)
+    domains = nvlink_domains(graph)
+    node_of = {gpu: graph.nodes[gpu]["node"] for d in domains for gpu in d}
+    used: set[str] = set()
+    paths = Paths(graph)
+    pools, first = [], 0
+    for i, (pool, (sub, start, count), plan) in enumerate(zip(s.pools, subs, plans,
+                                                              strict=True)):
+        free = [[g for g in d if g not in used] for d in domains
+                if start <= node_of[d[0]] < start + count]
+        free = [d for d in free if d]
+        try:
+            placements = place(free, pool.tp, pool.pp, pool.dp, pool.placement)
+        except ScenarioError as exc:
+            raise ScenarioError([f"pools[{i}] ({pool.name}): {p} (GPUs left on its nodes: "
+                                 f"{sum(map(len, free))})" for p in exc.problems]) from None
+        node = plan.node
+        replicas, shared = [], {}
+        for k, pl in enumerate(placements):
+            pl = ReplicaPlacement(first + k, pl.stages)
+            used.update(pl.gpus)
+            stages, sends = replica_costs(sub, model, node, pl, paths, shared)
+            host = [paths.transfer_time(g[0], f"host{graph.nodes[g[0]]['node']}",
+                                        plan.memory.block_bytes_per_gpu[j])
+                    for j, g in enumerate(pl.stages)]
+            replicas.append(ReplicaPlan(pl, stages, sends, max(host)))
+        plan = replace(plan, graph=graph, replicas=tuple(replicas))
+        pools.append(PoolPlan(i, pool, plan, first, sub.model.kv_dtype))
+        first += len(replicas)
+    max_len = min(p.plan.max_model_len for p in pools)
+    return PooledPlan(s, model, graph, tuple(pools), max_len)
+
+
+def kv_element_bytes(pool: PoolPlan) -> float:
+    """Bytes of one KV element in the pool's KV dtype."""
+    return BYTES_PER_DTYPE[pool.kv_dtype]
+
+
+def describe_pools(plan: PooledPlan) -> str:
+    """Text lines of ``validate`` for a cluster of pools: per pool its role, nodes, layout,
+    KV cache and replicas' GPUs."""
+    lines = [f"  cluster    {plan.graph.graph['name']}, {plan.gpus_used} GPUs used, "
+             f"max_model_len {plan.max_model_len}"]
+    for pool in plan.pools:
+        sp, mem = pool.spec, pool.plan.memory
+        lines.append(f"  pool {sp.name} ({sp.role})  {pool.plan.node.name}, tp={sp.tp} "
+                     f"pp={sp.pp} dp={sp.dp}, KV {pool.kv_dtype} {mem.kv_tokens} tokens per "
+                     f"replica, weights {max(mem.weights_per_gpu) / 2**30:.1f} GiB per GPU")
+        for rp in pool.plan.replicas:
+            stages = " | ".join(",".join(g.removeprefix("gpu") for g in st)
+                                for st in rp.placement.stages)
+            lines.append(f"    replica {rp.placement.replica}  GPUs {stages}")
+    return "\n".join(lines)

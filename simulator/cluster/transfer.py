@@ -1,0 +1,162 @@
+"""KV-cache transfers from a prefill instance to a decode instance (disaggregated serving).
+
+What moves: the prompt's KV, ``2 x layers x n_kv x d x b_kv`` bytes per token, split by
+the layer (PP) and KV-head (TP) sharding of both sides. Each decode GPU needs the heads and
+layers it holds; it takes each (layer range, head) from one prefill GPU that holds it, so a
+TP mismatch makes each decode rank gather from several prefill ranks (or several decode
+ranks read one prefill rank). Each (prefill GPU, decode GPU) pair is one flow over the
+graph route between them, and every flow of every transfer shares links max-min fairly
+(:class:`simulator.topology.flows.FlowNetwork`, links at the point-to-point efficiency
+``BANDWIDTH_EFFICIENCY``, as pipeline hand-offs); the transfer ends when its last flow has
+arrived (bytes, then the path latency).
+
+Modes: ``after_prefill`` moves everything once the prefill ends; ``layerwise`` sends each
+layer's KV as the prefill computes it, so only what the uncontended links could not move
+during the prefill remains, and at least the last layer's share:
+``exposed = max(1 / layers, 1 - overlap_s / t_alone)`` of the bytes, with ``t_alone`` the
+transfer's time alone on the links (the overlapped part is priced uncontended).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from simulator.model.memory import split_layers
+from simulator.model.spec import ModelSpec
+from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, Links
+from simulator.topology.flows import Flow, FlowNetwork, finish_times
+from simulator.topology.graph import Paths
+
+Stages = Sequence[Sequence[str]]  # per pipeline stage, the TP group's GPU names
+
+
+def kv_heads_of(n_kv: int, tp: int, rank: int) -> range:
+    """KV heads TP rank ``rank`` holds: ``n_kv / tp`` consecutive heads, or (tp > n_kv)
+    the one head it shares with ``tp / n_kv - 1`` other ranks."""
+    if tp <= n_kv:
+        per = n_kv // tp
+        return range(rank * per, (rank + 1) * per)
+    h = rank * n_kv // tp
+    return range(h, h + 1)
+
+
+def _layer_ranges(layers: int, pp: int) -> list[range]:
+    out, start = [], 0
+    for n in split_layers(layers, pp):
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def kv_flows(model: ModelSpec, kv_bytes: float, src: Stages, dst: Stages
+             ) -> list[tuple[str, str, float]]:
+    """The flows of one token's KV from a prefill replica to a decode replica.
+
+    Parameters
+    ----------
+    model : ModelSpec
+    kv_bytes : float
+        Bytes per KV element (2 for bf16, 1 for fp8).
+    src, dst : sequence of sequences of str
+        GPU names of the prefill and decode replicas, per stage, in TP rank order.
+
+    Returns
+    -------
+    list of (src_gpu, dst_gpu, bytes_per_token)
+        One entry per GPU pair that exchanges KV, in a fixed order.
+
+    Notes
+    -----
+    Decode rank q of stage j needs, for every layer of its stage and every head of
+    :func:`kv_heads_of`, ``2 d b`` bytes per token; it reads them from the prefill stage
+    holding the layer, from rank ``holders[q % len(holders)]`` among the prefill ranks
+    holding the head (spreading replicated heads over their holders). The bytes summed
+    over pairs are ``2 L d b x sum_q |heads(q)|``: the whole KV once per decode replica of
+    each head.
+    """
+    n_kv, d = model.kv_heads, model.head_dim
+    per = 2 * d * kv_bytes
+    s_layers = _layer_ranges(model.layers, len(src))
+    d_layers = _layer_ranges(model.layers, len(dst))
+    tp_s = len(src[0])
+    holders: dict[int, list[int]] = defaultdict(list)
+    for r in range(tp_s):
+        for h in kv_heads_of(n_kv, tp_s, r):
+            holders[h].append(r)
+    pairs: dict[tuple[str, str], float] = {}
+    for j, group in enumerate(dst):
+        for q, gpu in enumerate(group):
+            for i, stage in enumerate(src):
+                overlap = len(range(max(s_layers[i].start, d_layers[j].start),
+                                    min(s_layers[i].stop, d_layers[j].stop)))
+                if overlap <= 0:
+                    continue
+                for h in kv_heads_of(n_kv, len(group), q):
+                    rs = holders[h]
+                    key = (stage[rs[q % len(rs)]], gpu)
+                    pairs[key] = pairs.get(key, 0.0) + overlap * per
+    return [(a, b, x) for (a, b), x in pairs.items()]
+
+
+class KVTransfers:
+    """Every KV transfer of a run on one max-min fair flow network over the graph.
+
+    Parameters
+    ----------
+    env : simpy.Environment
+    graph : networkx.DiGraph
+        The joined graph of all pools.
+    model : ModelSpec
+    quantum_s : float
+        The engine clock's tick (events are rounded up to it).
+    """
+
+    def __init__(self, env, graph, model: ModelSpec, quantum_s: float):
+        self.env, self.model = env, model
+        self.paths = Paths(graph)
+        self.links = Links(self.paths)
+        capacity = {(a, b): d["bandwidth_Bps"] * BANDWIDTH_EFFICIENCY
+                    for a, b, d in graph.edges(data=True)}
+        self.capacity = capacity
+        self.network = FlowNetwork(env, capacity, quantum_s)
+        self._routes: dict[tuple, tuple] = {}
+
+    def route(self, src: Stages, dst: Stages, kv_bytes: float) -> tuple:
+        """``(flows, seconds_per_token_alone, latency_s)`` between two replicas: each flow
+        ``(edges, bytes_per_token, latency_s)``; the time alone is the max-min fluid finish
+        of one token's flows with nothing else on the links (it scales with tokens)."""
+        key = (tuple(map(tuple, src)), tuple(map(tuple, dst)), kv_bytes)
+        hit = self._routes.get(key)
+        if hit is None:
+            flows = [(self.links(a, b), x, self.paths.latency(a, b))
+                     for a, b, x in kv_flows(self.model, kv_bytes, src, dst)]
+            alone = finish_times([Flow(e, x) for e, x, _ in flows], self.capacity)
+            hit = self._routes[key] = (flows, float(np.max(alone)),
+                                       max(lat for _, _, lat in flows))
+        return hit
+
+    def time_alone(self, tokens: int, src: Stages, dst: Stages, kv_bytes: float) -> float:
+        """Uncontended seconds to move ``tokens`` tokens' KV: ``tokens x t_token +
+        latency`` (the bottleneck flows' bytes over their max-min rates, plus the
+        longest path latency)."""
+        _, per_token, latency = self.route(src, dst, kv_bytes)
+        return tokens * per_token + latency
+
+    def start(self, tokens: int, src: Stages, dst: Stages, kv_bytes: float,
+              overlap_s: float = 0.0, layers: int = 1):
+        """Start moving ``tokens`` tokens' KV now; returns ``(event, bytes)``: the event
+        fires when every flow has arrived.
+
+        ``overlap_s`` > 0 (layer-wise mode): prefill compute the transfer overlapped with;
+        only ``max(1 / layers, 1 - overlap_s / t_alone)`` of each flow remains to move.
+        """
+        flows, per_token, _ = self.route(src, dst, kv_bytes)
+        frac = 1.0
+        if overlap_s > 0 and tokens > 0:
+            frac = max(1.0 / layers, 1.0 - overlap_s / (tokens * per_token))
+        events = [self.network.transfer(e, tokens * x * frac, lat) for e, x, lat in flows]
+        total = tokens * sum(x for _, x, _ in flows)
+        return self.env.all_of(events), total
