@@ -456,15 +456,11 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
         return _run(s, progress, keep_steps)
 
 
-def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
-    wall0 = time.perf_counter()
-    plan = build_plan(s)
-    rngs = _rngs(s.seed)
-    env = simpy.Environment()
-    recorder = Recorder(keep_steps=s.output.steps and keep_steps,
-                        speculative=s.speculative is not None)
-    cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"],
-                                             load_weight=s.router.load_weight), recorder)
+
+def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
+           rngs: dict[str, np.random.Generator]) -> int | None:
+    """Start the workload's processes (closed-loop clients or the open-loop arrivals) and
+    the faults; returns the number of requests the run expects (None: until time ends)."""
     w = s.workload
     if w.arrival == "closed_loop":
         counter = [0]
@@ -482,7 +478,26 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
         total = len(df)
     cluster.expected = total
     _start_faults(env, cluster, s, rngs["faults"])
-    events = _drive(env, cluster, total, progress)
+    return total
+
+
+def _availability(cluster: Cluster) -> dict:
+    """Availability over the workload (mean and worst replica) and the retries."""
+    avail = cluster.availability(cluster.last_event_s)
+    return {"availability_mean": float(np.mean(avail)),
+            "availability_min": float(np.min(avail)), "retries_total": cluster.retries}
+
+
+def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
+    wall0 = time.perf_counter()
+    plan = build_plan(s)
+    rngs = _rngs(s.seed)
+    env = simpy.Environment()
+    recorder = Recorder(keep_steps=s.output.steps and keep_steps,
+                        speculative=s.speculative is not None)
+    cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"],
+                                             load_weight=s.router.load_weight), recorder)
+    events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
     cluster.close()
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()
@@ -504,10 +519,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     summary["max_model_len"] = plan.max_model_len
     summary["gpus"] = plan.gpus_used
     summary["simpy_events"] = events
-    avail = cluster.availability(cluster.last_event_s)
-    summary["availability_mean"] = float(np.mean(avail))
-    summary["availability_min"] = float(np.min(avail))
-    summary["retries_total"] = cluster.retries
+    summary.update(_availability(cluster))
     if plan.model.moe is not None:
         steps = add_moe_columns(steps, [rp.stages for rp in plan.replicas])
         summary.update(moe_summary(steps))
@@ -665,24 +677,7 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     env = simpy.Environment()
     recorder = Recorder(keep_steps=s.output.steps and keep_steps)
     cluster = PooledCluster(env, plan, recorder, rngs)
-    w = s.workload
-    if w.arrival == "closed_loop":
-        counter = [0]
-        prompts = LengthStream(w.prompt_tokens, rngs["prompts"])
-        outputs = LengthStream(w.output_tokens, rngs["outputs"])
-        for c in range(w.concurrency):
-            env.process(cluster.client(c, counter, prompts, outputs))
-        total = w.num_requests
-    else:
-        df = open_loop_workload(s, rngs)
-        if df.empty:
-            raise ScenarioError("workload: no request arrives (check num_requests, duration_s, "
-                                "start_s against the trace)", source=s.source)
-        env.process(cluster.arrive(df))
-        total = len(df)
-    cluster.expected = total
-    _start_faults(env, cluster, s, rngs["faults"])
-    events = _drive(env, cluster, total, progress)
+    events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
     cluster.close()
     requests = cluster.request_columns(recorder.requests_frame())
     steps = recorder.steps_frame()
@@ -695,10 +690,7 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     summary["max_model_len"] = plan.max_model_len
     summary["gpus"] = plan.gpus_used
     summary["simpy_events"] = events
-    avail = cluster.availability(cluster.last_event_s)
-    summary["availability_mean"] = float(np.mean(avail))
-    summary["availability_min"] = float(np.min(avail))
-    summary["retries_total"] = cluster.retries
+    summary.update(_availability(cluster))
     summary.update(pool_summary(requests, cluster.pool_table(), summary))
     kept = steps if not steps.empty else None
     kv_capacity = {rp.placement.replica: p.plan.memory.kv_blocks
