@@ -83,26 +83,33 @@ def plan_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
                 max_tokens: int, max_seqs: int, reserve_bytes: float) -> MemoryPlan:
     """KV blocks of one replica, or a :class:`ScenarioError` saying by how much it misses."""
     stages = split_layers(model.layers, pp)
-    budget = gpu_memory_bytes * utilization
-    act = activation_bytes(model, tp, max_tokens, max_seqs)
+    weights = [weight_bytes_per_gpu(model, tp, layers, i == 0, i == pp - 1, weight_dtype)
+               for i, layers in enumerate(stages)]
     kv_b = BYTES_PER_DTYPE[kv_dtype]
-    weights, free, block = [], [], []
-    for i, layers in enumerate(stages):
-        w = weight_bytes_per_gpu(model, tp, layers, i == 0, i == pp - 1, weight_dtype)
-        weights.append(w)
-        free.append(budget - w - act - reserve_bytes)
-        block.append(block_size * model.kv_bytes_per_token(kv_b, tp, layers))
-    worst = min(range(pp), key=lambda i: free[i] / block[i])
+    block = [block_size * model.kv_bytes_per_token(kv_b, tp, layers) for layers in stages]
+    act = activation_bytes(model, tp, max_tokens, max_seqs)
+    free, blocks = _fit(weights, block, act, reserve_bytes, gpu_memory_bytes * utilization,
+                        f"{model.name} ({weight_dtype}) does not fit with tp={tp}, pp={pp}",
+                        "Raise tp or pp, or use fp8 weights")
+    return MemoryPlan(tuple(weights), free, tuple(block), blocks, block_size)
+
+
+def _fit(weights: list[float], block: list[int], act: float, reserve_bytes: float,
+         budget: float, what: str, advice: str) -> tuple[tuple[float, ...], int]:
+    """Free bytes per stage GPU and the KV blocks of the tightest stage, or a
+    :class:`ScenarioError` saying ``what`` and by how many GiB the tightest stage misses."""
+    free = tuple(budget - w - act - reserve_bytes for w in weights)
+    worst = min(range(len(weights)), key=lambda i: free[i] / block[i])
     blocks = int(free[worst] // block[worst])
     if blocks < 1:
         need = (weights[worst] + act + reserve_bytes + block[worst]) / GIB
         raise ScenarioError(
-            f"model.name: {model.name} ({weight_dtype}) does not fit with tp={tp}, pp={pp}: "
-            f"stage {worst} needs {need:.1f} GiB per GPU (weights {weights[worst] / GIB:.1f}, "
-            f"activations {act / GIB:.1f}, reserve {reserve_bytes / GIB:.1f}, one KV block) "
-            f"but {budget / GIB:.1f} GiB is usable (memory x gpu_memory_utilization); short "
-            f"by {need - budget / GIB:.1f} GiB. Raise tp or pp, or use fp8 weights")
-    return MemoryPlan(tuple(weights), tuple(free), tuple(block), blocks, block_size)
+            f"model.name: {what}: stage {worst} needs {need:.1f} GiB per GPU (weights "
+            f"{weights[worst] / GIB:.1f}, activations {act / GIB:.1f}, reserve "
+            f"{reserve_bytes / GIB:.1f}, one KV block) but {budget / GIB:.1f} GiB is usable "
+            f"(memory x gpu_memory_utilization); short by {need - budget / GIB:.1f} GiB. "
+            f"{advice}")
+    return free, blocks
 
 
 @dataclass(frozen=True)
@@ -203,32 +210,21 @@ def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
     """
     stages = split_layers(model.layers, pp)
     starts = [sum(stages[:i]) for i in range(pp)]
-    budget = gpu_memory_bytes * utilization
-    act = moe_activation_bytes(model, tp, layout, max_tokens, max_seqs)
+    weights = [moe_weight_bytes_per_gpu(model, tp, layout, starts[i], layers, i == 0,
+                                        i == pp - 1, weight_dtype)
+               for i, layers in enumerate(stages)]
     kv_b = BYTES_PER_DTYPE[kv_dtype]
     kv_tp = 1 if layout.attention_dp else tp
-    weights, free, block = [], [], []
-    for i, layers in enumerate(stages):
-        w = moe_weight_bytes_per_gpu(model, tp, layout, starts[i], layers, i == 0,
-                                     i == pp - 1, weight_dtype)
-        weights.append(w)
-        free.append(budget - w - act - reserve_bytes)
-        block.append(block_size * model.kv_bytes_per_token(kv_b, kv_tp, layers))
-    worst = min(range(pp), key=lambda i: free[i] / block[i])
-    blocks = int(free[worst] // block[worst])
-    if blocks < 1:
-        need = (weights[worst] + act + reserve_bytes + block[worst]) / GIB
-        how = (f"ep={layout.ep}, attention_dp={str(layout.attention_dp).lower()}, "
-               f"redundant_experts={layout.redundant_experts}")
-        raise ScenarioError(
-            f"model.name: {model.name} ({weight_dtype}, experts {layout.expert_dtype}) does "
-            f"not fit with tp={tp}, pp={pp}, {how}: stage {worst} needs {need:.1f} GiB per "
-            f"GPU (weights {weights[worst] / GIB:.1f}, activations {act / GIB:.1f}, reserve "
-            f"{reserve_bytes / GIB:.1f}, one KV block) but {budget / GIB:.1f} GiB is usable "
-            f"(memory x gpu_memory_utilization); short by {need - budget / GIB:.1f} GiB. "
-            f"Add GPUs (tp/ep or pp), or use lower-precision weights")
+    block = [block_size * model.kv_bytes_per_token(kv_b, kv_tp, layers) for layers in stages]
+    act = moe_activation_bytes(model, tp, layout, max_tokens, max_seqs)
+    how = (f"ep={layout.ep}, attention_dp={str(layout.attention_dp).lower()}, "
+           f"redundant_experts={layout.redundant_experts}")
+    free, blocks = _fit(weights, block, act, reserve_bytes, gpu_memory_bytes * utilization,
+                        f"{model.name} ({weight_dtype}, experts {layout.expert_dtype}) does "
+                        f"not fit with tp={tp}, pp={pp}, {how}",
+                        "Add GPUs (tp/ep or pp), or use lower-precision weights")
     replicas = tp if layout.attention_dp else 1
-    return MemoryPlan(tuple(weights), tuple(free), tuple(block), blocks * replicas, block_size,
+    return MemoryPlan(tuple(weights), free, tuple(block), blocks * replicas, block_size,
                       _note(model, tp, layout))
 
 
