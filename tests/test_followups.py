@@ -1,0 +1,62 @@
+"""Follow-ups of #16, #18 and #19: MoE layouts per pool and the MLA KV transfer, pool keys
+in sweeps, the DeepSeek-V3 prefix-caching example, rerouted requests counted as queued
+during an outage, and batch efficiency as the binding-resource fill."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator import ScenarioError, load_scenario, run
+from simulator.cluster.transfer import kv_flows
+from simulator.io.scenario import to_dict
+from simulator.model.spec import load_model
+from simulator.paths import ROOT
+
+WORKLOADS = ROOT / "workloads"
+MLA_FP8 = 61 * (512 + 64) * 1  # DeepSeek-V3 latent cache, FP8: layers x width x bytes
+
+
+# -- 1. MoE keys per pool, the MLA transfer --------------------------------------------------
+def test_mla_kv_flows_move_the_latent_once_per_holding_rank():
+    m = load_model("deepseek-v3")
+    src = [[f"p{i}" for i in range(8)]]
+    dst = [[f"d{i}" for i in range(8)]]
+    # TP attention on both sides: every rank holds the whole latent; decode rank q reads
+    # it from prefill rank q.
+    flows = kv_flows(m, 1, src, dst)
+    assert flows == [(f"p{q}", f"d{q}", MLA_FP8) for q in range(8)]
+    # DP attention on the decode side: only the serving rank (3) takes it, from rank 3.
+    assert kv_flows(m, 1, src, dst, None, 3) == [("p3", "d3", MLA_FP8)]
+    # DP attention on both sides: from the prefill rank that served it (5).
+    assert kv_flows(m, 1, src, dst, 5, 3) == [("p5", "d3", MLA_FP8)]
+    # The dense, head-sharded path is unchanged by rank arguments it does not use.
+    ll = load_model("llama-3.1-8b")
+    assert kv_flows(ll, 2, src, dst) == [(f"p{q}", f"d{q}", 2 * 32 * 128 * 2)
+                                         for q in range(8)]
+
+
+def _ds_pools(n: int = 40):
+    return load_scenario(WORKLOADS / "disagg-deepseek-v3.toml",
+                         [f"workload.num_requests={n}"])
+
+
+def test_moe_pools_run_conserve_requests_and_move_the_latent():
+    s = _ds_pools()
+    assert (s.pools[1].ep, s.pools[1].attention_dp) == (8, True)
+    res = run(s, keep_steps=False)
+    req = res.requests
+    assert len(req) == 40
+    assert (req["status"] == "completed").all()
+    assert res.summary["requests_completed"] == 40
+    assert res.summary["kv_transfers"] == 40
+    # Each request's latent went once to the one decode rank serving it (DP attention).
+    assert (req["kv_bytes"] == req["prompt_tokens"] * MLA_FP8).all()
+    # Outputs complete on the decode pool, prefills on the prefill pool.
+    assert set(req["decode_replica"]) == {1}
+
+
+def test_moe_pool_layout_is_checked_per_pool():
+    d = to_dict(_ds_pools())
+    d["pools"][1]["ep"] = 4
+    with pytest.raises(ScenarioError, match=r"pools\[1\] \(decode\): parallel.ep: 4 must be 1"):
+        run(load_scenario(d))
