@@ -4,13 +4,19 @@ during an outage, and batch efficiency as the binding-resource fill."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import tomllib
 
 from simulator import ScenarioError, load_scenario, run
 from simulator.cluster.transfer import kv_flows
 from simulator.io.scenario import to_dict
+from simulator.metrics.pools import POOL_SUMMARY_KEYS
+from simulator.metrics.summary import SUMMARY_KEYS
 from simulator.model.spec import load_model
 from simulator.paths import ROOT
+from simulator.sweep import STATUS_COLUMNS, sweep
 
 WORKLOADS = ROOT / "workloads"
 MLA_FP8 = 61 * (512 + 64) * 1  # DeepSeek-V3 latent cache, FP8: layers x width x bytes
@@ -60,3 +66,40 @@ def test_moe_pool_layout_is_checked_per_pool():
     d["pools"][1]["ep"] = 4
     with pytest.raises(ScenarioError, match=r"pools\[1\] \(decode\): parallel.ep: 4 must be 1"):
         run(load_scenario(d))
+
+
+# -- 2. pool keys in sweeps ------------------------------------------------------------------
+def _short_pools(n: int = 30) -> dict:
+    d = tomllib.loads((WORKLOADS / "disagg-70b-1p1d-short.toml").read_text())
+    d["workload"]["num_requests"] = n
+    return d
+
+
+def test_sweep_over_pools_writes_pool_keys_and_varies_a_pool(tmp_path):
+    out = tmp_path / "sweep.csv"
+    df = sweep(_short_pools(), {"pools.decode.tp": [4, 8]}, jobs=1, out=out)
+    assert list(df["status"]) == ["ok", "ok"]
+    for k in [*POOL_SUMMARY_KEYS, "pool_utilization_prefill", "pool_utilization_decode"]:
+        assert k in df.columns
+    assert (df["kv_transfers"] == 30).all()
+    gpus = [json.loads(c) for c in df["pool_gpus"]]
+    assert gpus == [{"prefill": 8, "decode": 4}, {"prefill": 8, "decode": 8}]
+    util = [json.loads(c) for c in df["pool_utilization"]]
+    assert list(df["pool_utilization_decode"]) == pytest.approx([u["decode"] for u in util])
+    assert (df["pool_utilization_decode"].between(0, 1)).all()
+    # TP8 -> TP4: each decode GPU gathers 2 heads from 2 prefill GPUs; the KV still moves
+    # once per request, the same bytes whatever the decode TP.
+    assert df["kv_bytes_moved"].iloc[0] == pytest.approx(df["kv_bytes_moved"].iloc[1])
+
+
+def test_sweep_without_pools_keeps_its_columns_and_pool_keys_need_pools(tmp_path):
+    base = {"model": {"name": "llama-3.1-8b"}, "cluster": {"topology": "dgx-h100"},
+            "workload": {"arrival": "constant", "rate_per_s": 1.0, "num_requests": 2,
+                         "prompt_tokens": 64, "output_tokens": 4}}
+    df = sweep(base, {"engine.max_num_seqs": [8]}, jobs=1)
+    assert list(df.columns) == ["run_id", "engine.max_num_seqs", *STATUS_COLUMNS,
+                                *SUMMARY_KEYS]
+    with pytest.raises(ScenarioError, match=r"pools.decode.tp: 'decode' is not a pool"):
+        sweep(base, {"pools.decode.tp": [4]}, jobs=1)
+    with pytest.raises(ScenarioError, match=r"pools.decode.tq: unknown key .*tp, pp"):
+        sweep(_short_pools(), {"pools.decode.tq": [4]}, jobs=1)
