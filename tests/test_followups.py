@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 import tomllib
 
@@ -103,3 +105,38 @@ def test_sweep_without_pools_keeps_its_columns_and_pool_keys_need_pools(tmp_path
         sweep(base, {"pools.decode.tp": [4]}, jobs=1)
     with pytest.raises(ScenarioError, match=r"pools.decode.tq: unknown key .*tp, pp"):
         sweep(_short_pools(), {"pools.decode.tq": [4]}, jobs=1)
+
+
+# -- 5. batch efficiency: the binding resource's fill ----------------------------------------
+def _small_decode_heavy() -> dict:
+    return {"name": "be", "seed": 2, "model": {"name": "llama-3.1-8b"},
+            "cluster": {"topology": "dgx-h100"}, "parallel": {"tp": 1},
+            "engine": {"max_num_seqs": 16, "max_num_batched_tokens": 2048},
+            "workload": {"arrival": "poisson", "rate_per_s": 40.0, "num_requests": 120,
+                         "prompt_tokens": 128, "output_tokens": 128}}
+
+
+def test_batch_efficiency_mean_is_the_binding_fill_of_the_steps():
+    res = run(_small_decode_heavy())
+    first = res.steps[res.steps["stage"] == 0]
+    blocks = res.summary["kv_blocks_per_replica"]  # one stream per replica (pp = 1)
+    by_hand = np.maximum.reduce([
+        first["batch_size"].to_numpy() / 16,
+        (first["prefill_tokens"] + first["decode_tokens"]).to_numpy() / 2048,
+        first["kv_blocks"].to_numpy() / blocks]).mean()
+    assert res.summary["batch_efficiency_mean"] == pytest.approx(by_hand, rel=1e-12)
+    # Decode-heavy and sequence-bound: 16 sequences fill the batch while one decode token
+    # each uses under 1 % of the token budget; the old token-only figure read that.
+    tokens_only = (first["prefill_tokens"] + first["decode_tokens"]).sum() / (len(first) * 2048)
+    assert res.summary["batch_efficiency_mean"] > 5 * tokens_only
+    assert 0 < res.summary["batch_efficiency_mean"] <= 1
+
+
+def test_batch_efficiency_without_steps_is_the_token_fill_lower_bound():
+    with_steps = run(_small_decode_heavy())
+    without = run(_small_decode_heavy(), keep_steps=False)
+    first = with_steps.steps[with_steps.steps["stage"] == 0]
+    tokens_only = (first["prefill_tokens"] + first["decode_tokens"]).sum() / (len(first) * 2048)
+    assert without.summary["batch_efficiency_mean"] == pytest.approx(tokens_only, rel=1e-12)
+    assert without.summary["batch_efficiency_mean"] < with_steps.summary["batch_efficiency_mean"]
+    pd.testing.assert_frame_equal(with_steps.requests, without.requests)

@@ -51,7 +51,7 @@ from simulator.metrics.pools import pool_summary
 from simulator.metrics.records import Recorder
 from simulator.metrics.speculative import speculative_summary
 from simulator.metrics.summary import summarize
-from simulator.metrics.timeseries import mark_down, timeseries, window_edges
+from simulator.metrics.timeseries import batch_fill_mean, mark_down, timeseries, window_edges
 from simulator.metrics.utilization import StageHardware, gpu_windows
 from simulator.paths import ROOT
 from simulator.topology.graph import Paths
@@ -535,7 +535,7 @@ def _observe(s: Scenario, requests: pd.DataFrame, kept: pd.DataFrame | None,
              cluster: Cluster, summary: dict, kv_capacity: dict[int, int],
              stream_blocks: int) -> tuple[pd.DataFrame, pd.DataFrame, float, list[str]]:
     """The time series, alert events, window and warnings of a run; adds the downtime
-    spans to ``summary``."""
+    spans to ``summary`` and, with steps kept, the binding-resource batch efficiency."""
     eng = s.engine
     window_s, warnings = _window(requests, s.output.window_s)
     warnings += _outcome_warnings(requests, cluster)
@@ -549,6 +549,9 @@ def _observe(s: Scenario, requests: pd.DataFrame, kept: pd.DataFrame | None,
                        budget=eng.max_num_batched_tokens, max_num_seqs=eng.max_num_seqs,
                        stream_blocks=stream_blocks)
     # [replica, down at (s), up again at (s) or None if never, the fault that took it down]
+    if kept is not None:  # the binding resource's fill, as the time series and alert
+        summary["batch_efficiency_mean"] = batch_fill_mean(
+            kept, eng.max_num_batched_tokens, eng.max_num_seqs, stream_blocks)
     summary["downtime_spans"] = [[i, a, b if np.isfinite(b) else None, cause]
                                  for i, (spans, causes) in enumerate(zip(
                                      cluster.downtime, cluster.down_causes, strict=True))

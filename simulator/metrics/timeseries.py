@@ -155,6 +155,17 @@ def step_fill(steps: pd.DataFrame, budget: int, max_num_seqs: int,
                          "fill": np.maximum(np.maximum(seqs, tokens), kv)})
 
 
+def batch_fill_mean(steps: pd.DataFrame, budget: int, max_num_seqs: int,
+                    stream_blocks: int) -> float:
+    """Mean over a run's first-stage steps of the binding-resource fill
+    (:func:`step_fill`'s ``fill``): summary.json's ``batch_efficiency_mean`` when steps are
+    recorded. NaN for a run without steps."""
+    first = steps[steps["stage"] == 0]
+    if first.empty:
+        return float("nan")
+    return float(step_fill(first, budget, max_num_seqs, stream_blocks)["fill"].mean())
+
+
 def step_windows(steps: pd.DataFrame, edges: np.ndarray, budget: int,
                  kv_capacity: dict[int, int], *, max_num_seqs: int,
                  stream_blocks: int) -> pd.DataFrame:
