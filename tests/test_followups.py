@@ -10,12 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import tomllib
+from conftest import toy_scenario
 
 from simulator import ScenarioError, load_scenario, run
 from simulator.cluster.transfer import kv_flows
 from simulator.io.scenario import to_dict
 from simulator.metrics.pools import POOL_SUMMARY_KEYS
 from simulator.metrics.summary import SUMMARY_KEYS
+from simulator.metrics.timeseries import request_windows, window_edges
 from simulator.model.spec import load_model
 from simulator.paths import ROOT
 from simulator.sweep import STATUS_COLUMNS, sweep
@@ -140,3 +142,35 @@ def test_batch_efficiency_without_steps_is_the_token_fill_lower_bound():
     assert without.summary["batch_efficiency_mean"] == pytest.approx(tokens_only, rel=1e-12)
     assert without.summary["batch_efficiency_mean"] < with_steps.summary["batch_efficiency_mean"]
     pd.testing.assert_frame_equal(with_steps.requests, without.requests)
+
+
+# -- 4. rerouted requests queue during an outage ---------------------------------------------
+def test_rerouted_requests_count_as_queued_until_admitted_again():
+    # One replica whose node is down from 5 s to 9 s, weights reloaded by 10 s: nothing can
+    # run in [5, 10); every request that has arrived and not finished waits.
+    sc = toy_scenario(workload={"arrival": "poisson", "rate_per_s": 20.0, "num_requests": 400,
+                                "prompt_tokens": 300, "output_tokens": 600},
+                      recovery={"restart_s": 1.0}, output={"window_s": 1.0})
+    sc["faults"] = [{"at_s": 5.0, "target": "node:0", "duration_s": 4.0}]
+    res = run(sc)
+    assert res.summary["downtime_spans"] == [[0, 5.0, 10.0, "node:0"]]
+    ts, req = res.timeseries, res.requests
+    outstanding = ts["arrivals"].cumsum() - ts["completions"].cumsum()
+    # Every outstanding request is either queued or running, in every window.
+    assert (ts["queue_len"] + ts["running"] == outstanding).all()
+    during = ts[(ts["window_end_s"] >= 5.0) & (ts["window_end_s"] < 10.0)]
+    assert len(during) == 5
+    assert (during["running"] == 0).all()
+    assert (during["queue_len"] == outstanding[during.index]).all()
+    before = ts.loc[ts["window_end_s"] == 4.0].iloc[0]
+    assert during["queue_len"].iloc[0] > before["queue_len"]
+    # At 5 s the queue holds the requests never admitted plus those running at the failure,
+    # rerouted back to the queue until the restart admits them again.
+    running_at_fail = int(((req["first_scheduled_s"] <= 5.0) & (req["finish_s"] > 5.0)).sum())
+    never_admitted = int((req["arrival_s"] <= 5.0).sum() - (req["first_scheduled_s"] <= 5.0).sum())
+    assert running_at_fail > 0
+    assert during["queue_len"].iloc[0] == never_admitted + running_at_fail
+    # Without the reroute records the old count shows them running through the outage.
+    old = request_windows(req, window_edges(float(ts["window_end_s"].iloc[-1]), 1.0))
+    assert (old.loc[during.index, "running"] == running_at_fail).all()
+    assert set(req["status"]) == {"completed"}

@@ -257,6 +257,9 @@ class Cluster:
         elif req.retries > rec.max_retries:
             self._drop(req, "failed_after_retries", why)
         else:
+            if req.first_scheduled_s == req.first_scheduled_s:  # it had been admitted:
+                # queued again from now until admitted again (timeseries.csv)
+                req.requeued = (req.requeued or []) + [[self.env.now, float("nan")]]
             req.state = WAITING
             self.submit(req)
 
@@ -541,7 +544,7 @@ def _observe(s: Scenario, requests: pd.DataFrame, kept: pd.DataFrame | None,
     warnings += _outcome_warnings(requests, cluster)
     ts = timeseries(requests, kept, window_s=window_s, budget=eng.max_num_batched_tokens,
                     kv_capacity=kv_capacity, max_num_seqs=eng.max_num_seqs,
-                    stream_blocks=stream_blocks)
+                    stream_blocks=stream_blocks, requeues=cluster.recorder.requeues_frame())
     ts = mark_down(ts, cluster.downtime, window_edges(float(ts["window_end_s"].iloc[-1]),
                                                       window_s))
     thresholds = {k: getattr(s.alerts, k) for k in ALERT_KEYS}
