@@ -12,8 +12,10 @@ import pytest
 import tomllib
 from conftest import toy_scenario
 
-from simulator import ScenarioError, load_scenario, run
+from simulator import ScenarioError, build_plan, load_scenario, run
+from simulator.cluster.simulation import workload_requests
 from simulator.cluster.transfer import kv_flows
+from simulator.engine.prefix import hit_rate_ceiling, infinite_cache_tokens
 from simulator.io.scenario import to_dict
 from simulator.metrics.pools import POOL_SUMMARY_KEYS
 from simulator.metrics.summary import SUMMARY_KEYS
@@ -174,3 +176,24 @@ def test_rerouted_requests_count_as_queued_until_admitted_again():
     old = request_windows(req, window_edges(float(ts["window_end_s"].iloc[-1]), 1.0))
     assert (old.loc[during.index, "running"] == running_at_fail).all()
     assert set(req["status"]) == {"completed"}
+
+
+# -- 3. Mooncake on DeepSeek-V3 --------------------------------------------------------------
+def test_mooncake_deepseek_v3_hit_rate_within_the_ceiling_and_a_larger_cache():
+    sc = load_scenario(WORKLOADS / "mooncake-deepseek-v3.toml", ["workload.duration_s=90.0"])
+    plan = build_plan(sc)
+    # MLA: one 576-value latent per token and layer, in FP8, on every GPU of the TP group;
+    # Llama-3.1-70B at TP4 holds 2 of 8 KV heads, bf16, per GPU.
+    assert plan.model.kv_bytes_per_token(1, tp=8) == MLA_FP8
+    llama = build_plan(load_scenario(WORKLOADS / "mooncake-70b.toml"))
+    assert llama.model.kv_bytes_per_token(2, tp=4) == 2 * 80 * 2 * 128 * 2
+    assert plan.memory.kv_tokens > 2.5 * llama.memory.kv_tokens
+    res = run(sc)
+    ceiling = hit_rate_ceiling(workload_requests(sc), sc.workload.hash_block_tokens,
+                               plan.max_model_len)
+    assert 0.0 < res.summary["prefix_hit_rate"] <= ceiling
+    df = workload_requests(sc)
+    best = infinite_cache_tokens(df["hashes"], df["prompt_tokens"], df["output_tokens"], 512)
+    got = res.requests.set_index("request_id")["cached_prompt_tokens"]
+    assert (got.to_numpy() <= best[got.index.to_numpy()]).all()
+    assert (res.requests["status"] == "completed").all()
