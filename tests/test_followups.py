@@ -72,6 +72,11 @@ def test_moe_pool_layout_is_checked_per_pool():
     d["pools"][1]["ep"] = 4
     with pytest.raises(ScenarioError, match=r"pools\[1\] \(decode\): parallel.ep: 4 must be 1"):
         run(load_scenario(d))
+    dense = tomllib.loads((WORKLOADS / "disagg-70b-1p1d-short.toml").read_text())
+    dense["pools"][0]["ep"] = 8
+    with pytest.raises(ScenarioError, match=r"pools\[0\] \(prefill\): parallel.ep: 8 needs a "
+                                            r"mixture-of-experts model"):
+        run(load_scenario(dense))
 
 
 # -- 2. pool keys in sweeps ------------------------------------------------------------------
