@@ -3,11 +3,11 @@
 Pure functions of the request and step tables. A window [t, t + w) counts the arrivals and
 completions in it; queue and running counts, and the ages of what waits, are sampled at the
 window's end (a request rerouted after a failure is queued, not running, until admitted
-again; ``oldest_queued_s`` still ages only requests never admitted); output tokens count in the window where they are generated; latency
-percentiles are over requests that finished in the window; batch fill is the mean over the
-first-stage steps that ended in it of how full each step was on its binding resource; KV
-utilization per replica is the last value of the window (carried forward while a replica
-is idle).
+again; ``oldest_queued_s`` still ages only requests never admitted); output tokens count
+in the window where they are generated; latency percentiles are over requests that
+finished in the window; batch fill is the mean over the first-stage steps that ended in it
+of how full each step was on its binding resource; KV utilization per replica is the last
+value of the window (carried forward while a replica is idle).
 """
 
 from __future__ import annotations
