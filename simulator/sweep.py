@@ -10,6 +10,11 @@ lists (and of zipped groups, whose lists vary together) times the seeds::
     "parallel.tp" = [4, 8]
     "parallel.dp" = [4, 2]
 
+A ``[[pools]]`` entry is addressed by its name: ``"pools.decode.tp" = [4, 8]``,
+``"pools.prefill.engine.max_num_seqs" = [64, 128]``. A sweep over a scenario with pools
+adds the pool summary keys (:data:`simulator.metrics.pools.POOL_SUMMARY_KEYS`) and one
+``pool_utilization_<pool>`` column per pool.
+
 Backends: ``local`` (a process pool) or ``ray`` (one Ray task per run, one CPU each).
 
 Ctrl-C stops a sweep at once: running points are abandoned (their workers terminated, Ray
@@ -40,7 +45,8 @@ from tqdm import tqdm
 from simulator.cluster.simulation import run
 from simulator.errors import ScenarioError
 from simulator.io.scenario import _did_you_mean, load_scenario, read_toml
-from simulator.io.schema import SECTIONS, TOP_LEVEL
+from simulator.io.schema import SECTIONS, TOP_LEVEL, EngineKeys, PoolKeys
+from simulator.metrics.pools import POOL_SUMMARY_KEYS, flat_pool_metrics, pool_columns
 from simulator.metrics.summary import SUMMARY_KEYS
 
 BACKENDS = ("local", "ray")
@@ -64,6 +70,17 @@ def _known_key(key: str) -> str | None:
     if len(parts) == 1:
         return None if key in TOP_LEVEL else "unknown key" + _did_you_mean(key, TOP_LEVEL)
     section = parts[0]
+    if section == "pools":  # pools.<pool name>.<key>[.<engine key>]; the name is checked
+        if len(parts) < 3:  # against the base scenario by sweep()
+            return "expected pools.<pool name>.<key> (e.g. pools.decode.tp)"
+        fields = PoolKeys.__dataclass_fields__
+        if parts[2] not in fields:
+            return "unknown key" + _did_you_mean(parts[2], list(fields))
+        if parts[2] == "engine" and (len(parts) != 4
+                                     or parts[3] not in EngineKeys.__dataclass_fields__):
+            return ("unknown key" + _did_you_mean(parts[3], list(EngineKeys.__dataclass_fields__))
+                    if len(parts) == 4 else "expected pools.<pool name>.engine.<key>")
+        return None
     if section not in SECTIONS:
         return "unknown section" + _did_you_mean(section, list(SECTIONS))
     fields = SECTIONS[section].__dataclass_fields__
@@ -148,6 +165,9 @@ def grid_points(axes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 def _set(data: dict, key: str, value: Any) -> None:
     node = data
     parts = key.split(".")
+    if parts[0] == "pools":  # pools.<name>.<key>: the [[pools]] entry of that name
+        node = next(p for p in data["pools"] if p.get("name", "pool") == parts[1])
+        parts = parts[2:]
     for part in parts[:-1]:
         node = node.setdefault(part, {})
     node[parts[-1]] = value
@@ -173,7 +193,8 @@ def run_point(resolved: dict) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         result = run(load_scenario(resolved))
-        row = {"status": "ok", "error": "", **result.summary}
+        row = {"status": "ok", "error": "", **result.summary,
+               **flat_pool_metrics(result.summary)}
     except Exception as exc:  # a failing point is recorded and the sweep goes on
         message = exc.render() if isinstance(exc, ScenarioError) else f"{type(exc).__name__}: {exc}"
         row = {"status": "error", "error": message.replace("\n", "; "),
@@ -312,9 +333,14 @@ def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | 
         raise ScenarioError(f"--backend: {backend!r} is not a backend (allowed: "
                             f"{', '.join(BACKENDS)})")
     base = _base(scenario)
-    load_scenario(base)  # the base itself must be valid
+    pools = [p.name for p in load_scenario(base).pools]  # the base itself must be valid
     axes = parse_grid(grid)
     keys = list(dict.fromkeys(k for axis in axes for point in axis for k in point))
+    bad = [k for k in keys if k.startswith("pools.") and k.split(".")[1] not in pools]
+    if bad:
+        raise ScenarioError([f"{k}: {k.split('.')[1]!r} is not a pool of the scenario "
+                             f"(allowed: {', '.join(pools) or 'none: it has no [[pools]]'})"
+                             for k in bad])
     if isinstance(seeds, int) and seeds < 1:
         raise ScenarioError(f"--seeds: {seeds} runs nothing; give at least 1 (seeds 0..N-1)")
     if jobs is not None and jobs < 1:
@@ -324,6 +350,8 @@ def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | 
     if not seed_list or len(set(seed_list)) < len(seed_list):
         raise ScenarioError(f"--seeds: {seed_list} must be a non-empty list of distinct seeds")
     columns = ["run_id", *keys, *STATUS_COLUMNS, *SUMMARY_KEYS]
+    if pools:
+        columns += [*POOL_SUMMARY_KEYS, *pool_columns(pools)]
     runs = []
     for point in grid_points(axes):
         for seed in seed_list:

@@ -212,8 +212,11 @@ class PoolCluster:
         overlap = 0.0
         if sp.spec.kv_transfer == "layerwise" and t0 == ready:  # admitted at once
             overlap = max(0.0, ready - req.first_scheduled_s)
+        # Attention DP: the request's cache lives on one rank of each side (by its id).
+        ranks = tuple(req.id % p.spec.tp if p.spec.attention_dp else None for p in (sp, dp_))
         ev, nbytes = self.transfers.start(req.target, src_stages, dst_stages,
-                                          kv_element_bytes(sp), overlap, self.plan.model.layers)
+                                          kv_element_bytes(sp), overlap, self.plan.model.layers,
+                                          ranks)
         yield ev
         now = self.env.now
         self._incoming[dst.index] -= 1

@@ -74,12 +74,15 @@ class PooledPlan:
 
 
 def pool_scenario(s: Scenario, pool: PoolKeys, topology: str, nodes: int) -> Scenario:
-    """The scenario a pool runs as on its own: its node preset and count, its layout, its
-    engine overrides and KV dtype; no pools, no faults."""
+    """The scenario a pool runs as on its own: its node preset and count, its layout (MoE
+    keys ``ep``, ``attention_dp``, ``redundant_experts`` included), its engine overrides and
+    KV dtype; no pools, no faults."""
     engine = replace(s.engine, **(pool.engine or {}))
     return replace(s, cluster=replace(s.cluster, topology=topology, nodes=nodes),
                    parallel=ParallelKeys(tp=pool.tp, pp=pool.pp, dp=pool.dp,
-                                         placement=pool.placement),
+                                         placement=pool.placement, ep=pool.ep,
+                                         attention_dp=pool.attention_dp,
+                                         redundant_experts=pool.redundant_experts),
                    engine=engine, model=replace(s.model, kv_dtype=pool.kv_dtype
                                                 or s.model.kv_dtype),
                    pools=(), faults=(), random_faults=None)
@@ -134,7 +137,9 @@ def build_pools(s: Scenario) -> PooledPlan:
         One message naming the pool and the key: a layout the model does not fit (from the
         pool's own build), a ``same_nodes_as`` naming no earlier pool or another preset, a
         KV dtype that differs between prefill and decode pools, ``leaf_spine`` with pools
-        (not supported yet).
+        (not supported yet: :func:`joined_graph` joins nodes of different presets, NIC
+        counts and NIC bandwidths, which the leaf-spine builder's one-preset rails and
+        uplink sizing do not describe).
     """
     try:
         return _build(s)
@@ -228,8 +233,10 @@ def describe_pools(plan: PooledPlan) -> str:
              f"max_model_len {plan.max_model_len}"]
     for pool in plan.pools:
         sp, mem = pool.spec, pool.plan.memory
+        moe = (f" ep={sp.ep}" if sp.ep > 1 else "") + (" attention_dp" if sp.attention_dp
+                                                         else "")
         lines.append(f"  pool {sp.name} ({sp.role})  {pool.plan.node.name}, tp={sp.tp} "
-                     f"pp={sp.pp} dp={sp.dp}, KV {pool.kv_dtype} {mem.kv_tokens} tokens per "
+                     f"pp={sp.pp} dp={sp.dp}{moe}, KV {pool.kv_dtype} {mem.kv_tokens} tokens per "
                      f"replica, weights {max(mem.weights_per_gpu) / 2**30:.1f} GiB per GPU")
         for rp in pool.plan.replicas:
             stages = " | ".join(",".join(g.removeprefix("gpu") for g in st)

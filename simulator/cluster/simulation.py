@@ -51,7 +51,7 @@ from simulator.metrics.pools import pool_summary
 from simulator.metrics.records import Recorder
 from simulator.metrics.speculative import speculative_summary
 from simulator.metrics.summary import summarize
-from simulator.metrics.timeseries import mark_down, timeseries, window_edges
+from simulator.metrics.timeseries import batch_fill_mean, mark_down, timeseries, window_edges
 from simulator.metrics.utilization import StageHardware, gpu_windows
 from simulator.paths import ROOT
 from simulator.topology.graph import Paths
@@ -257,6 +257,9 @@ class Cluster:
         elif req.retries > rec.max_retries:
             self._drop(req, "failed_after_retries", why)
         else:
+            if req.first_scheduled_s == req.first_scheduled_s:  # it had been admitted:
+                # queued again from now until admitted again (timeseries.csv)
+                req.requeued = (req.requeued or []) + [[self.env.now, float("nan")]]
             req.state = WAITING
             self.submit(req)
 
@@ -547,13 +550,13 @@ def _observe(s: Scenario, requests: pd.DataFrame, kept: pd.DataFrame | None,
              cluster: Cluster, summary: dict, kv_capacity: dict[int, int],
              stream_blocks: int) -> tuple[pd.DataFrame, pd.DataFrame, float, list[str]]:
     """The time series, alert events, window and warnings of a run; adds the downtime
-    spans to ``summary``."""
+    spans to ``summary`` and, with steps kept, the binding-resource batch efficiency."""
     eng = s.engine
     window_s, warnings = _window(requests, s.output.window_s)
     warnings += _outcome_warnings(requests, cluster)
     ts = timeseries(requests, kept, window_s=window_s, budget=eng.max_num_batched_tokens,
                     kv_capacity=kv_capacity, max_num_seqs=eng.max_num_seqs,
-                    stream_blocks=stream_blocks)
+                    stream_blocks=stream_blocks, requeues=cluster.recorder.requeues_frame())
     ts = mark_down(ts, cluster.downtime, window_edges(float(ts["window_end_s"].iloc[-1]),
                                                       window_s))
     thresholds = {k: getattr(s.alerts, k) for k in ALERT_KEYS}
@@ -561,6 +564,9 @@ def _observe(s: Scenario, requests: pd.DataFrame, kept: pd.DataFrame | None,
                        budget=eng.max_num_batched_tokens, max_num_seqs=eng.max_num_seqs,
                        stream_blocks=stream_blocks)
     # [replica, down at (s), up again at (s) or None if never, the fault that took it down]
+    if kept is not None:  # the binding resource's fill, as the time series and alert
+        summary["batch_efficiency_mean"] = batch_fill_mean(
+            kept, eng.max_num_batched_tokens, eng.max_num_seqs, stream_blocks)
     summary["downtime_spans"] = [[i, a, b if np.isfinite(b) else None, cause]
                                  for i, (spans, causes) in enumerate(zip(
                                      cluster.downtime, cluster.down_causes, strict=True))

@@ -1,6 +1,8 @@
 """KV-cache transfers from a prefill instance to a decode instance (disaggregated serving).
 
-What moves: the prompt's KV, ``2 x layers x n_kv x d x b_kv`` bytes per token, split by
+What moves: the prompt's KV, ``2 x layers x n_kv x d x b_kv`` bytes per token (MLA: the
+latent, ``layers x (kv_lora_rank + qk_rope_head_dim) x b_kv``, which every TP rank holds
+whole, or only the serving rank with attention data parallelism), split by
 the layer (PP) and KV-head (TP) sharding of both sides. Each decode GPU needs the heads and
 layers it holds; it takes each (layer range, head) from one prefill GPU that holds it, so a
 TP mismatch makes each decode rank gather from several prefill ranks (or several decode
@@ -51,7 +53,8 @@ def _layer_ranges(layers: int, pp: int) -> list[range]:
     return out
 
 
-def kv_flows(model: ModelSpec, kv_bytes: float, src: Stages, dst: Stages
+def kv_flows(model: ModelSpec, kv_bytes: float, src: Stages, dst: Stages,
+             src_rank: int | None = None, dst_rank: int | None = None
              ) -> list[tuple[str, str, float]]:
     """The flows of one token's KV from a prefill replica to a decode replica.
 
@@ -62,6 +65,10 @@ def kv_flows(model: ModelSpec, kv_bytes: float, src: Stages, dst: Stages
         Bytes per KV element (2 for bf16, 1 for fp8).
     src, dst : sequence of sequences of str
         GPU names of the prefill and decode replicas, per stage, in TP rank order.
+    src_rank, dst_rank : int, optional
+        On a side with attention data parallelism, the TP rank that holds the request's
+        whole cache (every head); None: the side's TP ranks share it (heads split by
+        :func:`kv_heads_of`).
 
     Returns
     -------
@@ -70,21 +77,32 @@ def kv_flows(model: ModelSpec, kv_bytes: float, src: Stages, dst: Stages
 
     Notes
     -----
-    Decode rank q of stage j needs, for every layer of its stage and every head of
-    :func:`kv_heads_of`, ``2 d b`` bytes per token; it reads them from the prefill stage
-    holding the layer, from rank ``holders[q % len(holders)]`` among the prefill ranks
-    holding the head (spreading replicated heads over their holders). The bytes summed
-    over pairs are ``2 L d b x sum_q |heads(q)|``: the whole KV once per decode replica of
-    each head.
+    Decode rank q of stage j needs, for every layer of its stage and every head it holds,
+    ``2 d b`` bytes per token; it reads them from the prefill stage holding the layer, from
+    rank ``holders[q % len(holders)]`` among the prefill ranks holding the head (spreading
+    replicated heads over their holders). The bytes summed over pairs are ``2 L d b x
+    sum_q |heads(q)|``: the whole KV once per decode replica of each head. An MLA model
+    caches one latent of ``kv_lora_rank + qk_rope_head_dim`` values per token and layer,
+    which TP does not shard: it is one "head" of that width that every TP rank holds (so
+    each decode rank reads the whole latent), or, with attention data parallelism, only
+    the rank serving the request.
     """
-    n_kv, d = model.kv_heads, model.head_dim
-    per = 2 * d * kv_bytes
+    if model.mla is not None:
+        units, per = 1, model.mla.cache_width * kv_bytes
+    else:
+        units, per = model.kv_heads, 2 * model.head_dim * kv_bytes
+
+    def held(tp: int, q: int, rank: int | None) -> range:
+        if rank is None:
+            return kv_heads_of(units, tp, q)
+        return range(units) if q == rank else range(0)
+
     s_layers = _layer_ranges(model.layers, len(src))
     d_layers = _layer_ranges(model.layers, len(dst))
     tp_s = len(src[0])
     holders: dict[int, list[int]] = defaultdict(list)
     for r in range(tp_s):
-        for h in kv_heads_of(n_kv, tp_s, r):
+        for h in held(tp_s, r, src_rank):
             holders[h].append(r)
     pairs: dict[tuple[str, str], float] = {}
     for j, group in enumerate(dst):
@@ -94,7 +112,7 @@ def kv_flows(model: ModelSpec, kv_bytes: float, src: Stages, dst: Stages
                                     min(s_layers[i].stop, d_layers[j].stop)))
                 if overlap <= 0:
                     continue
-                for h in kv_heads_of(n_kv, len(group), q):
+                for h in held(len(group), q, dst_rank):
                     rs = holders[h]
                     key = (stage[rs[q % len(rs)]], gpu)
                     pairs[key] = pairs.get(key, 0.0) + overlap * per
@@ -124,15 +142,18 @@ class KVTransfers:
         self.network = FlowNetwork(env, capacity, quantum_s)
         self._routes: dict[tuple, tuple] = {}
 
-    def route(self, src: Stages, dst: Stages, kv_bytes: float) -> tuple:
+    def route(self, src: Stages, dst: Stages, kv_bytes: float,
+              ranks: tuple[int | None, int | None] = (None, None)) -> tuple:
         """``(flows, seconds_per_token_alone, latency_s)`` between two replicas: each flow
         ``(edges, bytes_per_token, latency_s)``; the time alone is the max-min fluid finish
-        of one token's flows with nothing else on the links (it scales with tokens)."""
-        key = (tuple(map(tuple, src)), tuple(map(tuple, dst)), kv_bytes)
+        of one token's flows with nothing else on the links (it scales with tokens).
+        ``ranks``: the (prefill, decode) ranks holding the request's cache on attention-DP
+        sides (:func:`kv_flows`)."""
+        key = (tuple(map(tuple, src)), tuple(map(tuple, dst)), kv_bytes, ranks)
         hit = self._routes.get(key)
         if hit is None:
             flows = [(self.links(a, b), x, self.paths.latency(a, b))
-                     for a, b, x in kv_flows(self.model, kv_bytes, src, dst)]
+                     for a, b, x in kv_flows(self.model, kv_bytes, src, dst, *ranks)]
             alone = finish_times([Flow(e, x) for e, x, _ in flows], self.capacity)
             hit = self._routes[key] = (flows, float(np.max(alone)),
                                        max(lat for _, _, lat in flows))
@@ -146,14 +167,16 @@ class KVTransfers:
         return tokens * per_token + latency
 
     def start(self, tokens: int, src: Stages, dst: Stages, kv_bytes: float,
-              overlap_s: float = 0.0, layers: int = 1):
+              overlap_s: float = 0.0, layers: int = 1,
+              ranks: tuple[int | None, int | None] = (None, None)):
         """Start moving ``tokens`` tokens' KV now; returns ``(event, bytes)``: the event
         fires when every flow has arrived.
 
         ``overlap_s`` > 0 (layer-wise mode): prefill compute the transfer overlapped with;
         only ``max(1 / layers, 1 - overlap_s / t_alone)`` of each flow remains to move.
+        ``ranks`` as in :meth:`route`.
         """
-        flows, per_token, _ = self.route(src, dst, kv_bytes)
+        flows, per_token, _ = self.route(src, dst, kv_bytes, ranks)
         frac = 1.0
         if overlap_s > 0 and tokens > 0:
             frac = max(1.0 / layers, 1.0 - overlap_s / (tokens * per_token))

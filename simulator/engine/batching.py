@@ -272,6 +272,8 @@ class ContinuousBatcher(Preemption, DecodeRuns):
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time
                 req.first_scheduled_s = now
                 req.cached_tokens = c
+            elif req.requeued is not None and req.requeued[-1][1] != req.requeued[-1][1]:
+                req.requeued[-1][1] = now  # admitted again after a reroute
             self.prefilling.append(req)
             chunks.append((req, x))
             budget -= x

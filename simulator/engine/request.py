@@ -18,7 +18,8 @@ class Request:
                  "computed", "blocks", "generated", "k0", "kv0", "epoch", "admit_seq",
                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status",
                  "client", "last_token_s", "retries", "reason", "hashes", "session",
-                 "units", "shared", "next_unit", "cached_tokens", "spec_steps", "spec_accepted")
+                 "units", "shared", "next_unit", "cached_tokens", "spec_steps", "spec_accepted",
+                 "requeued")
 
     def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, client: int = -1):
         self.id, self.arrival_s, self.prompt, self.output = rid, arrival_s, prompt, output
@@ -54,3 +55,6 @@ class Request:
         # Speculative decoding: verification steps it took part in, drafts accepted in them.
         self.spec_steps = 0
         self.spec_accepted = 0
+        # Rerouted after a failure: [failed at, admitted again at (NaN: not yet)] per
+        # reroute of a request that had been admitted (None: never).
+        self.requeued: list[list[float]] | None = None

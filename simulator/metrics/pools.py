@@ -13,6 +13,25 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+#: summary.json keys of a run with pools (sweeps over a pools scenario add them as columns,
+#: tables as JSON cells, then one ``pool_utilization_<pool>`` column per pool).
+POOL_SUMMARY_KEYS = [
+    "pool_utilization", "pool_gpus", "kv_transfers", "kv_transfer_mean_s",
+    "kv_transfer_p50_s", "kv_transfer_p99_s", "kv_bytes_moved", "decode_wait_mean_s",
+    "decode_wait_p99_s", "goodput_req_per_s_per_gpu", "cost_per_million_tokens_usd",
+]
+
+
+def pool_columns(names: list[str]) -> list[str]:
+    """Flat per-pool columns of a sweep over pools named ``names``."""
+    return [f"pool_utilization_{n}" for n in names]
+
+
+def flat_pool_metrics(summary: dict) -> dict:
+    """``pool_utilization_<pool>`` of a summary with pools (empty without)."""
+    return {f"pool_utilization_{k}": v
+            for k, v in (summary.get("pool_utilization") or {}).items()}
+
 
 def _pct(x: pd.Series, p: float) -> float:
     v = x.dropna().to_numpy(dtype=float)

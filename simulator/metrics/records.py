@@ -53,6 +53,10 @@ class Recorder:
         # Speculative decoding: per-request verification steps and accepted drafts, kept
         # (and written as columns) only when it is on, so other runs' files do not change.
         self._spec: dict[int, tuple[int, int]] | None = {} if speculative else None
+        # (request_id, requeued_s, readmitted_s) per reroute of an admitted request after a
+        # failure: the time series count it as queued, not running, in between. Not a
+        # column of requests.csv (a request may be rerouted several times).
+        self._requeues: list[tuple[int, float, float]] = []
 
     def request(self, r: Request) -> None:
         self._rows.append((r.id, r.arrival_s, r.replica, r.prompt, r.output,
@@ -61,6 +65,8 @@ class Recorder:
                            r.cached_tokens))
         if self._spec is not None:
             self._spec[r.id] = (r.spec_steps, r.spec_accepted)
+        if r.requeued is not None:
+            self._requeues += [(r.id, a, b) for a, b in r.requeued]
         if len(self._rows) >= self._chunk:
             self._pack()
 
@@ -100,6 +106,14 @@ class Recorder:
         # Accepted drafts per verification step, mean over the request's steps.
         df["accepted_per_step"] = df["accepted_tokens"] / df["spec_steps"].replace(0, np.nan)
         return df[REQUEST_COLUMNS + ["spec_steps", "accepted_tokens", "accepted_per_step"]]
+
+    def requeues_frame(self) -> pd.DataFrame:
+        """One row per reroute of an admitted request after a failure: ``request_id``,
+        ``requeued_s`` (the failure), ``readmitted_s`` (admitted again; NaN if never)."""
+        return pd.DataFrame(self._requeues,
+                            columns=["request_id", "requeued_s", "readmitted_s"]
+                            ).astype({"request_id": np.int64, "requeued_s": float,
+                                      "readmitted_s": float})
 
     def step_bulk(self, columns: dict) -> None:
         """Records of many steps at once, as equal-length column arrays."""

@@ -117,6 +117,8 @@ def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
     out["slo_attainment"] = float(ok.sum()) / len(requests) if len(requests) else float("nan")
     out["preemptions_total"] = int(requests["preemptions"].sum())
     steps = engine["steps"]
+    # The token budget's fill from the running totals: a lower bound of the binding-resource
+    # fill, which replaces it when steps are recorded (timeseries.batch_fill_mean).
     out["batch_efficiency_mean"] = (engine["step_tokens"] / (steps * max_num_batched_tokens)
                                     if steps else float("nan"))
     busy = engine["stage_busy_s"]

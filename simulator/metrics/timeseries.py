@@ -2,11 +2,12 @@
 
 Pure functions of the request and step tables. A window [t, t + w) counts the arrivals and
 completions in it; queue and running counts, and the ages of what waits, are sampled at the
-window's end; output tokens count in the window where they are generated; latency
-percentiles are over requests that finished in the window; batch fill is the mean over the
-first-stage steps that ended in it of how full each step was on its binding resource; KV
-utilization per replica is the last value of the window (carried forward while a replica
-is idle).
+window's end (a request rerouted after a failure is queued, not running, until admitted
+again; ``oldest_queued_s`` still ages only requests never admitted); output tokens count
+in the window where they are generated; latency percentiles are over requests that
+finished in the window; batch fill is the mean over the first-stage steps that ended in it
+of how full each step was on its binding resource; KV utilization per replica is the last
+value of the window (carried forward while a replica is idle).
 """
 
 from __future__ import annotations
@@ -98,8 +99,13 @@ def oldest_age(arrival: np.ndarray, until: np.ndarray, at: np.ndarray) -> np.nda
     return np.where(holds, at - a[i_safe], 0.0)
 
 
-def request_windows(requests: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
-    """Per-window request metrics (see the module docstring and docs/observability.md)."""
+def request_windows(requests: pd.DataFrame, edges: np.ndarray,
+                    requeues: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per-window request metrics (see the module docstring and docs/observability.md).
+
+    ``requeues`` (``request_id``, ``requeued_s``, ``readmitted_s``): admitted requests sent
+    back to a queue by a failure. Each counts as queued, not running, from ``requeued_s``
+    until ``readmitted_s`` (NaN: until it finished, or for good)."""
     arr = requests["arrival_s"].to_numpy(float)
     sched = requests["first_scheduled_s"].to_numpy(float)
     first = requests["first_token_s"].to_numpy(float)
@@ -114,12 +120,20 @@ def request_windows(requests: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
     left = np.where(np.isnan(fin), arr, fin)
     queued_until = np.where(np.isnan(sched), left, sched)
     no_token_until = np.where(np.isnan(first), left, first)
+    requeued = np.zeros(len(ends), dtype=np.int64)
+    if requeues is not None and len(requeues):
+        left_of = pd.Series(np.where(np.isnan(fin), np.nan, fin),
+                            index=requests["request_id"].to_numpy())
+        back = requeues["readmitted_s"].to_numpy(float)
+        gone = left_of.reindex(requeues["request_id"].to_numpy()).to_numpy(float)
+        requeued = _alive_at(requeues["requeued_s"].to_numpy(float),
+                             np.where(np.isnan(back), gone, back), ends)
     out = pd.DataFrame({
         "window_start_s": edges[:-1], "window_end_s": ends,
         "arrivals": _count_in(arr, edges),
         "completions": _count_in(fin_done, edges),
-        "queue_len": _alive_at(arr, queued_until, ends),
-        "running": _alive_at(sched, np.where(np.isnan(sched), np.nan, left), ends),
+        "queue_len": _alive_at(arr, queued_until, ends) + requeued,
+        "running": _alive_at(sched, np.where(np.isnan(sched), np.nan, left), ends) - requeued,
         "output_tok_per_s": tokens / w,
         "oldest_queued_s": oldest_age(arr, queued_until, ends),
         "waiting_ttft_max_s": oldest_age(arr, no_token_until, ends),
@@ -153,6 +167,17 @@ def step_fill(steps: pd.DataFrame, budget: int, max_num_seqs: int,
     kv = steps["kv_blocks"].to_numpy(float) / max(stream_blocks, 1)
     return pd.DataFrame({"seqs": seqs, "tokens": tokens, "kv": kv,
                          "fill": np.maximum(np.maximum(seqs, tokens), kv)})
+
+
+def batch_fill_mean(steps: pd.DataFrame, budget: int, max_num_seqs: int,
+                    stream_blocks: int) -> float:
+    """Mean over a run's first-stage steps of the binding-resource fill
+    (:func:`step_fill`'s ``fill``): summary.json's ``batch_efficiency_mean`` when steps are
+    recorded. NaN for a run without steps."""
+    first = steps[steps["stage"] == 0]
+    if first.empty:
+        return float("nan")
+    return float(step_fill(first, budget, max_num_seqs, stream_blocks)["fill"].mean())
 
 
 def step_windows(steps: pd.DataFrame, edges: np.ndarray, budget: int,
@@ -213,12 +238,14 @@ def mark_down(ts: pd.DataFrame, downtime: list[list[list[float]]],
 
 def timeseries(requests: pd.DataFrame, steps: pd.DataFrame | None, *, window_s: float,
                budget: int, kv_capacity: dict[int, int], max_num_seqs: int,
-               stream_blocks: int, gpu: pd.DataFrame | None = None) -> pd.DataFrame:
+               stream_blocks: int, gpu: pd.DataFrame | None = None,
+               requeues: pd.DataFrame | None = None) -> pd.DataFrame:
     """The full per-window table: request metrics, then step metrics when steps exist,
-    then per-GPU utilization columns when ``gpu`` (window x GPU table) is given."""
+    then per-GPU utilization columns when ``gpu`` (window x GPU table) is given.
+    ``requeues``: reroutes after failures (:meth:`Recorder.requeues_frame`)."""
     end = float(np.nanmax(requests[["arrival_s", "finish_s"]].to_numpy(float)))
     edges = window_edges(end, window_s)
-    out = request_windows(requests, edges)
+    out = request_windows(requests, edges, requeues)
     if steps is not None and not steps.empty:
         out = pd.concat([out, step_windows(steps, edges, budget, kv_capacity,
                                            max_num_seqs=max_num_seqs,
