@@ -207,7 +207,7 @@ def test_ctrl_c_stops_keeps_finished_rows_and_says_how_to_resume(tmp_path, backe
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
-    for _ in range(1200):  # until the first row is written (a poll, not a timing)
+    for _ in range(6000):  # until the first row is written (a poll, not a timing)
         if out.exists() and out.read_text().count("\n") >= 2 or proc.poll() is not None:
             break
         time.sleep(0.05)
