@@ -1,14 +1,16 @@
 """Step cost of a stage of a mixture-of-experts and/or MLA model (docs/moe.md).
 
-A step of a MoE stage on the slowest rank: per layer, attention projections, attention and
-elementwise kernels on the rank's tokens (all of them under TP attention, ``T / tp`` under
-attention DP); a dense MLP, or a MoE block (router GEMM, shared experts, routed experts of
-the rank that received most tokens in this step's routing draw); under TP attention two
-all-reduces per layer (the second also combines the experts' partial outputs), under
-attention DP a dispatch and a combine all-to-all per MoE layer. The all-to-all varies per
-step with the routing, so it is counted in the step's compute time (it is on the critical
-path) and reported on its own by :meth:`MoEStageCost.moe_columns`; ``comm`` keeps the TP
-all-reduces and the logits gather, which are constant for a token count.
+A step of a MoE stage on the slowest rank: per layer, attention projections, attention
+(the calibrated MLA module for MLA models, projections included) and elementwise kernels
+on the rank's tokens (all of them under TP attention, ``T / tp`` under attention DP); a
+dense MLP, or a MoE block (router GEMM, shared experts, routed experts of the rank that
+received most tokens in this step's routing draw); under TP attention two all-reduces per
+layer (the second also combines the experts' partial outputs), under attention DP a
+dispatch and a combine all-to-all per MoE layer. The all-to-all varies per step with the
+routing, so it is counted in the step's compute time (it is on the critical path) and
+reported on its own by :meth:`MoEStageCost.moe_columns`; ``comm`` keeps the TP all-reduces
+and the logits gather, which are constant for a token count. Every MoE / MLA kernel time
+comes from :mod:`simulator.model.moe_cost` (the calibrated forms).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from simulator.model.moe_cost import (
     a2a_time,
     dispatch_bytes_per_peer,
     expert_time,
+    mla_decode,
+    mla_prefill,
     mla_shapes,
 )
 from simulator.model.routing import Routing, imbalance, step_index
@@ -89,6 +93,10 @@ class MoEStageCost(StageCost):
         win = set(model.window_layers)
         self.n_window = sum(1 for i in range(start, start + layers) if i in win)
         heads = model.q_heads // attn_tp
+        # MLA models price the whole attention module (projections included) by the
+        # calibrated MLA forms; GQA models keep the attention forms and GEMMs below.
+        self.mla, self.heads = model.mla is not None, heads
+        self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         kv_b = BYTES_PER_DTYPE[kv_dtype]
         pshape, dshape = mla_shapes(model, heads, kv_b, gpu)
         cal = gpu.calibration
@@ -131,7 +139,7 @@ class MoEStageCost(StageCost):
         elementwise kernels, the embedding; TP all-reduces (none under attention DP)."""
         t = self._rank_tokens(tokens)
         g = self.gemm_time
-        attn = sum(g(t, n, k) for n, k in self.attn_gemms)
+        attn = 0.0 if self.mla else sum(g(t, n, k) for n, k in self.attn_gemms)
         dense = sum(g(t, n, k) for n, k in self.dense_gemms)
         shared = sum(g(t, n, k) for n, k in self.shared_gemms)
         router = float(gemm_time(t, self.router_n, self.model.hidden, self.head_params,
@@ -163,12 +171,10 @@ class MoEStageCost(StageCost):
         if not self.n_moe or tokens <= 0:
             zero = np.zeros(r.z.shape[0])
             tab = MoETable(zero, zero, zero + 1.0)
-        elif lay.ep > 1:
-            loads = r.rank_loads(tokens)
-            active = r.active_experts(tokens)
-            t = expert_time(loads, active[None, :], self.model.hidden, moe.intermediate,
-                            self.gpu, lay.expert_dtype)
-            imb = imbalance(loads)
+        elif lay.ep > 1:  # each rank its local experts' sampled rows; the slowest decides
+            t = expert_time(r.local_counts(tokens), self.model, moe.intermediate, self.gpu,
+                            lay.expert_dtype, lay.ep)
+            imb = imbalance(r.rank_loads(tokens))
             a2a = np.zeros_like(imb)
             if self.dp:  # the hottest rank receives imb x the mean
                 per_rank = tokens / lay.ep
@@ -176,16 +182,15 @@ class MoEStageCost(StageCost):
                                               self.dispatch_bytes, mode)
                 back = dispatch_bytes_per_peer(per_rank, r, self.model.hidden, ACT_BYTES,
                                                mode)
-                a2a = (a2a_time(out * imb, self.paths, mode)
-                       + a2a_time(back * imb, self.paths, mode))
+                a2a = (a2a_time(out * imb, per_rank, self.paths, mode, "dispatch", self.gpu)
+                       + a2a_time(back * imb, per_rank, self.paths, mode, "combine",
+                                  self.gpu))
             tab = MoETable(t.max(axis=1), a2a, imb)
         else:  # MoE-TP: every rank runs every expert's slice on all tokens
-            active = r.active_experts(tokens).sum()
-            t = float(expert_time(tokens * moe.top_k, active, self.model.hidden,
-                                  moe.intermediate // self.shapes.tp, self.gpu,
-                                  lay.expert_dtype))
-            n = r.z.shape[0]
-            tab = MoETable(np.full(n, t), np.zeros(n), np.ones(n))
+            t = expert_time(r.expert_counts(tokens), self.model,
+                            moe.intermediate // self.shapes.tp, self.gpu, lay.expert_dtype,
+                            1)
+            tab = MoETable(t, np.zeros_like(t), np.ones_like(t))
         self._tables[key] = tab
         return tab
 
@@ -197,6 +202,9 @@ class MoEStageCost(StageCost):
         per = self._dseq * nr
 
         def attention(kvr):
+            if self.mla:
+                return mla_decode(self.model, self.gpu, self.heads, nr,
+                                  np.maximum(kvr, nr), self.kv_dtype, self.weight_dtype)
             stream = self._dkv * kvr + self._dtok * nr
             stream = np.maximum(stream, self._dflop * kvr)
             return (self._dfloor + np.maximum(stream, per)) + self._dexp * np.minimum(stream,
@@ -253,6 +261,16 @@ class MoEStageCost(StageCost):
         t_r = self._rank_tokens(tokens)
 
         def attention(pairs, ctx, kv):
+            if self.mla:  # prefill chunks and decodes as separate kernels
+                t_p = max(t_r - seqs_d, 1) if kv else t_r
+                a = float(mla_prefill(self.model, self.gpu, self.heads, t_p, pairs, ctx,
+                                      1 if kv or not sampled else seqs_d, self.kv_dtype,
+                                      self.weight_dtype))
+                if kv:
+                    a += float(mla_decode(self.model, self.gpu, self.heads, seqs_d,
+                                          max(kv, seqs_d), self.kv_dtype,
+                                          self.weight_dtype))
+                return a
             a = self.prefill_attention(t_r, pairs, ctx, 1 if decode_kv or not sampled
                                        else seqs_d)
             if kv:

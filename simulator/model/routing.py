@@ -10,6 +10,9 @@ Per step the expert loads are a normal approximation of the multinomial counts,
 ``x_e = max(0, T k p_e + sqrt(T k p_e (1 - p_e)) z_e)``, with ``z`` taken from a block of
 pre-drawn standard normals indexed by a hash of the step's own aggregates (not of call
 order), so fast-forwarded decode runs see exactly the draws of step-by-step execution.
+The expert kernels are priced on whole rows per expert (:meth:`Routing.local_counts`):
+the same draws mapped to Poisson quantiles (``u = Phi(z)``), so that a small batch leaves
+most experts empty, as a real router does, instead of a sliver of a row on each.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.special import ndtr
 
 from simulator.errors import ScenarioError
 
 #: Pre-drawn routing states (rows of standard normals) per run.
 DRAWS = 1024
 _HASH = 2654435761  # Knuth's multiplicative hash (odd, ~2^32 / phi)
+#: Mean rows per expert above which integer counts come from the rounded normal draw
+#: (the Poisson quantile and the normal one differ by < 1 row there).
+POISSON_MAX_MEAN = 16.0
 
 
 def step_index(key):
@@ -135,6 +142,46 @@ class Routing:
         copies = (self.share > 0).sum(axis=0)
         lam = tokens * self.top_k * self.p / np.maximum(copies, 1)
         return (self.share > 0) @ (1.0 - np.exp(-lam))
+
+    def expert_counts(self, tokens: int) -> np.ndarray:
+        """Whole rows routed to each expert in every pre-drawn state, ``(DRAWS, E)``.
+
+        Expert e's count is the Poisson(``T k p_e``) quantile of ``Phi(z_e)`` (the same
+        standard normals as :meth:`expert_loads`, so hot draws stay hot); for means above
+        :data:`POISSON_MAX_MEAN` the normal draw rounded to whole rows. The row sums are
+        ``T k`` in expectation, not exactly. Vectorised: one comparison per possible count
+        below the largest small-mean quantile, no loop over tokens.
+        """
+        lam = tokens * self.top_k * self.p
+        big = lam > POISSON_MAX_MEAN
+        counts = np.rint(np.maximum(lam + np.sqrt(lam) * self.z, 0.0))
+        small = ~big
+        if small.any():
+            lam_s, u = lam[small], ndtr(self.z[:, small])
+            # Poisson CDF F(j) for j = 0.. until every column's F passes max(u).
+            pmf, cdf = np.exp(-lam_s), np.exp(-lam_s)
+            c = np.zeros(u.shape)
+            j, top = 0, float(u.max()) if u.size else 0.0
+            while np.any(cdf < top) and j < 1000:
+                c += u > cdf
+                j += 1
+                pmf = pmf * lam_s / j
+                cdf = cdf + pmf
+            counts[:, small] = c
+        return counts
+
+    def local_counts(self, tokens: int) -> np.ndarray:
+        """Rows of each expert copy held by each rank, ``(DRAWS, ranks, slots)``: the
+        :meth:`expert_counts` of the experts a rank holds times its share of them (a
+        replicated expert's rows split evenly), zero in unused slots."""
+        held = self.share > 0
+        slots = max(int(held.sum(axis=1).max()), 1)
+        ids = np.zeros((held.shape[0], slots), dtype=np.int64)
+        weight = np.zeros((held.shape[0], slots))
+        for r in range(held.shape[0]):
+            e = np.flatnonzero(held[r])
+            ids[r, :e.size], weight[r, :e.size] = e, self.share[r, e]
+        return self.expert_counts(tokens)[:, ids] * weight
 
 
 def imbalance(rank_loads: np.ndarray) -> np.ndarray:
