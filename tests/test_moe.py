@@ -424,3 +424,16 @@ def test_zipf_skew_slows_the_experts_and_redundancy_recovers():
     eplb = build_plan(_qwen(routing=zipf, redundant_experts=16)
                       ).replicas[0].stages[0].table(n, "normal").expert_s
     assert uniform.mean() < eplb.mean() < skewed.mean()
+
+
+def test_table_rows_do_not_depend_on_which_rows_are_priced_together():
+    # Rows are filled when first needed; a row priced alone has the bits of a full table.
+    plans = [build_plan(_qwen(routing={"distribution": "zipf", "skew": 1.2},
+                              redundant_experts=24)) for _ in range(2)]
+    lazy, full = (p.replicas[0].stages[0] for p in plans)
+    rows = np.array([5, 700, 3])
+    part = lazy.table(300, "normal", rows)
+    assert np.isnan(part.expert_s).sum() == part.expert_s.size - 3
+    whole = full.table(300, "normal")
+    for name in ("expert_s", "a2a_s", "imbalance"):
+        np.testing.assert_array_equal(getattr(part, name)[rows], getattr(whole, name)[rows])

@@ -19,7 +19,7 @@ import numpy as np
 from simulator.calibration import moe_forms
 from simulator.calibration.forms import AttentionShape
 from simulator.hardware.specs import GPUSpec
-from simulator.model.routing import Routing
+from simulator.model.routing import Routing, row_sum
 from simulator.model.spec import ModelSpec, kv_heads_per_gpu
 
 A2A_MODES = ("auto", "normal", "low_latency")
@@ -41,10 +41,20 @@ def expert_time(local_rows, model: ModelSpec, inter_per_gpu: int, gpu: GPUSpec,
                 dtype: str, ep: int):
     """Routed experts of one MoE layer per rank, seconds: ``moe_forms.expert_time`` on
     ``local_rows`` (``[..., local experts]``: the rows each expert copy on the rank gets;
-    one time per leading index), with the model's gating and ``kernel_dtype``."""
-    return moe_forms.expert_time(local_rows, model.hidden, inter_per_gpu,
-                                 kernel_dtype(model, dtype), gpu, gated=model.gated_mlp,
-                                 ep=ep)
+    one time per leading index), with the model's gating and ``kernel_dtype``.
+
+    The form's aggregates (rows, active experts, row tiles) are summed here with
+    :func:`~simulator.model.routing.row_sum`, so each routing state's time has the same
+    bits whichever other states are priced with it (fast-forward = stepping), and handed
+    to ``moe_forms.expert_time_agg``, the form's own vectorised core.
+    """
+    key, w, a, peak = moe_forms.moe_dtype(kernel_dtype(model, dtype), ep)
+    p = gpu.calibration.moe_for(key)
+    counts = np.asarray(local_rows, dtype=float)
+    return moe_forms.expert_time_agg(
+        row_sum(counts), row_sum(counts > 0), row_sum(np.ceil(counts / p.tile_m)),
+        model.hidden, inter_per_gpu, p, gpu.peak(peak), gpu.hbm_bandwidth_Bps,
+        gpu.sm_count, w, a, model.gated_mlp, counts.shape[-1])
 
 
 def mla_dims(model: ModelSpec) -> dict:

@@ -161,20 +161,34 @@ class MoEStageCost(StageCost):
             return self.a2a_mode
         return "low_latency" if decode_only else "normal"
 
-    def table(self, tokens: int, mode: str) -> MoETable:
-        """:class:`MoETable` of a step of ``tokens`` tokens (cached)."""
+    def table(self, tokens: int, mode: str, idx=None) -> MoETable:
+        """:class:`MoETable` of a step of ``tokens`` tokens (cached), with at least the
+        routing states ``idx`` filled (all of them when None). Rows are computed when
+        first needed, each independently of the others (row-by-row operations only), so
+        a row has the same value whichever step or run of steps asked for it first."""
         key = (tokens, mode)
         tab = self._tables.get(key)
-        if tab is not None:
-            return tab
+        if tab is None:
+            nan = np.full(self.routing.z.shape[0], np.nan)
+            tab = self._tables[key] = MoETable(nan.copy(), nan.copy(), nan.copy())
+        rows = (np.arange(tab.expert_s.size) if idx is None
+                else np.unique(np.asarray(idx, dtype=np.int64)))
+        rows = rows[np.isnan(tab.expert_s[rows])]
+        if rows.size:
+            t, a2a, imb = self._rows(tokens, mode, rows)
+            tab.expert_s[rows], tab.a2a_s[rows], tab.imbalance[rows] = t, a2a, imb
+        return tab
+
+    def _rows(self, tokens: int, mode: str, rows: np.ndarray):
+        """(expert, all-to-all, imbalance) of the routing states ``rows``."""
         r, lay, moe = self.routing, self.layout, self.model.moe
         if not self.n_moe or tokens <= 0:
-            zero = np.zeros(r.z.shape[0])
-            tab = MoETable(zero, zero, zero + 1.0)
-        elif lay.ep > 1:  # each rank its local experts' sampled rows; the slowest decides
-            t = expert_time(r.local_counts(tokens), self.model, moe.intermediate, self.gpu,
-                            lay.expert_dtype, lay.ep)
-            imb = imbalance(r.rank_loads(tokens))
+            zero = np.zeros(rows.size)
+            return zero, zero, zero + 1.0
+        if lay.ep > 1:  # each rank its local experts' sampled rows; the slowest decides
+            t = expert_time(r.local_counts(tokens, rows), self.model, moe.intermediate,
+                            self.gpu, lay.expert_dtype, lay.ep)
+            imb = imbalance(r.rank_loads(tokens, rows))
             a2a = np.zeros_like(imb)
             if self.dp:  # the hottest rank receives imb x the mean
                 per_rank = tokens / lay.ep
@@ -185,14 +199,11 @@ class MoEStageCost(StageCost):
                 a2a = (a2a_time(out * imb, per_rank, self.paths, mode, "dispatch", self.gpu)
                        + a2a_time(back * imb, per_rank, self.paths, mode, "combine",
                                   self.gpu))
-            tab = MoETable(t.max(axis=1), a2a, imb)
-        else:  # MoE-TP: every rank runs every expert's slice on all tokens
-            t = expert_time(r.expert_counts(tokens), self.model,
-                            moe.intermediate // self.shapes.tp, self.gpu, lay.expert_dtype,
-                            1)
-            tab = MoETable(t, np.zeros_like(t), np.ones_like(t))
-        self._tables[key] = tab
-        return tab
+            return t.max(axis=1), a2a, imb
+        # MoE-TP: every rank runs every expert's slice on all tokens
+        t = expert_time(r.expert_counts(tokens, rows), self.model,
+                        moe.intermediate // self.shapes.tp, self.gpu, lay.expert_dtype, 1)
+        return t, np.zeros_like(t), np.ones_like(t)
 
     # -- the StageCost interface ----------------------------------------------------------
     def _decode_core(self, n: int, kv: np.ndarray, idx) -> tuple[np.ndarray, np.ndarray]:
@@ -214,7 +225,7 @@ class MoEStageCost(StageCost):
         attn = (self.layers - self.n_window) * attention(kvr)
         if self.n_window:  # sum_i min(l_i, W) <= min(sum_i l_i, n W): an upper bound
             attn = attn + self.n_window * attention(np.minimum(kvr, self.window * nr))
-        tab = self.table(n, self._mode(True))
+        tab = self.table(n, self._mode(True), idx)
         return (fixed0 + attn + self.n_moe * tab.expert_s[idx], self.n_moe * tab.a2a_s[idx])
 
     def _overlap(self, compute, a2a):
@@ -283,7 +294,7 @@ class MoEStageCost(StageCost):
             w = self.window
             attn += self.n_window * attention(min(pairs, t_r * w), min(ctx, t_r * w),
                                               min(kv, seqs_d * w))
-        tab = self.table(tokens, self._mode(False))
+        tab = self.table(tokens, self._mode(False), idx)
         return (fixed0 + attn + self.n_moe * float(tab.expert_s[idx]),
                 self.n_moe * float(tab.a2a_s[idx]))
 
@@ -333,7 +344,7 @@ class MoEStageCost(StageCost):
             if t <= 0:
                 continue
             half = self.tbo and (t > 1 if d else True)
-            tab = self.table(math.ceil(t / 2) if half else t, self._mode(d))
+            tab = self.table(math.ceil(t / 2) if half else t, self._mode(d), idx[rows])
             a2a[rows] = (2 if half else 1) * self.n_moe * tab.a2a_s[idx[rows]]
             imb[rows] = tab.imbalance[idx[rows]]
         return a2a, imb
