@@ -437,3 +437,19 @@ def test_table_rows_do_not_depend_on_which_rows_are_priced_together():
     whole = full.table(300, "normal")
     for name in ("expert_s", "a2a_s", "imbalance"):
         np.testing.assert_array_equal(getattr(part, name)[rows], getattr(whole, name)[rows])
+
+
+def test_verification_steps_use_the_low_latency_all_to_all():
+    # A step whose every token is sampled (MTP / draft verification: prefill pairs over the
+    # cached KV, no prompt chunk) is a decode batch for DeepEP; a prompt chunk is not.
+    cost = _dsv3().replicas[0].stages[0]
+    tokens, pairs, ctx = 64, 64 * 3000, 32 * 3000
+    verify = cost.step(tokens, pairs, ctx, 0, tokens)[0]
+    chunk = cost.step(tokens, pairs, ctx, 0, tokens - 1)[0]
+    idx = step_index(cost._key(tokens, pairs, 0))
+    low, normal = cost.table(tokens, "low_latency", idx), cost.table(tokens, "normal", idx)
+    assert normal.a2a_s[idx] > low.a2a_s[idx]
+    assert chunk - verify > 0.5 * cost.n_moe * (normal.a2a_s[idx] - low.a2a_s[idx])
+    a2a, _ = cost.moe_columns(np.array([tokens, tokens]), np.array([pairs, pairs]),
+                              np.array([0, 0]), np.array([tokens, tokens - 1]))
+    assert a2a[0] == cost.n_moe * low.a2a_s[idx] and a2a[1] == cost.n_moe * normal.a2a_s[idx]

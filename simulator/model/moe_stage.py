@@ -264,7 +264,8 @@ class MoEStageCost(StageCost):
         return tokens + 7 * decode_kv + prefill_pairs
 
     def _prefill_core(self, tokens: int, prefill_pairs: float, prefill_ctx: float,
-                      decode_kv: float, sampled: int, idx: int) -> tuple[float, float]:
+                      decode_kv: float, sampled: int, idx: int,
+                      mode: str) -> tuple[float, float]:
         """(compute without all-to-all and LM head, all-to-all) of a step with prefill."""
         s = self.split
         fixed0 = (self._fixed.get(tokens) or self._fixed_time(tokens))[0]
@@ -294,7 +295,7 @@ class MoEStageCost(StageCost):
             w = self.window
             attn += self.n_window * attention(min(pairs, t_r * w), min(ctx, t_r * w),
                                               min(kv, seqs_d * w))
-        tab = self.table(tokens, self._mode(False), idx)
+        tab = self.table(tokens, mode, idx)
         return (fixed0 + attn + self.n_moe * float(tab.expert_s[idx]),
                 self.n_moe * float(tab.a2a_s[idx]))
 
@@ -307,13 +308,16 @@ class MoEStageCost(StageCost):
             return float(self._decode_vec(tokens, np.array([decode_kv]))[0]), self._comm(
                 tokens, sampled)
         idx = step_index(self._key(tokens, int(prefill_pairs), int(decode_kv)))
+        # Every token sampled (speculative verification, no prompt chunk): a decode batch
+        # for the all-to-all (DeepEP low latency under "auto"), as SGLang runs it.
+        mode = self._mode(sampled >= tokens)
         if self.tbo:
             compute = float(self._overlap(*self._prefill_core(
                 math.ceil(tokens / 2), prefill_pairs / 2, prefill_ctx / 2, decode_kv / 2,
-                math.ceil(sampled / 2), idx)))
+                math.ceil(sampled / 2), idx, mode)))
         else:
             compute, a2a = self._prefill_core(tokens, prefill_pairs, prefill_ctx, decode_kv,
-                                              sampled, idx)
+                                              sampled, idx, mode)
             compute += a2a
         if self.last and sampled:
             compute += (self._head.get(sampled) or self.head_time(sampled))[0]
@@ -329,22 +333,27 @@ class MoEStageCost(StageCost):
         return self._decode_vec(n, decode_kv), self._comm(n, n)
 
     def moe_columns(self, tokens: np.ndarray, prefill_pairs: np.ndarray,
-                    decode_kv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    decode_kv: np.ndarray,
+                    sampled: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """All-to-all seconds (all MoE layers of the stage) and imbalance factor of
-        recorded steps, from the same tables and draws as their step times."""
+        recorded steps, from the same tables and draws as their step times (``sampled``
+        tells verification steps, priced as decode batches; without it, steps with
+        prefill pairs count as prefill)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         pairs = np.asarray(prefill_pairs, dtype=float).astype(np.int64)
         kv = np.asarray(decode_kv, dtype=np.int64)
         decode = pairs == 0
+        low = decode if sampled is None else decode | (np.asarray(sampled) >= tokens)
         key = np.where(decode, kv, self._key(tokens, pairs, kv))
         idx = step_index(key)
         a2a, imb = np.zeros(tokens.size), np.ones(tokens.size)
-        for t, d in {(int(t), bool(d)) for t, d in zip(tokens, decode, strict=True)}:
-            rows = (tokens == t) & (decode == d)
+        for t, d, ll in {(int(t), bool(d), bool(ll))
+                         for t, d, ll in zip(tokens, decode, low, strict=True)}:
+            rows = (tokens == t) & (decode == d) & (low == ll)
             if t <= 0:
                 continue
             half = self.tbo and (t > 1 if d else True)
-            tab = self.table(math.ceil(t / 2) if half else t, self._mode(d), idx[rows])
+            tab = self.table(math.ceil(t / 2) if half else t, self._mode(ll), idx[rows])
             a2a[rows] = (2 if half else 1) * self.n_moe * tab.a2a_s[idx[rows]]
             imb[rows] = tab.imbalance[idx[rows]]
         return a2a, imb
