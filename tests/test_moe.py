@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 
 from simulator import run
+from simulator.calibration import moe_forms
 from simulator.cli import main
 from simulator.cluster.build import build_plan
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, to_dict
-from simulator.model.moe_cost import dispatch_bytes_per_peer
-from simulator.model.routing import Routing, imbalance, placement, popularity
+from simulator.model.moe_cost import dispatch_bytes_per_peer, kernel_dtype
+from simulator.model.moe_stage import MoETable
+from simulator.model.routing import Routing, imbalance, placement, popularity, step_index
 from simulator.model.spec import from_config, load_model
 
 
@@ -270,6 +272,11 @@ def test_sliding_window_layers_read_at_most_the_window():
     cost = build_plan(s).replicas[0].stages[0]
     assert cost.n_window == 12 and cost.window == 128
     n = 16
+    # The experts' time varies with each step's routing draw: hold it at one draw's value
+    # so that only the attention reads differ between the steps compared.
+    tab = cost.table(n, "low_latency")
+    cost._tables[(n, "low_latency")] = MoETable(np.full_like(tab.expert_s, tab.expert_s[0]),
+                                                tab.a2a_s, tab.imbalance)
     short = cost.step(n, 0.0, 0, n * 100, n)[0]  # contexts inside the window
     long = cost.step(n, 0.0, 0, n * 50_000, n)[0]
     # Past the window only the 12 full-attention layers read more: the growth is that of
@@ -324,3 +331,125 @@ def test_moe_run_fast_forward_equals_stepping():
     assert fast.steps[cols].equals(slow.steps[cols])
     assert fast.requests.equals(slow.requests)
     assert fast.steps["imbalance"].nunique() > 10  # the draws vary step to step
+
+
+# -- the calibrated forms in the step (issue #14, last part) ------------------------------
+
+def _dsv3(**parallel):
+    par = {"tp": 16, "ep": 16, "attention_dp": True, **parallel}
+    return build_plan(load_scenario({
+        "model": {"name": "deepseek-v3", "weight_dtype": "fp8"},
+        "cluster": {"topology": "hgx-h200", "nodes": 2}, "parallel": par,
+        "workload": {"rate_per_s": 1.0, "num_requests": 2}}))
+
+
+def test_local_counts_are_whole_rows_of_each_ranks_experts():
+    # 8 uniform experts on 2 ranks (experts 0-3 on rank 0, 4-7 on rank 1), top-2.
+    r = Routing.build(popularity(8), 2, 0, 2, seed=0)
+    counts = r.expert_counts(5)
+    local = r.local_counts(5)
+    assert local.shape == (1024, 2, 4)
+    np.testing.assert_array_equal(local[:, 0], counts[:, :4])
+    np.testing.assert_array_equal(local[:, 1], counts[:, 4:])
+    assert np.all(counts == np.round(counts))
+    # Poisson(5 * 2 / 8) rows per expert: the share of empty experts is exp(-1.25).
+    assert (counts == 0).mean() == pytest.approx(np.exp(-1.25), abs=0.02)
+    assert counts.sum(axis=1).mean() == pytest.approx(10, rel=0.02)
+
+
+def test_step_expert_time_is_the_calibrated_form_of_the_slowest_rank():
+    plan = build_plan(_qwen())
+    cost, m, gpu = plan.replicas[0].stages[0], plan.model, plan.node.gpu
+    assert cost.layout.ep == 8 and cost.layout.expert_dtype == "bf16"
+    n = 48
+    tab = cost.table(n, "low_latency")
+    local = cost.routing.local_counts(n)  # (draws, 8 ranks, 16 experts)
+    for row in (0, 17, 1023):
+        by_rank = [moe_forms.expert_time(local[row, r], m.hidden, m.moe.intermediate, "bf16",
+                                         gpu, gated=True, ep=8) for r in range(8)]
+        assert tab.expert_s[row] == pytest.approx(max(by_rank), rel=1e-12)
+        roof = max(float(moe_forms.expert_roofline(local[row, r], m.hidden,
+                                                   m.moe.intermediate, "bf16", gpu))
+                   for r in range(8))
+        assert tab.expert_s[row] >= roof
+
+
+def test_moe_kernel_dtypes():
+    ds = load_model("deepseek-v3")
+    assert kernel_dtype(ds, "fp8") == "fp8_block" and kernel_dtype(ds, "bf16") == "bf16"
+    assert kernel_dtype(load_model("qwen3-235b-a22b"), "fp8") == "fp8"
+    assert kernel_dtype(ds, "fp4") == "w4a16_mxfp4" and kernel_dtype(ds, "int4") == "int4_wo"
+    assert _dsv3().replicas[0].stages[0].layout.expert_dtype == "fp8"
+
+
+def test_mla_decode_is_the_calibrated_module():
+    plan = _dsv3()
+    cost, m, gpu = plan.replicas[0].stages[0], plan.model, plan.node.gpu
+    n, kv = 64, 64 * 3000
+    step = cost.step(n, 0.0, 0, kv, n)[0]
+    nr, kvr = n // 16, kv / 16  # attention DP: each rank its own sequences, all 128 heads
+    mla = moe_forms.mla_decode_time(gpu, 128, nr, kvr, "bf16", "fp8_block")
+    idx = step_index(kv)
+    tab = cost.table(n, "low_latency")
+    by_hand = (cost._fixed_time(n)[0] + m.layers * mla
+               + cost.n_moe * (tab.expert_s[idx] + tab.a2a_s[idx]) + cost.head_time(n)[0])
+    assert step == pytest.approx(by_hand, rel=1e-12)
+    assert mla >= moe_forms.mla_roofline(gpu, 128, nr, nr, kvr - nr, "bf16", "fp8_block",
+                                         True)
+
+
+def test_all_to_all_inside_a_node_beats_across_nodes_and_never_the_roofline():
+    per_rank = 32  # tokens each rank sends
+    cross = _dsv3().replicas[0].stages[0]
+    intra = _dsv3(tp=8, ep=8, dp=2).replicas[0].stages[0]
+    m = load_model("deepseek-v3")
+    for mode in ("low_latency", "normal"):
+        a_cross = cross.table(16 * per_rank, mode)
+        a_intra = intra.table(8 * per_rank, mode)
+        assert a_intra.a2a_s.mean() < a_cross.a2a_s.mean()
+        # Dispatch (FP8 on the wire) and combine (16-bit): the link bandwidths of the
+        # topology file (NVLink 450 GB/s, NIC 50 GB/s per GPU), no latency at all.
+        for tab, ep, rpn in ((a_intra, 8, None), (a_cross, 16, 8)):
+            roof = sum(float(moe_forms.a2a_roofline(
+                mode, per_rank, m.hidden, m.moe.top_k, m.moe.experts, ep,
+                50e9 if rpn else 450e9, b, rpn, 450e9)) for b in (1.0, 2.0))
+            assert tab.a2a_s.min() >= roof
+
+
+def test_zipf_skew_slows_the_experts_and_redundancy_recovers():
+    n = 2048
+    uniform = build_plan(_qwen()).replicas[0].stages[0].table(n, "normal").expert_s
+    zipf = {"distribution": "zipf", "skew": 1.2}
+    skewed = build_plan(_qwen(routing=zipf)).replicas[0].stages[0].table(n, "normal").expert_s
+    eplb = build_plan(_qwen(routing=zipf, redundant_experts=16)
+                      ).replicas[0].stages[0].table(n, "normal").expert_s
+    assert uniform.mean() < eplb.mean() < skewed.mean()
+
+
+def test_table_rows_do_not_depend_on_which_rows_are_priced_together():
+    # Rows are filled when first needed; a row priced alone has the bits of a full table.
+    plans = [build_plan(_qwen(routing={"distribution": "zipf", "skew": 1.2},
+                              redundant_experts=24)) for _ in range(2)]
+    lazy, full = (p.replicas[0].stages[0] for p in plans)
+    rows = np.array([5, 700, 3])
+    part = lazy.table(300, "normal", rows)
+    assert np.isnan(part.expert_s).sum() == part.expert_s.size - 3
+    whole = full.table(300, "normal")
+    for name in ("expert_s", "a2a_s", "imbalance"):
+        np.testing.assert_array_equal(getattr(part, name)[rows], getattr(whole, name)[rows])
+
+
+def test_verification_steps_use_the_low_latency_all_to_all():
+    # A step whose every token is sampled (MTP / draft verification: prefill pairs over the
+    # cached KV, no prompt chunk) is a decode batch for DeepEP; a prompt chunk is not.
+    cost = _dsv3().replicas[0].stages[0]
+    tokens, pairs, ctx = 64, 64 * 3000, 32 * 3000
+    verify = cost.step(tokens, pairs, ctx, 0, tokens)[0]
+    chunk = cost.step(tokens, pairs, ctx, 0, tokens - 1)[0]
+    idx = step_index(cost._key(tokens, pairs, 0))
+    low, normal = cost.table(tokens, "low_latency", idx), cost.table(tokens, "normal", idx)
+    assert normal.a2a_s[idx] > low.a2a_s[idx]
+    assert chunk - verify > 0.5 * cost.n_moe * (normal.a2a_s[idx] - low.a2a_s[idx])
+    a2a, _ = cost.moe_columns(np.array([tokens, tokens]), np.array([pairs, pairs]),
+                              np.array([0, 0]), np.array([tokens, tokens - 1]))
+    assert a2a[0] == cost.n_moe * low.a2a_s[idx] and a2a[1] == cost.n_moe * normal.a2a_s[idx]

@@ -165,10 +165,11 @@ def expert_setup(s: Scenario, model: ModelSpec, node: NodeSpec) -> tuple[ExpertL
 def a2a_paths(paths: Paths, group: tuple[str, ...]) -> A2APaths:
     """The group's all-to-all on the graph: one byte from every rank to every other at once
     through the max-min fair fluid model (the last one lands after ``s_per_byte``), and for
-    the first rank alone the seconds per byte over NVLink-only paths and over the rest."""
+    the first rank alone the seconds per byte over NVLink-only paths and over the rest.
+    All at full link bandwidth: the calibrated DeepEP form's link efficiency applies on
+    top (``moe_cost.a2a_time``)."""
     g = paths.g
-    capacity = {(a, b): d["bandwidth_Bps"] * BANDWIDTH_EFFICIENCY
-                for a, b, d in g.edges(data=True)}
+    capacity = {(a, b): d["bandwidth_Bps"] for a, b, d in g.edges(data=True)}
     flows = []
     for a in group:
         for b in group:
@@ -181,7 +182,7 @@ def a2a_paths(paths: Paths, group: tuple[str, ...]) -> A2APaths:
     peers = 0
     for dst in group[1:]:
         path = paths.path(src, dst)
-        one = 1.0 / (paths.bandwidth(src, dst) * BANDWIDTH_EFFICIENCY)
+        one = 1.0 / paths.bandwidth(src, dst)
         if all(g.edges[a, b]["kind"] == "nvlink" for a, b in zip(path, path[1:],
                                                                  strict=False)):
             intra += one

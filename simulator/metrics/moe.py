@@ -29,7 +29,8 @@ def add_moe_columns(steps: pd.DataFrame, stage_costs) -> pd.DataFrame:
     for (r, i), rows in steps.groupby(["replica", "stage"], sort=False).indices.items():
         a, m = stage_costs[r][i].moe_columns(tokens[rows],
                                              steps["prefill_pairs"].to_numpy()[rows],
-                                             steps["decode_kv"].to_numpy()[rows])
+                                             steps["decode_kv"].to_numpy()[rows],
+                                             steps["sampled"].to_numpy()[rows])
         a2a[rows], imb[rows] = a, m
     return steps.assign(a2a_s=a2a, imbalance=imb)
 

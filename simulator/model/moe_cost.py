@@ -1,14 +1,13 @@
 """Kernel times of mixture-of-experts and MLA layers (docs/moe.md): the ONE place.
 
 The stage cost (:mod:`simulator.model.moe_stage`) takes every MoE / MLA kernel time from
-the three functions here, :func:`expert_time`, :func:`mla_shapes` and :func:`a2a_time`
-(plain shape numbers plus the GPUSpec), so the calibrated MoE / MLA / all-to-all forms can
-replace them here. Until then they price: experts as a grouped GEMM (the calibrated GEMM
-form with M = tokens routed to each expert, over all the rank's active experts' tiles),
-MLA through the calibrated attention forms (decode: an MQA-like kernel over the cached
-latent, ``kv_lora_rank + qk_rope_head_dim`` values per token; prefill: full attention over
-``qk_nope + qk_rope`` dims), and the all-to-all as bytes over the graph's paths (the fluid
-model's seconds per byte, :class:`A2APaths`) plus a per-mode launch latency.
+the functions here, which hand the shapes to the calibrated forms of
+:mod:`simulator.calibration.moe_forms` (docs/cost-model.md, "Mixture-of-experts
+families"): routed experts per rank from ``expert_time`` on the sampled rows of each local
+expert (:func:`expert_time`), the MLA module from ``mla_prefill_time`` /
+``mla_decode_time`` (:func:`mla_prefill`, :func:`mla_decode`), and a DeepEP dispatch or
+combine from the form's fitted fixed latency, per-token cost and link efficiency with the
+bandwidth of the topology graph (:func:`a2a_time`, :class:`A2APaths`).
 """
 
 from __future__ import annotations
@@ -17,54 +16,85 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.calibration.forms import ACT_BYTES, AttentionShape, gemm_time
-from simulator.calibration.params import ACTIVATION_QUANTIZED
+from simulator.calibration import moe_forms
+from simulator.calibration.forms import AttentionShape
 from simulator.hardware.specs import GPUSpec
-from simulator.model.routing import Routing
-from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, kv_heads_per_gpu
+from simulator.model.routing import Routing, row_sum
+from simulator.model.spec import ModelSpec, kv_heads_per_gpu
 
-#: Launch and synchronization latency of one dispatch or combine, seconds, per DeepEP
-#: mode: ``normal`` (notify + copy kernels, built for large prefill batches) and
-#: ``low_latency`` (one kernel, fixed per-expert slots, for decode). Order of magnitude of
-#: DeepEP's published small-batch figures; the calibrated all-to-all form replaces them.
-A2A_LAUNCH_S = {"normal": 25e-6, "low_latency": 10e-6}
 A2A_MODES = ("auto", "normal", "low_latency")
 
 
-def expert_time(rank_tokens, active, hidden: int, intermediate: int, gpu: GPUSpec,
-                dtype: str):
-    """Grouped GEMM of one rank's routed experts (gate-up then down), seconds.
+def kernel_dtype(model: ModelSpec, dtype: str) -> str:
+    """The calibrated MoE kernel (a key of ``moe_forms.MOE_DTYPES``) of experts stored in
+    ``dtype``: a release's native block-scaled FP8 (DeepSeek, Kimi) -> ``fp8_block``, other
+    FP8 -> per-tensor ``fp8``, gpt-oss MXFP4 (and any 4-bit float) -> ``w4a16_mxfp4``,
+    int4 -> ``int4_wo`` (Marlin), 16-bit -> ``bf16``; int8 is priced as per-tensor FP8 (same
+    bytes, 8-bit tensor cores; no int8 MoE kernel was measured)."""
+    if dtype == "fp8":
+        return "fp8_block" if model.native_dtype == "fp8" else "fp8"
+    return {"fp4": "w4a16_mxfp4", "int4": "int4_wo", "int8": "fp8", "fp16": "bf16",
+            "bf16": "bf16"}[dtype]
 
-    ``rank_tokens`` rows are spread over ``active`` experts (each with at least one
-    token), ``M = rank_tokens / active`` rows per expert. A grouped GEMM is one kernel
-    whose output tiles are those of every expert: it is priced by
-    :func:`simulator.calibration.forms.gemm_time` at ``(M, active * n, k)``, which has the
-    experts' tile count (waves over the SMs), FLOPs ``2 M_rank n k``, weight bytes
-    ``active * n * k * b_w`` and output bytes, and one launch per projection. Array
-    arguments broadcast.
+
+def expert_time(local_rows, model: ModelSpec, inter_per_gpu: int, gpu: GPUSpec,
+                dtype: str, ep: int):
+    """Routed experts of one MoE layer per rank, seconds: ``moe_forms.expert_time`` on
+    ``local_rows`` (``[..., local experts]``: the rows each expert copy on the rank gets;
+    one time per leading index), with the model's gating and ``kernel_dtype``.
+
+    The form's aggregates (rows, active experts, row tiles) are summed here with
+    :func:`~simulator.model.routing.row_sum`, so each routing state's time has the same
+    bits whichever other states are priced with it (fast-forward = stepping), and handed
+    to ``moe_forms.expert_time_agg``, the form's own vectorised core.
     """
-    cal, w_b = gpu.calibration.gemm_for(dtype), BYTES_PER_DTYPE[dtype]
-    quantized = dtype in ACTIVATION_QUANTIZED
-    in_b = w_b if quantized else ACT_BYTES
-    active = np.maximum(np.asarray(active, dtype=float), 1.0)
-    m = np.maximum(np.asarray(rank_tokens, dtype=float) / active, 1.0)
-    peak, bw, sms = gpu.peak(dtype), gpu.hbm_bandwidth_Bps, gpu.sm_count
-    t = (gemm_time(m, 2 * intermediate * active, hidden, cal, peak, bw, sms, w_b, in_b,
-                   quantized)
-         + gemm_time(m, hidden * active, intermediate, cal, peak, bw, sms, w_b, in_b,
-                     quantized))
-    return np.where(np.asarray(rank_tokens) > 0, t, 0.0)
+    key, w, a, peak = moe_forms.moe_dtype(kernel_dtype(model, dtype), ep)
+    p = gpu.calibration.moe_for(key)
+    counts = np.asarray(local_rows, dtype=float)
+    return moe_forms.expert_time_agg(
+        row_sum(counts), row_sum(counts > 0), row_sum(np.ceil(counts / p.tile_m)),
+        model.hidden, inter_per_gpu, p, gpu.peak(peak), gpu.hbm_bandwidth_Bps,
+        gpu.sm_count, w, a, model.gated_mlp, counts.shape[-1])
+
+
+def mla_dims(model: ModelSpec) -> dict:
+    """The MLA dimensions of ``model`` as keyword arguments of the MLA forms."""
+    m = model.mla
+    return dict(hidden=model.hidden, q_lora_rank=m.q_lora_rank or model.hidden,
+                kv_lora_rank=m.kv_lora_rank, qk_nope=m.qk_nope_head_dim,
+                qk_rope=m.qk_rope_head_dim, v_head=m.v_head_dim)
+
+
+def mla_gemm_dtype(model: ModelSpec, weight_dtype: str) -> str:
+    """Projection weights of the MLA module: block-scaled FP8 for a release shipped in
+    FP8 and served in it, FP8 for other FP8 weights, 16-bit otherwise."""
+    if weight_dtype == "fp8":
+        return "fp8_block" if model.native_dtype == "fp8" else "fp8"
+    return "bf16"
+
+
+def mla_decode(model: ModelSpec, gpu: GPUSpec, heads: int, seqs, decode_kv, kv_dtype: str,
+               weight_dtype: str):
+    """One layer's MLA module for ``seqs`` decodes reading ``decode_kv`` latent entries
+    (array allowed), seconds: ``moe_forms.mla_decode_time``."""
+    return moe_forms.mla_decode_time(gpu, heads, seqs, decode_kv, _kv(kv_dtype),
+                                     mla_gemm_dtype(model, weight_dtype), **mla_dims(model))
+
+
+def mla_prefill(model: ModelSpec, gpu: GPUSpec, heads: int, tokens, pairs, ctx, seqs,
+                kv_dtype: str, weight_dtype: str):
+    """One layer's MLA module for prefill chunks (step aggregates), seconds:
+    ``moe_forms.mla_prefill_time``."""
+    return moe_forms.mla_prefill_time(gpu, heads, tokens, pairs, ctx, seqs, _kv(kv_dtype),
+                                      mla_gemm_dtype(model, weight_dtype),
+                                      **mla_dims(model))
 
 
 def mla_shapes(model: ModelSpec, heads: int, kv_bytes: float,
                gpu: GPUSpec) -> tuple[AttentionShape, AttentionShape]:
-    """Attention shapes (prefill, decode) of one rank holding ``heads`` heads.
-
-    Prefill runs full multi-head attention over ``qk_nope + qk_rope`` dims; decode runs
-    with the up-projections absorbed, as MQA over one cached latent of
-    ``kv_lora_rank + qk_rope_head_dim`` values per token (DeepSeek-V2, FlashMLA).
-    GQA models get their own heads for both.
-    """
+    """Attention shapes (prefill, decode) of one rank holding ``heads`` heads, for the
+    attention forms of GQA models (MLA models take :func:`mla_prefill` / :func:`mla_decode`
+    instead; their shapes here are the MQA-over-latent view, kept for utilization)."""
     peak, bw, sms = gpu.peak("bf16"), gpu.hbm_bandwidth_Bps, gpu.sm_count
     if model.mla is None:
         kvh = kv_heads_per_gpu(model.kv_heads, model.q_heads // heads)
@@ -77,9 +107,14 @@ def mla_shapes(model: ModelSpec, heads: int, kv_bytes: float,
     return prefill, decode
 
 
+def _kv(kv_dtype: str) -> str:
+    return "fp8" if kv_dtype == "fp8" else "bf16"
+
+
 @dataclass(frozen=True)
 class A2APaths:
-    """How an EP group's all-to-all runs on the graph.
+    """How an EP group's all-to-all runs on the graph, at full link bandwidth (the
+    calibrated form's link efficiency applies on top, :func:`a2a_time`).
 
     ``s_per_byte``: seconds per byte sent to each peer when every rank sends to every
     other at once, from the max-min fair fluid model of :mod:`simulator.topology.flows`
@@ -97,11 +132,20 @@ class A2APaths:
     s_per_byte: float = 0.0
 
 
-def a2a_time(nbytes_per_peer, paths: A2APaths, mode: str):
-    """One dispatch or combine: ``launch + latency + bytes * s_per_byte`` seconds, where
-    ``nbytes_per_peer`` is what one rank sends to each other rank (array allowed)."""
-    return (A2A_LAUNCH_S[mode] + paths.latency_s
-            + np.asarray(nbytes_per_peer) * paths.s_per_byte)
+def a2a_time(nbytes_per_peer, tokens_per_rank, paths: A2APaths, mode: str, phase: str,
+             gpu: GPUSpec):
+    """One DeepEP dispatch or combine of one rank, seconds (array arguments broadcast).
+
+    ``launch + tokens c_tok / S + latency + bytes s_per_byte / eta_link``: the fixed
+    latency, per-token SM cost and link efficiency of ``moe_forms.a2a_time`` (fitted per
+    mode and phase), the path latency and seconds per byte at full link bandwidth of the
+    graph (:class:`A2APaths`), so the topology decides which links carry the bytes and how
+    they share them. ``nbytes_per_peer``: what the rank sends to each other rank.
+    """
+    p = gpu.calibration.alltoall_for(moe_forms.A2A_MODES[mode], phase)
+    return (p.launch_s + np.asarray(tokens_per_rank, dtype=float) * p.token_sm_s
+            / gpu.sm_count + paths.latency_s
+            + np.asarray(nbytes_per_peer) * paths.s_per_byte / p.link_eff)
 
 
 def dispatch_bytes_per_peer(tokens_per_rank: float, routing: Routing, hidden: int,

@@ -1,14 +1,16 @@
 """Step cost of a stage of a mixture-of-experts and/or MLA model (docs/moe.md).
 
-A step of a MoE stage on the slowest rank: per layer, attention projections, attention and
-elementwise kernels on the rank's tokens (all of them under TP attention, ``T / tp`` under
-attention DP); a dense MLP, or a MoE block (router GEMM, shared experts, routed experts of
-the rank that received most tokens in this step's routing draw); under TP attention two
-all-reduces per layer (the second also combines the experts' partial outputs), under
-attention DP a dispatch and a combine all-to-all per MoE layer. The all-to-all varies per
-step with the routing, so it is counted in the step's compute time (it is on the critical
-path) and reported on its own by :meth:`MoEStageCost.moe_columns`; ``comm`` keeps the TP
-all-reduces and the logits gather, which are constant for a token count.
+A step of a MoE stage on the slowest rank: per layer, attention projections, attention
+(the calibrated MLA module for MLA models, projections included) and elementwise kernels
+on the rank's tokens (all of them under TP attention, ``T / tp`` under attention DP); a
+dense MLP, or a MoE block (router GEMM, shared experts, routed experts of the rank that
+received most tokens in this step's routing draw); under TP attention two all-reduces per
+layer (the second also combines the experts' partial outputs), under attention DP a
+dispatch and a combine all-to-all per MoE layer. The all-to-all varies per step with the
+routing, so it is counted in the step's compute time (it is on the critical path) and
+reported on its own by :meth:`MoEStageCost.moe_columns`; ``comm`` keeps the TP all-reduces
+and the logits gather, which are constant for a token count. Every MoE / MLA kernel time
+comes from :mod:`simulator.model.moe_cost` (the calibrated forms).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from simulator.model.moe_cost import (
     a2a_time,
     dispatch_bytes_per_peer,
     expert_time,
+    mla_decode,
+    mla_prefill,
     mla_shapes,
 )
 from simulator.model.routing import Routing, imbalance, step_index
@@ -89,6 +93,10 @@ class MoEStageCost(StageCost):
         win = set(model.window_layers)
         self.n_window = sum(1 for i in range(start, start + layers) if i in win)
         heads = model.q_heads // attn_tp
+        # MLA models price the whole attention module (projections included) by the
+        # calibrated MLA forms; GQA models keep the attention forms and GEMMs below.
+        self.mla, self.heads = model.mla is not None, heads
+        self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         kv_b = BYTES_PER_DTYPE[kv_dtype]
         pshape, dshape = mla_shapes(model, heads, kv_b, gpu)
         cal = gpu.calibration
@@ -131,7 +139,7 @@ class MoEStageCost(StageCost):
         elementwise kernels, the embedding; TP all-reduces (none under attention DP)."""
         t = self._rank_tokens(tokens)
         g = self.gemm_time
-        attn = sum(g(t, n, k) for n, k in self.attn_gemms)
+        attn = 0.0 if self.mla else sum(g(t, n, k) for n, k in self.attn_gemms)
         dense = sum(g(t, n, k) for n, k in self.dense_gemms)
         shared = sum(g(t, n, k) for n, k in self.shared_gemms)
         router = float(gemm_time(t, self.router_n, self.model.hidden, self.head_params,
@@ -153,22 +161,34 @@ class MoEStageCost(StageCost):
             return self.a2a_mode
         return "low_latency" if decode_only else "normal"
 
-    def table(self, tokens: int, mode: str) -> MoETable:
-        """:class:`MoETable` of a step of ``tokens`` tokens (cached)."""
+    def table(self, tokens: int, mode: str, idx=None) -> MoETable:
+        """:class:`MoETable` of a step of ``tokens`` tokens (cached), with at least the
+        routing states ``idx`` filled (all of them when None). Rows are computed when
+        first needed, each independently of the others (row-by-row operations only), so
+        a row has the same value whichever step or run of steps asked for it first."""
         key = (tokens, mode)
         tab = self._tables.get(key)
-        if tab is not None:
-            return tab
+        if tab is None:
+            nan = np.full(self.routing.z.shape[0], np.nan)
+            tab = self._tables[key] = MoETable(nan.copy(), nan.copy(), nan.copy())
+        rows = (np.arange(tab.expert_s.size) if idx is None
+                else np.unique(np.asarray(idx, dtype=np.int64)))
+        rows = rows[np.isnan(tab.expert_s[rows])]
+        if rows.size:
+            t, a2a, imb = self._rows(tokens, mode, rows)
+            tab.expert_s[rows], tab.a2a_s[rows], tab.imbalance[rows] = t, a2a, imb
+        return tab
+
+    def _rows(self, tokens: int, mode: str, rows: np.ndarray):
+        """(expert, all-to-all, imbalance) of the routing states ``rows``."""
         r, lay, moe = self.routing, self.layout, self.model.moe
         if not self.n_moe or tokens <= 0:
-            zero = np.zeros(r.z.shape[0])
-            tab = MoETable(zero, zero, zero + 1.0)
-        elif lay.ep > 1:
-            loads = r.rank_loads(tokens)
-            active = r.active_experts(tokens)
-            t = expert_time(loads, active[None, :], self.model.hidden, moe.intermediate,
-                            self.gpu, lay.expert_dtype)
-            imb = imbalance(loads)
+            zero = np.zeros(rows.size)
+            return zero, zero, zero + 1.0
+        if lay.ep > 1:  # each rank its local experts' sampled rows; the slowest decides
+            t = expert_time(r.local_counts(tokens, rows), self.model, moe.intermediate,
+                            self.gpu, lay.expert_dtype, lay.ep)
+            imb = imbalance(r.rank_loads(tokens, rows))
             a2a = np.zeros_like(imb)
             if self.dp:  # the hottest rank receives imb x the mean
                 per_rank = tokens / lay.ep
@@ -176,18 +196,14 @@ class MoEStageCost(StageCost):
                                               self.dispatch_bytes, mode)
                 back = dispatch_bytes_per_peer(per_rank, r, self.model.hidden, ACT_BYTES,
                                                mode)
-                a2a = (a2a_time(out * imb, self.paths, mode)
-                       + a2a_time(back * imb, self.paths, mode))
-            tab = MoETable(t.max(axis=1), a2a, imb)
-        else:  # MoE-TP: every rank runs every expert's slice on all tokens
-            active = r.active_experts(tokens).sum()
-            t = float(expert_time(tokens * moe.top_k, active, self.model.hidden,
-                                  moe.intermediate // self.shapes.tp, self.gpu,
-                                  lay.expert_dtype))
-            n = r.z.shape[0]
-            tab = MoETable(np.full(n, t), np.zeros(n), np.ones(n))
-        self._tables[key] = tab
-        return tab
+                a2a = (a2a_time(out * imb, per_rank, self.paths, mode, "dispatch", self.gpu)
+                       + a2a_time(back * imb, per_rank, self.paths, mode, "combine",
+                                  self.gpu))
+            return t.max(axis=1), a2a, imb
+        # MoE-TP: every rank runs every expert's slice on all tokens
+        t = expert_time(r.expert_counts(tokens, rows), self.model,
+                        moe.intermediate // self.shapes.tp, self.gpu, lay.expert_dtype, 1)
+        return t, np.zeros_like(t), np.ones_like(t)
 
     # -- the StageCost interface ----------------------------------------------------------
     def _decode_core(self, n: int, kv: np.ndarray, idx) -> tuple[np.ndarray, np.ndarray]:
@@ -197,6 +213,9 @@ class MoEStageCost(StageCost):
         per = self._dseq * nr
 
         def attention(kvr):
+            if self.mla:
+                return mla_decode(self.model, self.gpu, self.heads, nr,
+                                  np.maximum(kvr, nr), self.kv_dtype, self.weight_dtype)
             stream = self._dkv * kvr + self._dtok * nr
             stream = np.maximum(stream, self._dflop * kvr)
             return (self._dfloor + np.maximum(stream, per)) + self._dexp * np.minimum(stream,
@@ -206,7 +225,7 @@ class MoEStageCost(StageCost):
         attn = (self.layers - self.n_window) * attention(kvr)
         if self.n_window:  # sum_i min(l_i, W) <= min(sum_i l_i, n W): an upper bound
             attn = attn + self.n_window * attention(np.minimum(kvr, self.window * nr))
-        tab = self.table(n, self._mode(True))
+        tab = self.table(n, self._mode(True), idx)
         return (fixed0 + attn + self.n_moe * tab.expert_s[idx], self.n_moe * tab.a2a_s[idx])
 
     def _overlap(self, compute, a2a):
@@ -245,7 +264,8 @@ class MoEStageCost(StageCost):
         return tokens + 7 * decode_kv + prefill_pairs
 
     def _prefill_core(self, tokens: int, prefill_pairs: float, prefill_ctx: float,
-                      decode_kv: float, sampled: int, idx: int) -> tuple[float, float]:
+                      decode_kv: float, sampled: int, idx: int,
+                      mode: str) -> tuple[float, float]:
         """(compute without all-to-all and LM head, all-to-all) of a step with prefill."""
         s = self.split
         fixed0 = (self._fixed.get(tokens) or self._fixed_time(tokens))[0]
@@ -253,6 +273,16 @@ class MoEStageCost(StageCost):
         t_r = self._rank_tokens(tokens)
 
         def attention(pairs, ctx, kv):
+            if self.mla:  # prefill chunks and decodes as separate kernels
+                t_p = max(t_r - seqs_d, 1) if kv else t_r
+                a = float(mla_prefill(self.model, self.gpu, self.heads, t_p, pairs, ctx,
+                                      1 if kv or not sampled else seqs_d, self.kv_dtype,
+                                      self.weight_dtype))
+                if kv:
+                    a += float(mla_decode(self.model, self.gpu, self.heads, seqs_d,
+                                          max(kv, seqs_d), self.kv_dtype,
+                                          self.weight_dtype))
+                return a
             a = self.prefill_attention(t_r, pairs, ctx, 1 if decode_kv or not sampled
                                        else seqs_d)
             if kv:
@@ -265,7 +295,7 @@ class MoEStageCost(StageCost):
             w = self.window
             attn += self.n_window * attention(min(pairs, t_r * w), min(ctx, t_r * w),
                                               min(kv, seqs_d * w))
-        tab = self.table(tokens, self._mode(False))
+        tab = self.table(tokens, mode, idx)
         return (fixed0 + attn + self.n_moe * float(tab.expert_s[idx]),
                 self.n_moe * float(tab.a2a_s[idx]))
 
@@ -278,13 +308,16 @@ class MoEStageCost(StageCost):
             return float(self._decode_vec(tokens, np.array([decode_kv]))[0]), self._comm(
                 tokens, sampled)
         idx = step_index(self._key(tokens, int(prefill_pairs), int(decode_kv)))
+        # Every token sampled (speculative verification, no prompt chunk): a decode batch
+        # for the all-to-all (DeepEP low latency under "auto"), as SGLang runs it.
+        mode = self._mode(sampled >= tokens)
         if self.tbo:
             compute = float(self._overlap(*self._prefill_core(
                 math.ceil(tokens / 2), prefill_pairs / 2, prefill_ctx / 2, decode_kv / 2,
-                math.ceil(sampled / 2), idx)))
+                math.ceil(sampled / 2), idx, mode)))
         else:
             compute, a2a = self._prefill_core(tokens, prefill_pairs, prefill_ctx, decode_kv,
-                                              sampled, idx)
+                                              sampled, idx, mode)
             compute += a2a
         if self.last and sampled:
             compute += (self._head.get(sampled) or self.head_time(sampled))[0]
@@ -300,22 +333,27 @@ class MoEStageCost(StageCost):
         return self._decode_vec(n, decode_kv), self._comm(n, n)
 
     def moe_columns(self, tokens: np.ndarray, prefill_pairs: np.ndarray,
-                    decode_kv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    decode_kv: np.ndarray,
+                    sampled: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """All-to-all seconds (all MoE layers of the stage) and imbalance factor of
-        recorded steps, from the same tables and draws as their step times."""
+        recorded steps, from the same tables and draws as their step times (``sampled``
+        tells verification steps, priced as decode batches; without it, steps with
+        prefill pairs count as prefill)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         pairs = np.asarray(prefill_pairs, dtype=float).astype(np.int64)
         kv = np.asarray(decode_kv, dtype=np.int64)
         decode = pairs == 0
+        low = decode if sampled is None else decode | (np.asarray(sampled) >= tokens)
         key = np.where(decode, kv, self._key(tokens, pairs, kv))
         idx = step_index(key)
         a2a, imb = np.zeros(tokens.size), np.ones(tokens.size)
-        for t, d in {(int(t), bool(d)) for t, d in zip(tokens, decode, strict=True)}:
-            rows = (tokens == t) & (decode == d)
+        for t, d, ll in {(int(t), bool(d), bool(ll))
+                         for t, d, ll in zip(tokens, decode, low, strict=True)}:
+            rows = (tokens == t) & (decode == d) & (low == ll)
             if t <= 0:
                 continue
             half = self.tbo and (t > 1 if d else True)
-            tab = self.table(math.ceil(t / 2) if half else t, self._mode(d))
+            tab = self.table(math.ceil(t / 2) if half else t, self._mode(ll), idx[rows])
             a2a[rows] = (2 if half else 1) * self.n_moe * tab.a2a_s[idx[rows]]
             imb[rows] = tab.imbalance[idx[rows]]
         return a2a, imb

@@ -10,21 +10,29 @@ Per step the expert loads are a normal approximation of the multinomial counts,
 ``x_e = max(0, T k p_e + sqrt(T k p_e (1 - p_e)) z_e)``, with ``z`` taken from a block of
 pre-drawn standard normals indexed by a hash of the step's own aggregates (not of call
 order), so fast-forwarded decode runs see exactly the draws of step-by-step execution.
+The expert kernels are priced on whole rows per expert (:meth:`Routing.local_counts`):
+the same draws mapped to Poisson quantiles (``u = Phi(z)``), so that a small batch leaves
+most experts empty, as a real router does, instead of a sliver of a row on each.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+from scipy.special import ndtr
 
 from simulator.errors import ScenarioError
 
 #: Pre-drawn routing states (rows of standard normals) per run.
 DRAWS = 1024
 _HASH = 2654435761  # Knuth's multiplicative hash (odd, ~2^32 / phi)
+#: Mean rows per expert above which integer counts come from the rounded normal draw
+#: (the Poisson quantile and the normal one differ by < 1 row there).
+POISSON_MAX_MEAN = 16.0
 
 
 def step_index(key):
@@ -33,6 +41,16 @@ def step_index(key):
     if isinstance(key, np.ndarray):
         return ((key.astype(np.uint64) * np.uint64(_HASH)) & np.uint64(0xFFFFFFFF)) >> 22
     return ((int(key) * _HASH) & 0xFFFFFFFF) >> 22
+
+
+def row_sum(a: np.ndarray) -> np.ndarray:
+    """Sum over the last axis, added left to right one column at a time, so each row's
+    result is the same bits whatever the other rows (numpy's own reductions may pair
+    terms differently for different array shapes)."""
+    out = np.zeros(a.shape[:-1])
+    for j in range(a.shape[-1]):
+        out = out + a[..., j]
+    return out
 
 
 def popularity(experts: int, distribution: str = "uniform", skew: float = 1.0,
@@ -116,18 +134,42 @@ class Routing:
         z = np.random.default_rng([seed, 14]).standard_normal((DRAWS, p.size))
         return cls(p, placement(p, ranks, redundant), z, top_k)
 
-    def expert_loads(self, tokens: int) -> np.ndarray:
-        """Tokens routed to each expert in every pre-drawn state, shape ``(DRAWS, E)``;
-        each row sums to ``tokens * k`` (rescaled after clipping at zero)."""
+    def expert_loads(self, tokens: int, rows=None) -> np.ndarray:
+        """Tokens routed to each expert in every pre-drawn state (or the states ``rows``),
+        shape ``(DRAWS, E)``; each row sums to ``tokens * k`` (rescaled after clipping at
+        zero). Every operation is row by row, so a row's values do not depend on which
+        other rows are computed with it."""
+        z = self.z if rows is None else self.z[rows]
         mean = tokens * self.top_k * self.p
-        x = np.maximum(mean + np.sqrt(mean * (1.0 - self.p)) * self.z, 0.0)
-        total = x.sum(axis=1, keepdims=True)
+        x = np.maximum(mean + np.sqrt(mean * (1.0 - self.p)) * z, 0.0)
+        total = row_sum(x)[:, None]
         return x * np.divide(tokens * self.top_k, total, out=np.zeros_like(total),
                              where=total > 0)
 
-    def rank_loads(self, tokens: int) -> np.ndarray:
-        """Routed tokens each rank receives in every state, shape ``(DRAWS, ranks)``."""
-        return self.expert_loads(tokens) @ self.share.T
+    def rank_loads(self, tokens: int, rows=None) -> np.ndarray:
+        """Routed tokens each rank receives in every state (or ``rows``), shape
+        ``(DRAWS, ranks)``: the share-weighted loads of the experts it holds, summed
+        over its slots (row by row, as :meth:`expert_loads`)."""
+        ids, weight = self.slots
+        return row_sum(self.expert_loads(tokens, rows)[:, ids] * weight)
+
+    @cached_property
+    def slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, weight)``, each ``(ranks, slots)``: the experts each rank holds (0 in
+        unused slots) and its share of their tokens (0 in unused slots)."""
+        held = self.share > 0
+        slots = max(int(held.sum(axis=1).max()), 1)
+        ids = np.zeros((held.shape[0], slots), dtype=np.int64)
+        weight = np.zeros((held.shape[0], slots))
+        for r in range(held.shape[0]):
+            e = np.flatnonzero(held[r])
+            ids[r, :e.size], weight[r, :e.size] = e, self.share[r, e]
+        return ids, weight
+
+    @cached_property
+    def u(self) -> np.ndarray:
+        """``Phi(z)``: the draws as uniform quantiles, ``(DRAWS, E)``."""
+        return ndtr(self.z)
 
     def active_experts(self, tokens: int) -> np.ndarray:
         """Expected experts (replicas) with at least one token on each rank, ``(ranks,)``:
@@ -136,8 +178,43 @@ class Routing:
         lam = tokens * self.top_k * self.p / np.maximum(copies, 1)
         return (self.share > 0) @ (1.0 - np.exp(-lam))
 
+    def expert_counts(self, tokens: int, rows=None) -> np.ndarray:
+        """Whole rows routed to each expert in every pre-drawn state, ``(DRAWS, E)``.
+
+        Expert e's count is the Poisson(``T k p_e``) quantile of ``Phi(z_e)`` (the same
+        standard normals as :meth:`expert_loads`, so hot draws stay hot); for means above
+        :data:`POISSON_MAX_MEAN` the normal draw rounded to whole rows. The row sums are
+        ``T k`` in expectation, not exactly. Vectorised: one comparison per possible count
+        below the largest small-mean quantile, no loop over tokens.
+        """
+        z, uz = (self.z, self.u) if rows is None else (self.z[rows], self.u[rows])
+        lam = tokens * self.top_k * self.p
+        big = lam > POISSON_MAX_MEAN
+        counts = np.rint(np.maximum(lam + np.sqrt(lam) * z, 0.0))
+        small = ~big
+        if small.any():
+            lam_s, u = lam[small], uz[:, small]
+            # Poisson CDF F(j) for j = 0.. until every column's F passes max(u).
+            pmf, cdf = np.exp(-lam_s), np.exp(-lam_s)
+            c = np.zeros(u.shape)
+            j, top = 0, float(u.max()) if u.size else 0.0
+            while np.any(cdf < top) and j < 1000:
+                c += u > cdf
+                j += 1
+                pmf = pmf * lam_s / j
+                cdf = cdf + pmf
+            counts[:, small] = c
+        return counts
+
+    def local_counts(self, tokens: int, rows=None) -> np.ndarray:
+        """Rows of each expert copy held by each rank, ``(DRAWS, ranks, slots)`` (or the
+        states ``rows``): the :meth:`expert_counts` of the experts a rank holds times its
+        share of them (a replicated expert's rows split evenly), zero in unused slots."""
+        ids, weight = self.slots
+        return self.expert_counts(tokens, rows)[:, ids] * weight
+
 
 def imbalance(rank_loads: np.ndarray) -> np.ndarray:
     """Max rank tokens / mean rank tokens, per row (1 when no token is routed)."""
-    mean = rank_loads.mean(axis=-1)
+    mean = row_sum(rank_loads) / rank_loads.shape[-1]
     return np.divide(rank_loads.max(axis=-1), mean, out=np.ones_like(mean), where=mean > 0)
