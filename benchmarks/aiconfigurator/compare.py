@@ -114,13 +114,15 @@ def run_aic(q: Question) -> list[dict]:
 
 def aic_to_ours(pick: pd.Series, moe: bool) -> dict | None:
     """Our scenario overrides for AIConfigurator's layout, or None if we cannot express it.
+    The closed loop runs at the pick's own concurrency (replicas x batch).
 
     Dense: tp x pp per replica, DP = replicas. MoE (AIC attention tp x dp, experts etp x ep
     over the same GPUs): attention TP t with experts by TP -> tp=t, ep=1; attention TP t
     with EP t -> tp=ep=t; attention DP d (tp 1) with EP d -> tp=ep=d, attention_dp."""
     tp, pp, dp = int(pick["tp"]), int(pick["pp"]), int(pick["dp"])
     point = {"parallel.pp": pp, "parallel.dp": int(pick["replicas"]),
-             "engine.max_num_seqs": int(pick["global_bs"])}
+             "engine.max_num_seqs": int(pick["global_bs"]),
+             "workload.concurrency": int(pick["concurrency"])}  # its own operating point
     if not moe:
         return {"parallel.tp": tp, **point}
     etp, ep = int(pick["moe_tp"]), int(pick["moe_ep"])
@@ -212,6 +214,7 @@ def compare(q: Question, top: pd.DataFrame, requests: int, jobs: int) -> dict:
         entries.append((pick, theirs, text))
         break
     return {"ours": ours, "aic": entries, "plan_s": time.perf_counter() - t0,
+            "clients": res.scenario.workload.concurrency,
             "note": "" if res.best is not None else "no simulated layout met the SLOs"}
 
 
@@ -233,9 +236,8 @@ def render(rows: list[tuple[Question, dict]]) -> str:
     lines = [head]
     for q, r in rows:
         o = r["ours"]
-        first = r["aic"][0][0]
         ask = (f"{q.key}: ISL {q.isl} OSL {q.osl}, TTFT <= {q.ttft_ms / 1e3:g} s, "
-               f"TPOT <= {q.tpot_ms:g} ms, {q.gpus} GPUs, {int(first['concurrency'])} clients")
+               f"TPOT <= {q.tpot_ms:g} ms, {q.gpus} x H200")
         for i, (pick, t, verdict_text) in enumerate(r["aic"]):
             sim_t = (["-"] * 6 if t.get("status") != "ok" else
                      [fmt(t["throughput_tok_per_s_per_gpu"]), fmt(t["tok_per_s_per_user"], 1),
@@ -245,11 +247,13 @@ def render(rows: list[tuple[Question, dict]]) -> str:
                 verdict_text = t["error"]
             lines.append(
                 f"| {ask if i == 0 else ''} | AIConfigurator rank {int(pick['rank'])} "
-                f"(vLLM {pick['version']} perf DB) | {aic_label(pick)} | "
+                f"({int(pick['concurrency'])} clients, "
+                f"vLLM {pick['version']} perf DB) | {aic_label(pick)} | "
                 f"{fmt(float(pick['tokens/s/gpu']))} | {fmt(float(pick['tokens/s/user']), 1)} | "
                 + " | ".join(sim_t) + f" | {verdict_text} |")
         lines.append(
-            f"| | simulator plan ({o['gpus']:.0f} GPUs) | {our_label(o)} | "
+            f"| | simulator plan ({r['clients']} clients, {o['gpus']:.0f} GPUs) | "
+            f"{our_label(o)} | "
             f"{fmt(o['throughput_tok_per_s_per_gpu'])} (simulated) | "
             f"{fmt(o['tok_per_s_per_user'], 1)} | {fmt(o['throughput_tok_per_s_per_gpu'])} | "
             f"{fmt(o['tok_per_s_per_user'], 1)} | {fmt(o['ttft_q_s'], 3)} | "
