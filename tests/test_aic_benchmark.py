@@ -35,11 +35,12 @@ def test_aic_layout_mapping():
     """AIConfigurator's layout names map to ours as docs/moe.md defines them."""
     import pandas as pd
     dense = pd.Series({"tp": 4, "pp": 1, "dp": 1, "moe_tp": 1, "moe_ep": 1, "replicas": 2,
-                       "global_bs": 128})
+                       "global_bs": 128, "concurrency": 256})
     assert compare.aic_to_ours(dense, moe=False) == {
-        "parallel.tp": 4, "parallel.pp": 1, "parallel.dp": 2, "engine.max_num_seqs": 128}
+        "parallel.tp": 4, "parallel.pp": 1, "parallel.dp": 2, "engine.max_num_seqs": 128,
+        "workload.concurrency": 256}
     adp_ep = dense.copy()
-    adp_ep.update({"tp": 1, "dp": 8, "moe_ep": 8, "replicas": 1})
+    adp_ep.update({"tp": 1, "dp": 8, "moe_ep": 8, "replicas": 1, "concurrency": 128})
     point = compare.aic_to_ours(adp_ep, moe=True)
     assert (point["parallel.tp"], point["parallel.ep"], point["parallel.attention_dp"]) == \
         (8, 8, True)
