@@ -23,8 +23,9 @@ def test_scenario_matches_question(q):
     assert s.workload.arrival == "closed_loop"
     assert (s.workload.prompt_tokens, s.workload.output_tokens) == (q.isl, q.osl)
     assert (s.slo.ttft_s, s.slo.tpot_s) == (q.ttft_ms / 1e3, q.tpot_ms / 1e3)
-    assert s.cluster.nodes * 8 == q.gpus and s.cluster.topology == "hgx-h200"
-    assert q.system == "h200_sxm"
+    # the same GPUs: AIConfigurator's system is the GPU of the scenario's node kind
+    assert s.cluster.nodes * 8 == q.gpus
+    assert s.cluster.topology == {"h200_sxm": "hgx-h200", "h100_sxm": "dgx-h100"}[q.system]
     # the simulator's catalog model is the one AIConfigurator is asked about
     assert q.hf_model.split("/")[1].lower().replace("meta-", "").startswith(
         s.model.name.split("-a22b")[0])

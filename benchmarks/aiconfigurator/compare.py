@@ -71,6 +71,8 @@ class Question:
 QUESTIONS = [
     Question("llama70b-h200-8gpu", "llama70b-h200-8gpu.toml", "meta-llama/Meta-Llama-3.1-70B",
              "h200_sxm", 8, 1024, 256, 2000.0, 50.0),
+    Question("llama70b-h100-8gpu", "llama70b-h100-8gpu.toml", "meta-llama/Meta-Llama-3.1-70B",
+             "h100_sxm", 8, 1024, 256, 2000.0, 50.0),
     Question("qwen32b-h200-8gpu", "qwen32b-h200-8gpu.toml", "Qwen/Qwen3-32B",
              "h200_sxm", 8, 1024, 256, 1000.0, 30.0),
     Question("qwen235b-h200-8gpu", "qwen235b-h200-8gpu.toml", "Qwen/Qwen3-235B-A22B",
@@ -237,7 +239,7 @@ def render(rows: list[tuple[Question, dict]]) -> str:
     for q, r in rows:
         o = r["ours"]
         ask = (f"{q.key}: ISL {q.isl} OSL {q.osl}, TTFT <= {q.ttft_ms / 1e3:g} s, "
-               f"TPOT <= {q.tpot_ms:g} ms, {q.gpus} x H200")
+               f"TPOT <= {q.tpot_ms:g} ms, {q.gpus} x {q.system.split('_')[0].upper()}")
         for i, (pick, t, verdict_text) in enumerate(r["aic"]):
             sim_t = (["-"] * 6 if t.get("status") != "ok" else
                      [fmt(t["throughput_tok_per_s_per_gpu"]), fmt(t["tok_per_s_per_user"], 1),
