@@ -51,11 +51,18 @@ class DecodeRuns:
         Over any ``block_size`` consecutive steps each residue class needs a block once, so
         whole periods cost one block per decoder; O(block_size) work, not O(steps).
         """
-        full, rem = divmod(steps, self.bs)
+        bs = self.bs
+        full, rem = divmod(steps, bs)
         total = full * len(self.decoding)
-        residue, bs, first = self.residue, self.bs, self.k + 2
-        for step in range(first, first + rem):
-            total += residue[-step % bs]
+        if rem:
+            # Steps first .. first + rem - 1 read residues hi, hi - 1, ... (mod bs): one or
+            # two slices of the residue list.
+            residue, hi = self.residue, -(self.k + 2) % bs
+            lo = hi - rem + 1
+            if lo >= 0:
+                total += sum(residue[lo:hi + 1])
+            else:
+                total += sum(residue[:hi + 1]) + sum(residue[bs + lo:])
         return total
 
     def run_needs(self, steps: int) -> list[int]:

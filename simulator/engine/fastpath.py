@@ -120,6 +120,26 @@ class DecodeRunPath:
             return now
         self._runs[s] = None
         stream.skip_decode_steps(steps, ends)
+        if self._one_stage and type(busy) is list:  # the calls below, unrolled (hot path)
+            stage_busy = self.stage_busy_s
+            if first is not None:
+                self.steps += 1
+                self.step_tokens += first[0]
+                b = float(first[1])
+                stage_busy[0] += b
+                self.union_s += b
+            self.steps += steps
+            self.step_tokens += steps * n
+            b = float(sum(busy[:steps]))
+            stage_busy[0] += b
+            self.union_s += b
+            record = self.record_step
+            if record is not None:
+                for row in first_rows:
+                    record(row)
+                for row in rows[:steps]:
+                    record(row)
+            return float(ends[steps])
         if first is not None:
             self._count(1, *first)
         self._count(steps, steps * n, self._busy_of(busy, steps))
