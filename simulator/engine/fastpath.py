@@ -57,21 +57,29 @@ class DecodeRunPath:
         rows: list[tuple] = []
         rec = rows.append if self.record_step is not None else None
         # Blocks allocated per step: only the per-step records need them.
-        needs = stream.run_needs(extra) if rec is not None else [0] * extra
+        needs = stream.run_needs(extra) if rec is not None else None
         bulk = None
         horizon = self.next_arrival() if self.next_arrival is not None else float("inf")
         if extra >= (VECTOR_MIN if rec is None else VECTOR_MIN_RECORDS):
-            ends, busy, bulk = self._decode_many(end, batch, needs, rec is not None)
+            ends, busy, bulk = self._decode_many(end, batch, needs or [0] * extra,
+                                                 rec is not None)
         elif self._one_stage:
-            ends, busy = self._decode_few(end, batch, needs if rec is not None else extra,
-                                          horizon, rec, now)
+            if rec is not None and end is None and self.run_ahead:
+                # Running ahead (no faults): every step the loop records is applied (each
+                # starts by the horizon), in order: record them straight away.
+                ends, busy = self._decode_few(end, batch, needs, horizon, self.record_step,
+                                              now)
+            else:
+                ends, busy = self._decode_few(end, batch, extra if needs is None else needs,
+                                              horizon, rec, now)
             if end is None:  # the scheduled step came first: keep it apart from the rest
                 first = (n, busy[0])
                 ends, busy = ends[1:], busy[1:]
-                if rec is not None:
+                if rows:
                     first_rows = [rows.pop(0)]
             extra = len(ends) - 1
         else:
+            needs = needs or [0] * extra
             ends, busy = [end], []
             used, t = batch.kv_blocks, end
             for j, need in enumerate(needs, 1):
