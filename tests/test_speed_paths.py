@@ -40,6 +40,17 @@ def test_run_blocks_equals_the_per_step_sum_including_wrap_around():
         assert st.run_blocks(steps) == _per_step(st, steps), (bs, st.k, steps)
 
 
+def test_run_needs_equal_the_per_step_residues_including_wrap_around():
+    rng = random.Random(11)
+    for _ in range(3000):
+        bs = rng.choice([1, 2, 3, 16, 32])
+        st = _Stream(bs, [rng.randint(0, 4) for _ in range(bs)], rng.randint(0, 200))
+        steps = rng.randint(0, 3 * bs + 5)
+        expected = [st.residue[-step % bs] for step in range(st.k + 2, st.k + 2 + steps)]
+        assert st.run_needs(steps) == expected, (bs, st.k, steps)
+        assert sum(expected) == st.run_blocks(steps)
+
+
 def test_run_blocks_hand_computed():
     # Block size 4, residues [1, 2, 3, 4] (10 decoders), k = 0: steps 2, 3, 4 read residues
     # -2 % 4 = 2, -3 % 4 = 1, -4 % 4 = 0 -> 3 + 2 + 1 = 6; five steps: one period (10) + 3.
@@ -47,6 +58,7 @@ def test_run_blocks_hand_computed():
     assert st.run_blocks(3) == 6
     assert st.run_blocks(5) == 10 + 3
     assert st.run_blocks(0) == 0
+    assert st.run_needs(6) == [3, 2, 1, 4, 3, 2]
 
 
 LONE = toy_scenario(

@@ -68,8 +68,11 @@ class DecodeRuns:
     def run_needs(self, steps: int) -> list[int]:
         """Blocks allocated at each of the first ``steps`` decode steps after the scheduled
         one (for per-step records)."""
-        residue, bs, first = self.residue, self.bs, self.k + 2
-        return [residue[-step % bs] for step in range(first, first + steps)]
+        # Step first + j reads residue[-(first + j) % bs], i.e. the reversed residues from
+        # index (first - 1) % bs on, cyclically: a slice of the reversed list repeated.
+        bs = self.bs
+        start = (self.k + 1) % bs
+        return (self.residue[::-1] * ((start + steps) // bs + 1))[start:start + steps]
 
     def skip_decode_steps(self, steps: int, ends) -> None:
         """Apply decode-only steps counted by :meth:`decode_run` (all but the last step of
