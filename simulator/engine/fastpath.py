@@ -14,9 +14,8 @@ it calls). Which steps a run may take is the stream's business
 from __future__ import annotations
 
 import bisect
-from collections import deque
 from collections.abc import Callable
-from itertools import accumulate, islice, repeat
+from itertools import accumulate
 
 import numpy as np
 import simpy
@@ -188,25 +187,28 @@ class DecodeRunPath:
         computes, comm = self._stage0.decode_run(n, kv0, k)
         off = self.overhead  # + 0 swapped blocks * swap_s, as _inline adds it
         t = now if first else end
-        # Each end from its start as _inline computes it, summed left to right (C loops).
-        ends = list(accumulate([round((off + c + comm) * SCALE) / SCALE for c in computes],
-                               initial=t))
-        if horizon < ends[-1]:  # keep the steps that start by the horizon (and the first)
-            ends = ends[: max(bisect.bisect_right(ends, horizon), first) + 1]
-        m = len(ends) - 1
-        busy = [c + comm for c in computes[:m]]
-        if rec is not None:
-            # The steps' records, built and handed over by C loops (map, zip, repeat).
-            off_ticks = ticks(off)
-            if first:
-                needs = [0, *needs]
-            used = accumulate(needs[:m], initial=batch.kv_blocks)
-            next(used)
-            deque(map(rec, zip(repeat(self.index), repeat(0), repeat(0),
-                               [e + off_ticks for e in ends[:m]], islice(ends, 1, None),
-                               repeat(0), repeat(n), repeat(n), computes[:m], repeat(comm),
-                               used, repeat(0.0), repeat(0),
-                               range(kv0 + n, kv0 + n * m + 1, n), repeat(n))), maxlen=0)
+        if rec is None:
+            # Each end from its start as _inline computes it, summed left to right (C loops).
+            ends = list(accumulate([round((off + c + comm) * SCALE) / SCALE for c in computes],
+                                   initial=t))
+            if horizon < ends[-1]:  # keep the steps that start by the horizon (and the first)
+                ends = ends[: max(bisect.bisect_right(ends, horizon), first) + 1]
+            return ends, [c + comm for c in computes[: len(ends) - 1]]
+        off_ticks = ticks(off)
+        ends, busy = [t], []
+        used, index = batch.kv_blocks, self.index
+        if first:
+            needs = [0, *needs]
+        for j, compute in enumerate(computes, 1):
+            if t > horizon and j > first:  # the arrival comes during an earlier step
+                break
+            nxt = t + round((off + compute + comm) * SCALE) / SCALE
+            used += needs[j - 1]
+            rec((index, 0, 0, t + off_ticks, nxt, 0, n, n, compute, comm, used, 0.0, 0,
+                 kv0 + j * n, n))
+            t = nxt
+            ends.append(t)
+            busy.append(compute + comm)
         return ends, busy
 
     def _decode_many(self, end: float, batch: Batch, needs: list[int], records: bool
