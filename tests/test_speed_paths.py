@@ -3,7 +3,9 @@
 ``DecodeRuns.run_blocks`` sums residue slices instead of looping over steps, and a decode
 run's aggregates and records are applied inline on a one-stage replica: checked against the
 per-step definition and against ``fast_forward = false`` on small scenarios whose runs end
-at completions, are cut by arrivals and faults, and on pipelines, prefix caching and MoE.
+at completions, are cut by arrivals and by a fault, and on a one-stream pipeline (prefix
+caching and MoE have their own fast-vs-slow tests in test_prefix_workloads.py and
+test_moe.py).
 """
 
 from __future__ import annotations
