@@ -353,7 +353,8 @@ class ContinuousBatcher(Preemption, DecodeRuns):
                 req.blocks = 0
                 self._groups[-1][1] -= 1  # it left after emitting at ``now``
                 self._finish(req, now, done)
-        self._complete_chunks(batch, now, done)
+        if batch.chunks:
+            self._complete_chunks(batch, now, done)
         return done
 
     def _complete_chunks(self, batch: Batch, now: float, done: list[Request]) -> None:

@@ -51,18 +51,28 @@ class DecodeRuns:
         Over any ``block_size`` consecutive steps each residue class needs a block once, so
         whole periods cost one block per decoder; O(block_size) work, not O(steps).
         """
-        full, rem = divmod(steps, self.bs)
+        bs = self.bs
+        full, rem = divmod(steps, bs)
         total = full * len(self.decoding)
-        residue, bs, first = self.residue, self.bs, self.k + 2
-        for step in range(first, first + rem):
-            total += residue[-step % bs]
+        if rem:
+            # Steps first .. first + rem - 1 read residues hi, hi - 1, ... (mod bs): one or
+            # two slices of the residue list.
+            residue, hi = self.residue, -(self.k + 2) % bs
+            lo = hi - rem + 1
+            if lo >= 0:
+                total += sum(residue[lo:hi + 1])
+            else:
+                total += sum(residue[:hi + 1]) + sum(residue[bs + lo:])
         return total
 
     def run_needs(self, steps: int) -> list[int]:
         """Blocks allocated at each of the first ``steps`` decode steps after the scheduled
         one (for per-step records)."""
-        residue, bs, first = self.residue, self.bs, self.k + 2
-        return [residue[-step % bs] for step in range(first, first + steps)]
+        # Step first + j reads residue[-(first + j) % bs], i.e. the reversed residues from
+        # index (first - 1) % bs on, cyclically: a slice of the reversed list repeated.
+        bs = self.bs
+        start = (self.k + 1) % bs
+        return (self.residue[::-1] * ((start + steps) // bs + 1))[start:start + steps]
 
     def skip_decode_steps(self, steps: int, ends) -> None:
         """Apply decode-only steps counted by :meth:`decode_run` (all but the last step of

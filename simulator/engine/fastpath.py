@@ -57,21 +57,29 @@ class DecodeRunPath:
         rows: list[tuple] = []
         rec = rows.append if self.record_step is not None else None
         # Blocks allocated per step: only the per-step records need them.
-        needs = stream.run_needs(extra) if rec is not None else [0] * extra
+        needs = stream.run_needs(extra) if rec is not None else None
         bulk = None
         horizon = self.next_arrival() if self.next_arrival is not None else float("inf")
         if extra >= (VECTOR_MIN if rec is None else VECTOR_MIN_RECORDS):
-            ends, busy, bulk = self._decode_many(end, batch, needs, rec is not None)
+            ends, busy, bulk = self._decode_many(end, batch, needs or [0] * extra,
+                                                 rec is not None)
         elif self._one_stage:
-            ends, busy = self._decode_few(end, batch, needs if rec is not None else extra,
-                                          horizon, rec, now)
+            if rec is not None and end is None and self.run_ahead:
+                # Running ahead (no faults): every step the loop records is applied (each
+                # starts by the horizon), in order: record them straight away.
+                ends, busy = self._decode_few(end, batch, needs, horizon, self.record_step,
+                                              now)
+            else:
+                ends, busy = self._decode_few(end, batch, extra if needs is None else needs,
+                                              horizon, rec, now)
             if end is None:  # the scheduled step came first: keep it apart from the rest
                 first = (n, busy[0])
                 ends, busy = ends[1:], busy[1:]
-                if rec is not None:
+                if rows:
                     first_rows = [rows.pop(0)]
             extra = len(ends) - 1
         else:
+            needs = needs or [0] * extra
             ends, busy = [end], []
             used, t = batch.kv_blocks, end
             for j, need in enumerate(needs, 1):
@@ -120,6 +128,26 @@ class DecodeRunPath:
             return now
         self._runs[s] = None
         stream.skip_decode_steps(steps, ends)
+        if self._one_stage and type(busy) is list:  # the calls below, unrolled (hot path)
+            stage_busy = self.stage_busy_s
+            if first is not None:
+                self.steps += 1
+                self.step_tokens += first[0]
+                b = float(first[1])
+                stage_busy[0] += b
+                self.union_s += b
+            self.steps += steps
+            self.step_tokens += steps * n
+            b = float(sum(busy[:steps]))
+            stage_busy[0] += b
+            self.union_s += b
+            record = self.record_step
+            if record is not None:
+                for row in first_rows:
+                    record(row)
+                for row in rows[:steps]:
+                    record(row)
+            return float(ends[steps])
         if first is not None:
             self._count(1, *first)
         self._count(steps, steps * n, self._busy_of(busy, steps))

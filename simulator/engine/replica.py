@@ -274,8 +274,17 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                                                           (batch.tokens, busy))
                     elif self.run_ahead and end < self.next_arrival():
                         now = end  # apply it now: nothing arrives before it ends
-                        self._count(1, batch.tokens, busy)
-                        self._record(rows)
+                        if self._one_stage:  # _count and _record, unrolled (hot path)
+                            self.steps += 1
+                            self.step_tokens += batch.tokens
+                            busy = float(busy)
+                            self.stage_busy_s[0] += busy
+                            self.union_s += busy
+                            if rows:
+                                self.record_step(rows[0])
+                        else:
+                            self._count(1, batch.tokens, busy)
+                            self._record(rows)
                     else:
                         yield env.timeout(end - env.now)
                         now = env.now

@@ -51,10 +51,10 @@ class InlineSteps:
         if self._one_stage:  # the loop below for a single stage, unrolled (hot path)
             compute, comm = self._stage0.step(tokens, pairs, ctx, decode_kv, sampled)
             end = round((off + compute + comm) * SCALE) / SCALE
-            if rec is not None:
-                rec((self.index, 0, 0, start + ticks(off), start + end, prefill_tokens,
-                     n_decode, batch_size, compute, comm, kv_blocks, pairs, ctx, decode_kv,
-                     sampled))
+            if rec is not None:  # (ticks(off), inline)
+                rec((self.index, 0, 0, start + round(off * SCALE) / SCALE, start + end,
+                     prefill_tokens, n_decode, batch_size, compute, comm, kv_blocks, pairs,
+                     ctx, decode_kv, sampled))
             return start + end, compute + comm
         busy = []
         last = len(self.stages) - 1

@@ -295,6 +295,7 @@ class StageCost:
                                             self.layers)
         tok, per = self._dtok * n, self._dseq * n
         out = []
+        append, with_head = out.append, self.last and n
         kv = decode_kv
         for _ in range(k):
             kv += n
@@ -306,11 +307,11 @@ class StageCost:
             attn = (dfloor + stream) + dexp * per if stream > per else \
                 (dfloor + per) + dexp * stream
             compute = fixed0 + layers * attn
-            if self.last and n:
+            if with_head:
                 compute += head
             if compute < launch:
                 compute = launch
-            out.append(compute)
+            append(compute)
         return out, comm
 
     def decode_steps(self, n: int, decode_kv: np.ndarray) -> tuple[np.ndarray, float]:

@@ -1,0 +1,107 @@
+"""The engine's speed paths (issue 21) give the results of stepping one by one.
+
+``DecodeRuns.run_blocks`` sums residue slices instead of looping over steps, and a decode
+run's aggregates and records are applied inline on a one-stage replica: checked against the
+per-step definition and against ``fast_forward = false`` on small scenarios whose runs end
+at completions, are cut by arrivals and by a fault, and on a one-stream pipeline (prefix
+caching and MoE have their own fast-vs-slow tests in test_prefix_workloads.py and
+test_moe.py).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pandas as pd
+import pytest
+from conftest import toy_scenario
+from test_fast_forward import _assert_identical, _both
+
+from simulator.engine.decoderun import DecodeRuns
+
+
+class _Stream(DecodeRuns):
+    """Just the aggregates run_blocks reads."""
+
+    def __init__(self, bs: int, residue: list[int], k: int):
+        self.bs, self.residue, self.k = bs, residue, k
+        self.decoding = dict.fromkeys(range(sum(residue)))
+
+
+def _per_step(st: _Stream, steps: int) -> int:
+    """The definition: the decoders needing a block at each step after the scheduled one."""
+    return sum(st.residue[-step % st.bs] for step in range(st.k + 2, st.k + 2 + steps))
+
+
+def test_run_blocks_equals_the_per_step_sum_including_wrap_around():
+    rng = random.Random(7)
+    for _ in range(3000):
+        bs = rng.choice([1, 2, 3, 16, 32])
+        st = _Stream(bs, [rng.randint(0, 4) for _ in range(bs)], rng.randint(0, 200))
+        steps = rng.randint(0, 3 * bs + 5)
+        assert st.run_blocks(steps) == _per_step(st, steps), (bs, st.k, steps)
+
+
+def test_run_needs_equal_the_per_step_residues_including_wrap_around():
+    rng = random.Random(11)
+    for _ in range(3000):
+        bs = rng.choice([1, 2, 3, 16, 32])
+        st = _Stream(bs, [rng.randint(0, 4) for _ in range(bs)], rng.randint(0, 200))
+        steps = rng.randint(0, 3 * bs + 5)
+        expected = [st.residue[-step % bs] for step in range(st.k + 2, st.k + 2 + steps)]
+        assert st.run_needs(steps) == expected, (bs, st.k, steps)
+        assert sum(expected) == st.run_blocks(steps)
+
+
+def test_run_blocks_hand_computed():
+    # Block size 4, residues [1, 2, 3, 4] (10 decoders), k = 0: steps 2, 3, 4 read residues
+    # -2 % 4 = 2, -3 % 4 = 1, -4 % 4 = 0 -> 3 + 2 + 1 = 6; five steps: one period (10) + 3.
+    st = _Stream(4, [1, 2, 3, 4], 0)
+    assert st.run_blocks(3) == 6
+    assert st.run_blocks(5) == 10 + 3
+    assert st.run_blocks(0) == 0
+    assert st.run_needs(6) == [3, 2, 1, 4, 3, 2]
+
+
+LONE = toy_scenario(
+    workload={"arrival": "poisson", "rate_per_s": 12.0, "num_requests": 250,
+              "prompt_tokens": {"dist": "uniform", "min": 20, "max": 400},
+              "output_tokens": {"dist": "uniform", "min": 1, "max": 90}})
+
+
+@pytest.mark.parametrize("steps", [True, False])
+def test_lone_replica_runs_with_completions_equal_stepping(steps):
+    # One replica running ahead of the clock: short runs end at completions and arrivals.
+    sc = {**LONE, "output": {"steps": steps}}
+    fast, slow = _both(sc)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    if steps:
+        _assert_identical(fast, slow)
+        assert (fast.steps["prefill_tokens"] == 0).sum() > 1000  # decode steps in runs
+    assert fast.summary["steps_total"] == slow.summary["steps_total"]
+    assert fast.summary["simpy_events"] < slow.summary["simpy_events"] / 3
+
+
+def test_runs_cut_by_a_fault_equal_stepping():
+    sc = toy_scenario(
+        router={"policy": "least_outstanding"}, recovery={"restart_s": 0.5},
+        workload={"arrival": "poisson", "rate_per_s": 15.0, "num_requests": 200,
+                  "prompt_tokens": 200, "output_tokens": {"dist": "uniform", "min": 1,
+                                                          "max": 150}})
+    sc["faults"] = [{"at_s": 4.0, "target": "gpu:0", "duration_s": 1.0}]
+    fast, slow = _both(sc)
+    assert (slow.requests["retries"] > 0).any()  # the fault hit requests in flight
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    assert fast.summary["downtime_spans"] == slow.summary["downtime_spans"]
+    assert fast.summary["steps_total"] == slow.summary["steps_total"]
+
+
+def test_one_stream_pipeline_runs_equal_stepping():
+    sc = toy_scenario(
+        parallel={"pp": 2}, engine={"max_inflight_microbatches": 1, "max_num_seqs": 8},
+        workload={"arrival": "poisson", "rate_per_s": 25.0, "num_requests": 150,
+                  "prompt_tokens": 120, "output_tokens": {"dist": "uniform", "min": 1,
+                                                          "max": 120}})
+    fast, slow = _both(sc)
+    _assert_identical(fast, slow)
