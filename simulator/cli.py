@@ -369,7 +369,8 @@ def parser() -> argparse.ArgumentParser:
                    help="compare colocated and disaggregated prefill/decode layouts on the "
                         "scenario's nodes (docs/disaggregation.md)")
     n.add_argument("--objective", default="goodput_per_gpu",
-                   help="goodput_per_gpu (default), min_ttft or min_tpot")
+                   help="goodput_per_gpu (default), goodput_per_usd, tokens_per_joule, "
+                        "min_ttft or min_tpot")
     n.add_argument("--top", type=int, default=8, help="candidates simulated (default 8), "
                                                       "plus the rule of thumb")
     n.add_argument("--requests", type=int, default=500,

@@ -19,13 +19,15 @@ import pandas as pd
 from simulator.cluster.build import ClusterPlan, build_plan, expert_setup
 from simulator.cluster.simulation import workload_requests
 from simulator.errors import ScenarioError
+from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario, SloKeys
 from simulator.model.memory import GIB, plan_memory, plan_moe_memory
 from simulator.model.spec import load_model
 from simulator.planner.estimate import estimate
-from simulator.planner.explain import compare, misses, no_fit, no_slo, reason, sig
+from simulator.planner.explain import binds, compare, misses, no_fit, no_slo, reason, sig
+from simulator.planner.objectives import SIM_COLUMN, est_value, spearman
 from simulator.planner.simulate import base_scenario, simulate_many
 from simulator.planner.space import (
     Layout,
@@ -39,7 +41,8 @@ from simulator.planner.space import (
 )
 from simulator.sweep import resolve_point
 
-OBJECTIVES = ("goodput_per_gpu", "min_ttft", "min_tpot")
+OBJECTIVES = ("goodput_per_gpu", "goodput_per_usd", "tokens_per_joule", "min_ttft",
+              "min_tpot")
 #: Candidates simulated by default, at most PER_LAYOUT of them with one (tp, pp, dp).
 DEFAULT_TOP = 8
 PER_LAYOUT = 2
@@ -57,12 +60,14 @@ PLAN_COLUMNS = [
     "offered_req_per_s", "goodput_req_per_s", "goodput_req_per_s_per_gpu",
     "slo_attainment", "keep_up_ratio", "keep_up_least", "slo_met", "kv_tokens_per_replica",
     "pp_bubble_fraction", "preemptions_total", "est_capacity_req_per_s", "est_ttft_p99_s",
-    "est_tpot_s", "placement", "note"]
+    "est_tpot_s", "placement", "note", "est_objective", "gpu_hour_usd",
+    "cost_per_million_output_tokens_usd", "goodput_req_per_usd", "power_mean_w",
+    "energy_per_output_token_j", "tokens_per_joule", "binds"]
 CANDIDATE_COLUMNS = [
     "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
     "status", "reason", "kv_tokens_per_replica", "est_capacity_req_per_s", "est_utilization",
     "est_batch", "est_cycle_s", "est_prefill_s", "est_ttft_s", "est_ttft_p99_s", "est_tpot_s",
-    "est_goodput_req_per_s", "est_rank", "simulated"]
+    "est_goodput_req_per_s", "est_rank", "simulated", "est_objective"]
 
 
 @dataclass
@@ -86,6 +91,9 @@ class PlanResult:
     error: str | None = None
     wall_time_s: float = 0.0  # the whole plan
     simulated_s: float = 0.0  # sum of the simulations' wall times
+    # Spearman's rho between the estimate's and the simulation's objective on the simulated
+    # points (simulator.planner.objectives.spearman; NaN with fewer than 3).
+    rank_correlation: float = math.nan
 
 
 def _key(lay: Layout, lim: Limits) -> str:
@@ -207,10 +215,17 @@ def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStat
         if r["status"] != "feasible":
             return (2, 0.0, _stable(r))
         ok = r["est_goodput_req_per_s"] > 0
-        obj = {"goodput_per_gpu": -r["est_goodput_req_per_s"] / r["gpus"]
-               if ok else -r["est_capacity_req_per_s"] / r["gpus"],
-               "min_ttft": r["est_ttft_p99_s"], "min_tpot": r["est_tpot_s"]}[objective]
+        obj = {"min_ttft": r["est_ttft_p99_s"], "min_tpot": r["est_tpot_s"]}.get(
+            objective, -r["est_objective"])
         return (0 if ok else 1, sig(obj), _stable(r))
+
+    feasible = df["status"] == "feasible"
+    node = load_node(s.cluster.topology, s.base_dir)
+    price = gpu_hour_usd(node.gpu.name, s.cluster.gpu_hour_usd)
+    df["est_objective"] = [
+        {"min_ttft": r["est_ttft_p99_s"], "min_tpot": r["est_tpot_s"]}.get(
+            objective, est_value(r, objective, price, node, stats.output_mean))
+        if f else math.nan for f, (_, r) in zip(feasible, df.iterrows(), strict=True)]
 
     order = sorted(range(len(df)), key=lambda i: score(df.iloc[i]))
     df = df.iloc[order].reset_index(drop=True)
@@ -223,6 +238,9 @@ def _rank_key(objective: str):
     def key(r) -> tuple:
         if r["status"] != "ok":
             return (2, 0.0, 0.0, 0.0, _stable(r))
+        if objective in SIM_COLUMN:
+            return (0 if r["slo_met"] else 1, -sig(r[SIM_COLUMN[objective]]),
+                    r["tpot_slo_q_s"], r["ttft_slo_q_s"], _stable(r))
         primary = {"goodput_per_gpu": (-sig(r["goodput_req_per_s_per_gpu"]),
                                        r["tpot_slo_q_s"], r["ttft_slo_q_s"]),
                    "min_ttft": (sig(r["ttft_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
@@ -245,8 +263,11 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         Model, cluster, workload and SLOs; its own layout is ignored.
     gpus : int, optional
         Most GPUs a layout may use (default: all in the cluster).
-    objective : {"goodput_per_gpu", "min_ttft", "min_tpot"}
-        Goodput (requests/s meeting both SLOs) per GPU used, or the TTFT / TPOT quantile.
+    objective : {"goodput_per_gpu", "goodput_per_usd", "tokens_per_joule", "min_ttft", \
+"min_tpot"}
+        Goodput (requests/s meeting both SLOs) per GPU used, goodput requests per dollar,
+        output tokens per joule (simulator.planner.objectives), or the TTFT / TPOT
+        quantile.
     top : int
         Candidates simulated per round (best by the estimate, at most 2 per layout), plus
         the rule of thumb; up to 3 rounds while none but the rule meets the SLOs.
@@ -316,7 +337,10 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         lim = Limits(int(r["max_num_seqs"]), int(r["max_num_batched_tokens"]),
                      None if pd.isna(r["chunk_size"]) else int(r["chunk_size"]))
         lay = _layout(r)
-        return resolve_point(base, _point(lay, lim, model.moe is not None), s.seed)
+        point = resolve_point(base, _point(lay, lim, model.moe is not None), s.seed)
+        if objective == "tokens_per_joule":  # energy needs the step records
+            point["output"] = {**point.get("output", {}), "steps": True}
+        return point
 
     # Rounds: the next `top` by the estimate (at most PER_LAYOUT per layout), until a
     # simulated candidate other than the rule of thumb meets the SLOs (the estimate can be
@@ -350,7 +374,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
                                                      else ()),
                                  "max_num_seqs", "max_num_batched_tokens",
                                  "chunk_size", "gpus", "est_capacity_req_per_s",
-                                 "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica")}
+                                 "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica",
+                                 "est_objective")}
         row.update({k: v for k, v in sim.items()
                     if k not in ("wall_time_s", "ttft_q_s", "tpot_q_s")})
         row["ttft_slo_q_s"] = sim.get("ttft_q_s", math.nan)
@@ -378,6 +403,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         parts += misses(r, slo, slo_quantile)
         notes.append("; ".join(parts))
     table["note"] = notes
+    table["binds"] = [binds(r, slo, slo_quantile) for _, r in table.iterrows()]
     rule_row = table[table["_rule"]]
     table = table.drop(columns="_rule")
 
@@ -392,6 +418,15 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     return PlanResult(s, objective, slo_quantile, cap, total, stats,
                       cands.reset_index(drop=True), table[columns].copy(), rule,
                       rule_why, best, why, comparison, error, time.perf_counter() - t0,
-                      wall)
+                      wall, rank_correlation(table, objective))
+
+
+def rank_correlation(table: pd.DataFrame, objective: str) -> float:
+    """Spearman's rho of the estimate's objective against the simulated one over the
+    simulated rows (for min_ttft / min_tpot: the estimated p99 TTFT / TPOT against the
+    simulated quantile)."""
+    sim = {"min_ttft": "ttft_slo_q_s", "min_tpot": "tpot_slo_q_s", **SIM_COLUMN}[objective]
+    ok = table[table["status"] == "ok"]
+    return spearman(ok["est_objective"], ok[sim])
 
 

@@ -92,6 +92,10 @@ def format_plan(result: PlanResult) -> str:
              f"  searched   {len(result.candidates)} candidates, {n_feasible} feasible, "
              f"{len(result.table)} simulated (objective {result.objective}) in "
              f"{result.wall_time_s:.1f} s"]
+    rho = result.rank_correlation
+    lines.append("  estimate   rank correlation with the simulation (Spearman, on the "
+                 f"{int((result.table['status'] == 'ok').sum())} simulated points): "
+                 + (f"{rho:.2f}" if rho == rho else "n/a (fewer than 3 distinct points)"))
     if result.best is not None:
         lines.append(f"  recommend  {result.reason}")
     short = int(result.table["keep_up_ratio"].isna().sum())
