@@ -62,7 +62,7 @@ PLAN_COLUMNS = [
     "pp_bubble_fraction", "preemptions_total", "est_capacity_req_per_s", "est_ttft_p99_s",
     "est_tpot_s", "placement", "note", "est_objective", "gpu_hour_usd",
     "cost_per_million_output_tokens_usd", "goodput_req_per_usd", "power_mean_w",
-    "energy_per_output_token_j", "tokens_per_joule", "binds"]
+    "energy_per_output_token_j", "tokens_per_joule", "binds", "status", "error"]
 CANDIDATE_COLUMNS = [
     "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
     "status", "reason", "kv_tokens_per_replica", "est_capacity_req_per_s", "est_utilization",

@@ -70,8 +70,10 @@ def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list
                              .replace("\n", " ").rstrip() + "\n" + tomli_w.dumps(pick))
     if figure and not result.table.empty:
         s = result.scenario
-        title = (f"{s.model.name} ({s.model.weight_dtype}) on {s.cluster.nodes} x "
-                 f"{s.cluster.topology}: throughput per GPU vs speed per user")
+        where = (", ".join(sorted(result.table["node"].unique())) if "node" in result.table
+                 else f"{s.cluster.nodes} x {s.cluster.topology}")
+        title = (f"{s.model.name} ({s.model.weight_dtype}) on {where}: throughput per GPU "
+                 f"and per dollar vs speed per user")
         files.append(pareto_plot(result.table, out / "pareto.png", title))
     return files
 
@@ -106,9 +108,12 @@ def format_plan(result: PlanResult) -> str:
     lines.append(f"  rule       {result.rule_why}")
     lines.append(f"             {result.comparison}")
     q = f"p{result.quantile * 100:g}"
+    extra = {"goodput_per_usd": "goodput_req_per_usd",
+             "tokens_per_joule": "tokens_per_joule"}.get(result.objective)
     w = max([14, *(len(layout_label(r)) for _, r in result.table.head(10).iterrows())])
     lines.append(f"  rank  {'layout':<{w + 2}}seqs budget GPUs  {'TTFT ' + q:>8}  "
-                 f"{'TPOT ' + q:>8}  tok/s/GPU  goodput/GPU  SLO")
+                 f"{'TPOT ' + q:>8}  tok/s/GPU  goodput/GPU  SLO"
+                 + (f"  {extra}" if extra else ""))
     for _, r in result.table.head(10).iterrows():
         budget = (int(r["max_num_batched_tokens"]) if pd.isna(r["chunk_size"])
                   else int(r["chunk_size"]))
@@ -117,7 +122,8 @@ def format_plan(result: PlanResult) -> str:
                      f"{budget:>6} {int(r['gpus']):>4}  {r['ttft_slo_q_s']:>8.3f}  "
                      f"{r['tpot_slo_q_s']:>8.4f}  {r['throughput_tok_per_s_per_gpu']:>9.1f}  "
                      f"{r['goodput_req_per_s_per_gpu']:>11.3f}  "
-                     f"{'met' if r['slo_met'] else 'missed'}")
+                     f"{'met' if r['slo_met'] else 'missed'}"
+                     + (f"  {r[extra]:.4g}" if extra else ""))
     return "\n".join(lines)
 
 
