@@ -8,7 +8,7 @@ import pytest
 
 import simulator
 from simulator.hardware.prices import GPU_HOUR_USD, gpu_hour_usd
-from simulator.hardware.specs import load_gpu
+from simulator.hardware.specs import load_gpu, load_node
 from simulator.metrics.power import NODE_OVERHEAD_W, cost_summary, gpu_power_w
 
 
@@ -101,3 +101,129 @@ def test_cost_key_in_every_run_and_price_configurable(run_small):
 def test_bad_price_is_one_clear_error():
     with pytest.raises(simulator.ScenarioError, match="cluster.gpu_hour_usd"):
         simulator.load_scenario(small(cluster={"gpu_hour_usd": -1.0}))
+
+
+# --- The planner: objectives, node kinds, rank correlation ---------------------------------
+
+from simulator.planner import plan  # noqa: E402
+from simulator.planner.kinds import plan_kinds  # noqa: E402
+from simulator.planner.objectives import est_power_w, spearman  # noqa: E402
+from simulator.planner.plan import _rank_key  # noqa: E402
+from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: E402
+
+PLAN_TOML = """
+name = "p21-plan"
+seed = 3
+[model]
+name = "llama-3.1-8b"
+[cluster]
+topology = "dgx-h100"
+nodes = 1
+[engine]
+max_num_seqs = 64
+max_num_batched_tokens = 2048
+[workload]
+arrival = "poisson"
+rate_per_s = 20.0
+num_requests = 80
+prompt_tokens = { dist = "lognormal", mean = 512, sigma = 0.5, max = 2048 }
+output_tokens = { dist = "lognormal", mean = 64, sigma = 0.5, max = 256 }
+[slo]
+ttft_s = 0.3
+tpot_s = 0.05
+"""
+
+
+def test_spearman_by_hand():
+    a = pd.Series([1.0, 2.0, 3.0, 4.0])
+    assert spearman(a, a * 10) == pytest.approx(1.0)
+    assert spearman(a, -a) == pytest.approx(-1.0)
+    # Ranks (1, 2, 3, 4) against (1, 3, 2, 4): rho = 1 - 6 * 2 / (4 * 15) = 0.8.
+    assert spearman(a, pd.Series([1.0, 3.0, 2.0, 4.0])) == pytest.approx(0.8)
+    assert math.isnan(spearman(a[:2], a[:2]))  # too few points
+    assert math.isnan(spearman(a, pd.Series([5.0] * 4)))  # constant
+
+
+def test_estimated_power_by_hand():
+    node = load_node("dgx-h100")
+    # 2 of 8 GPUs at activity 0.5: 2 x (80 + 620 x 0.5) + 6 x 80 + 2300 W.
+    assert est_power_w(node, 2, 0.5) == pytest.approx(2 * 390 + 480 + 2300)
+    assert est_power_w(node, 9, 2.0) == pytest.approx(9 * 700 + 7 * 80 + 2 * 2300)
+
+
+def test_objectives_change_the_pick_in_a_constructed_table():
+    base = {"status": "ok", "slo_met": True, "tpot_slo_q_s": 0.01, "ttft_slo_q_s": 0.1,
+            "gpus": 1, "tp": 1, "pp": 1, "dp": 1, "max_num_seqs": 64,
+            "max_num_batched_tokens": 2048, "chunk_size": pd.NA}
+    fast = {**base, "goodput_req_per_s_per_gpu": 10.0, "goodput_req_per_usd": 10 * 3600 / 6.0,
+            "tokens_per_joule": 0.3}
+    cheap = {**base, "tp": 2, "gpus": 1, "goodput_req_per_s_per_gpu": 8.0,
+             "goodput_req_per_usd": 8 * 3600 / 2.7, "tokens_per_joule": 0.2}
+    frugal = {**base, "tp": 4, "gpus": 1, "goodput_req_per_s_per_gpu": 5.0,
+              "goodput_req_per_usd": 5 * 3600 / 6.0, "tokens_per_joule": 0.5}
+    table = pd.DataFrame([fast, cheap, frugal])
+
+    def pick(objective):
+        return min(range(3), key=lambda i: _rank_key(objective)(table.iloc[i]))
+
+    assert pick("goodput_per_gpu") == 0
+    assert pick("goodput_per_usd") == 1
+    assert pick("tokens_per_joule") == 2
+
+
+@pytest.fixture(scope="module")
+def kinds_scenario(tmp_path_factory):
+    path = tmp_path_factory.mktemp("p21") / "plan.toml"
+    path.write_text(PLAN_TOML)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def by_usd(kinds_scenario):
+    return plan_kinds(kinds_scenario, ["dgx-h100", "dgx-a100"], gpus=2, top=3,
+                      requests=None, jobs=1, objective="goodput_per_usd")
+
+
+def test_price_objective_picks_the_cheaper_kind(kinds_scenario, by_usd):
+    per_gpu = plan_kinds(kinds_scenario, ["dgx-h100", "dgx-a100"], gpus=2, top=3,
+                         requests=None, jobs=1)
+    assert set(by_usd.table["node"]) == {"dgx-h100", "dgx-a100"}
+    # Per GPU the H100 wins (one H100 serves the load); per dollar the A100 at 44% of the
+    # price does.
+    assert per_gpu.best["node"] == "dgx-h100"
+    assert by_usd.best["node"] == "dgx-a100"
+    t = by_usd.table
+    best_h100 = t[(t["node"] == "dgx-h100") & t["slo_met"]].iloc[0]
+    assert by_usd.best["goodput_req_per_usd"] > best_h100["goodput_req_per_usd"]
+    # goodput per USD = goodput per GPU x 3600 / price, from the run.
+    assert by_usd.best["goodput_req_per_usd"] == pytest.approx(
+        by_usd.best["goodput_req_per_s_per_gpu"] * 3600 / (21.60 / 8))
+    assert "over the best dgx-h100 layout" in by_usd.comparison
+
+
+def test_rank_correlation_reported(by_usd):
+    rho = by_usd.rank_correlation
+    assert -1.0 <= rho <= 1.0
+    assert f"{rho:.2f}" in format_plan(by_usd)
+    assert "rank correlation" in format_plan(by_usd)
+
+
+def test_recommended_scenario_of_a_kinds_plan_runs(by_usd, tmp_path):
+    write_plan(by_usd, tmp_path, figure=True)
+    assert (tmp_path / "pareto.png").stat().st_size > 0
+    csv = pd.read_csv(tmp_path / "plan.csv")
+    assert {"node", "binds", "goodput_req_per_usd", "slo_attainment"} <= set(csv.columns)
+    s = simulator.load_scenario(str(tmp_path / RECOMMENDED))
+    assert s.cluster.topology == by_usd.best["node"]
+    res = simulator.run(s)
+    assert res.summary["requests_completed"] == res.summary["requests_total"]
+
+
+def test_tokens_per_joule_objective_measures_energy(kinds_scenario):
+    r = plan(kinds_scenario, gpus=2, top=2, requests=None, jobs=1,
+             objective="tokens_per_joule")
+    ok = r.table[r.table["status"] == "ok"]
+    assert ok["tokens_per_joule"].notna().all()
+    assert (ok["tokens_per_joule"] == 1 / ok["energy_per_output_token_j"]).all()
+    met = ok[ok["slo_met"]]
+    assert r.best["tokens_per_joule"] == met["tokens_per_joule"].max()
