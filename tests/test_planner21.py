@@ -227,3 +227,20 @@ def test_tokens_per_joule_objective_measures_energy(kinds_scenario):
     assert (ok["tokens_per_joule"] == 1 / ok["energy_per_output_token_j"]).all()
     met = ok[ok["slo_met"]]
     assert r.best["tokens_per_joule"] == met["tokens_per_joule"].max()
+
+
+def test_deepseek_plan_finds_an_expert_parallel_layout_that_fits():
+    """DeepSeek-V3 fp8 (671 B parameters, ~671 GB of weights) on one HGX H200 (8 x 141 GB):
+    no layout of 4 GPUs or fewer (564 GB) holds it, the plan's pick meets the SLOs, and
+    an EP layout is among the simulated ones that do."""
+    r = plan("workloads/moe-deepseek-v3-2xh200.toml", gpus=8, top=2, requests=40, jobs=1,
+             overrides=["cluster.nodes=1"])
+    c = r.candidates
+    small = c[c["gpus"] <= 4]
+    assert len(small) and (small["status"] == "excluded").all()
+    assert small["reason"].str.contains("GiB").all()
+    assert r.best is not None and int(r.best["gpus"]) > 4
+    t = r.table
+    assert not t[(t["ep"] > 1) & t["slo_met"]].empty
+    assert {"est_objective", "binds", "cost_per_million_output_tokens_usd"} <= set(t.columns)
+    assert t["gpu_hour_usd"].to_numpy() == pytest.approx([50.44 / 8] * len(t))
