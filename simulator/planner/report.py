@@ -84,9 +84,13 @@ def format_plan(result: PlanResult) -> str:
     load = (f"{st.rate_per_s:.3g} req/s" if st.rate_per_s is not None
             else f"{st.concurrency} clients")
     n_feasible = int((result.candidates["status"] == "feasible").sum())
+    where = (f"{s.cluster.nodes} x {s.cluster.topology} ({result.cluster_gpus} GPUs, "
+             f"layouts up to {result.gpus})")
+    if "node" in result.table:  # several node kinds (simulator/planner/kinds.py)
+        where = (f"node kinds {', '.join(dict.fromkeys(result.candidates['node']))} "
+                 f"(layouts up to {result.gpus} GPUs each)")
     lines = [f"plan {s.name}: {s.model.name} ({s.model.weight_dtype} weights, "
-             f"{s.model.kv_dtype} KV) on {s.cluster.nodes} x {s.cluster.topology} "
-             f"({result.cluster_gpus} GPUs, layouts up to {result.gpus})",
+             f"{s.model.kv_dtype} KV) on {where}",
              f"  workload   {st.requests} requests simulated per candidate, {load}, prompt "
              f"mean {st.prompt_mean:.0f}, output mean {st.output_mean:.0f} tokens; SLO "
              f"p{result.quantile * 100:g} TTFT <= {s.slo.ttft_s:g} s, TPOT <= "
