@@ -83,6 +83,17 @@ def test_energy_conserved_over_gpus_and_windows(run_small):
     assert s["power_mean_w"] > 8 * 80.0 + NODE_OVERHEAD_W
 
 
+def test_spread_replicas_power_both_nodes():
+    """Two TP1 replicas spread over two DGX nodes: both nodes draw their overhead, and 14
+    GPUs idle."""
+    r = simulator.run(small(cluster={"nodes": 2}, workload={"num_requests": 20}))
+    g, ts = r.gpu_timeseries, r.timeseries
+    assert sorted(g["gpu"].unique() // 8) == [0, 1]
+    width = float(ts["window_end_s"].iloc[0] - ts["window_start_s"].iloc[0])
+    rest = (14 * 80.0 + 2 * NODE_OVERHEAD_W) * width * len(ts)
+    assert r.summary["energy_j"] == pytest.approx(float(g["power_w"].sum()) * width + rest)
+
+
 def test_cost_key_in_every_run_and_price_configurable(run_small):
     s = run_small.summary
     done = run_small.requests[run_small.requests["status"] == "completed"]

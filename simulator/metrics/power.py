@@ -17,8 +17,6 @@ Sources of the TDP and idle figures are in each ``topologies/gpus/*.toml`` (``td
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
@@ -46,11 +44,13 @@ def add_power(gpu_ts: pd.DataFrame, idle_w: float, tdp_w: float) -> pd.DataFrame
 
 def cluster_power(gpu_ts: pd.DataFrame, edges: np.ndarray, *, gpus_per_node: int,
                   idle_w: float, overhead_w: float = NODE_OVERHEAD_W) -> np.ndarray:
-    """Power of the powered nodes per window (W): the used GPUs' ``power_w``, the idle
-    power of the other GPUs of their nodes, and each node's overhead."""
+    """Power of the powered nodes (those holding a used GPU; GPU ``i`` on node ``i //
+    gpus_per_node``) per window (W): the used GPUs' ``power_w``, the idle power of the
+    other GPUs of those nodes, and each node's overhead."""
     n = len(edges) - 1
-    used = gpu_ts["gpu"].nunique() if len(gpu_ts) else 0
-    nodes = max(1, math.ceil(used / gpus_per_node)) if used else 0
+    ids = gpu_ts["gpu"].unique() if len(gpu_ts) else np.zeros(0, dtype=int)
+    used = len(ids)
+    nodes = len(np.unique(ids // gpus_per_node))  # GPU i sits on node i // gpus_per_node
     idx = np.searchsorted(edges, gpu_ts["window_start_s"].to_numpy(float), side="right") - 1
     gpu = np.bincount(np.clip(idx, 0, n - 1), weights=gpu_ts["power_w"].to_numpy(float),
                       minlength=n) if used else np.zeros(n)
