@@ -11,7 +11,9 @@ limits), so the same scenario and seed give the same tables.
 from __future__ import annotations
 
 import math
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import pandas as pd
@@ -51,6 +53,8 @@ MAX_ROUNDS = 3
 #: Requests simulated per candidate by default (the scenario's count, capped).
 DEFAULT_REQUESTS = 500
 RULE = "rule of thumb"
+#: Layouts from which the estimate runs in worker processes (fewer: start-up dominates).
+PARALLEL_LAYOUTS = 8
 
 #: Columns of plan.csv, in order.
 PLAN_COLUMNS = [
@@ -163,47 +167,61 @@ def _meets(sim: dict, slo: SloKeys) -> bool:
             and not sim["keep_up_ratio"] < sim["keep_up_least"])
 
 
+def _layout_rows(job: tuple) -> list[dict]:
+    """Candidate rows of one layout x every engine limit (see
+    :func:`enumerate_candidates`); a top-level function so that worker processes run it."""
+    base, seed, lay, limits, probe, need, stats, ttft_s, tpot_s, moe = job
+    try:
+        cp = build_plan(load_scenario(resolve_point(base, _point(lay, probe, moe), seed)))
+    except ScenarioError as exc:
+        cp, why = None, "; ".join(exc.problems)
+    rows = []
+    for lim in limits:
+        row = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep,
+               "attention_dp": lay.attention_dp,
+               "max_num_seqs": lim.max_num_seqs,
+               "max_num_batched_tokens": lim.max_num_batched_tokens,
+               "chunk_size": lim.chunk_size, "gpus": lay.gpus, "status": "excluded",
+               "reason": "", "kv_tokens_per_replica": math.nan, "simulated": False}
+        rows.append(row)
+        if cp is None:
+            row["reason"] = why
+            continue
+        try:
+            mem = _memory(cp, lim)
+        except ScenarioError as exc:
+            row["reason"] = "; ".join(exc.problems)
+            continue
+        row["kv_tokens_per_replica"] = mem.kv_tokens
+        per_stream = mem.kv_tokens // cp.streams_per_replica
+        if per_stream < need:
+            row["reason"] = (f"KV cache of {per_stream} tokens per stream is under the "
+                             f"useful {need} (the longest request, and 8 mean ones)")
+            continue
+        est = estimate(cp, lim, mem.kv_tokens, stats, ttft_s, tpot_s)
+        row.update(est.as_row(), status="feasible")
+    return rows
+
+
 def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStats,
-                         objective: str) -> pd.DataFrame:
+                         objective: str, jobs: int | None = 1) -> pd.DataFrame:
     """Every layout of at most ``gpus`` GPUs x every engine limit: built (placement, fit),
     checked for a useful KV cache and estimated; ``status`` is ``feasible`` or
-    ``excluded`` with the ``reason``. Sorted by the estimate (``est_rank``)."""
+    ``excluded`` with the ``reason``. Sorted by the estimate (``est_rank``). Layouts are
+    estimated in ``jobs`` processes (None: the CPUs); the table does not depend on it."""
     model = load_model(s.model.name, s.base_dir)
     limits = engine_limits(s)
     probe = min(limits, key=lambda lim: (lim.budget, lim.max_num_seqs))
     positions = s.engine.max_model_len or model.max_position_embeddings
     need = useful_kv_tokens(stats, positions)
-    rows = []
-    for lay in layouts(model, gpus):
-        try:
-            cp = build_plan(load_scenario(resolve_point(
-                base, _point(lay, probe, model.moe is not None), s.seed)))
-        except ScenarioError as exc:
-            cp, why = None, "; ".join(exc.problems)
-        for lim in limits:
-            row = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep,
-                   "attention_dp": lay.attention_dp,
-                   "max_num_seqs": lim.max_num_seqs,
-                   "max_num_batched_tokens": lim.max_num_batched_tokens,
-                   "chunk_size": lim.chunk_size, "gpus": lay.gpus, "status": "excluded",
-                   "reason": "", "kv_tokens_per_replica": math.nan, "simulated": False}
-            rows.append(row)
-            if cp is None:
-                row["reason"] = why
-                continue
-            try:
-                mem = _memory(cp, lim)
-            except ScenarioError as exc:
-                row["reason"] = "; ".join(exc.problems)
-                continue
-            row["kv_tokens_per_replica"] = mem.kv_tokens
-            per_stream = mem.kv_tokens // cp.streams_per_replica
-            if per_stream < need:
-                row["reason"] = (f"KV cache of {per_stream} tokens per stream is under the "
-                                 f"useful {need} (the longest request, and 8 mean ones)")
-                continue
-            est = estimate(cp, lim, mem.kv_tokens, stats, s.slo.ttft_s, s.slo.tpot_s)
-            row.update(est.as_row(), status="feasible")
+    work = [(base, s.seed, lay, limits, probe, need, stats, s.slo.ttft_s, s.slo.tpot_s,
+             model.moe is not None) for lay in layouts(model, gpus)]
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    if workers == 1 or len(work) < PARALLEL_LAYOUTS:
+        rows = [row for job in work for row in _layout_rows(job)]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            rows = [row for part in pool.map(_layout_rows, work, chunksize=4) for row in part]
     df = pd.DataFrame(rows)
     columns = _columns(CANDIDATE_COLUMNS, model)
     for c in columns:
@@ -304,7 +322,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     cap = gpus or total
     reqs = workload_requests(s)
     stats = workload_stats(s, reqs)
-    cands = enumerate_candidates(base, s, cap, stats, objective)
+    cands = enumerate_candidates(base, s, cap, stats, objective, jobs)
     feasible = cands[cands["status"] == "feasible"]
     if feasible.empty:
         raise ScenarioError(no_fit(cands, model.name, s.model.weight_dtype, cap))
