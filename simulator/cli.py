@@ -231,7 +231,7 @@ def cmd_plan(args) -> int:
     from simulator.planner.pools import format_pools_plan, plan_pools  # noqa: PLC0415
     from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
 
-    if args.disagg:  # colocated vs disaggregated (docs/disaggregation.md)
+    if args.disagg and not args.nodes:  # colocated vs disaggregated (docs/disaggregation.md)
         res = plan_pools(args.scenario, requests=args.requests,
                          slo_quantile=args.slo_quantile, overrides=args.set)
         out = Path(args.out) if args.out else Path("runs") / f"{res.scenario.name}-plan"
@@ -247,7 +247,8 @@ def cmd_plan(args) -> int:
                                             if k.strip()],
                             gpus=args.gpus, objective=args.objective, top=args.top,
                             requests=args.requests, jobs=args.jobs,
-                            slo_quantile=args.slo_quantile, overrides=args.set)
+                            slo_quantile=args.slo_quantile, overrides=args.set,
+                            disagg=args.disagg)
     else:
         result = plan(args.scenario, gpus=args.gpus, objective=args.objective, top=args.top,
                       requests=args.requests, jobs=args.jobs, slo_quantile=args.slo_quantile,

@@ -255,3 +255,16 @@ def test_deepseek_plan_finds_an_expert_parallel_layout_that_fits():
     assert not t[(t["ep"] > 1) & t["slo_met"]].empty
     assert {"est_objective", "binds", "cost_per_million_output_tokens_usd"} <= set(t.columns)
     assert t["gpu_hour_usd"].to_numpy() == pytest.approx([50.44 / 8] * len(t))
+
+
+def test_disaggregated_candidates_appear_with_disagg(kinds_scenario, tmp_path):
+    r = plan_kinds(kinds_scenario, ["dgx-h100"], gpus=2, top=2, requests=None, jobs=1,
+                   disagg=True)
+    p = r.pools
+    assert set(p["kind"]) == {"colocated", "disaggregated"}
+    dis = p[(p["kind"] == "disaggregated") & (p["status"] == "ok")]
+    assert len(dis) and (dis["node"] == "dgx-h100").all()
+    assert "best disaggregated" in r.pools_text and "against the pick" in r.pools_text
+    files = write_plan(r, tmp_path, figure=False)
+    assert tmp_path / "plan_pools.csv" in files
+    assert "disagg" in format_plan(r)

@@ -20,14 +20,17 @@ from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.planner.explain import GAIN, compare, label, no_slo, reason
 from simulator.planner.plan import RULE, PlanResult, _rank_key, plan, rank_correlation
+from simulator.planner.pools import plan_pools
 
 
 def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
                objective: str = "goodput_per_gpu", overrides: list[str] | None = None,
-               **kwargs) -> PlanResult:
+               disagg: bool = False, **kwargs) -> PlanResult:
     """Search every node kind in ``nodes`` with at most ``gpus`` GPUs (default: the
     scenario's cluster size) and merge the results (parameters of
-    :func:`~simulator.planner.plan.plan` pass through ``kwargs``).
+    :func:`~simulator.planner.plan.plan` pass through ``kwargs``). With ``disagg``, each
+    kind's colocated and disaggregated pool layouts on those nodes are simulated too
+    (:func:`~simulator.planner.pools.plan_pools`, pp = 1) and compared with the pick.
 
     Raises
     ------
@@ -52,7 +55,41 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
             errors.append(f"{kind}: {exc.problems[0]}")
     if not results:
         raise ScenarioError("--nodes: no node kind fits: " + "; ".join(errors))
-    return merge(results, objective, errors)
+    out = merge(results, objective, errors)
+    if disagg:
+        out.pools, out.pools_text = pools_by_kind(scenario, results, overrides, out.best,
+                                                  kwargs.get("requests"),
+                                                  kwargs.get("slo_quantile", 0.99))
+    return out
+
+
+def pools_by_kind(scenario, results: dict[str, PlanResult], overrides: list[str] | None,
+                  best: pd.Series | None, requests: int | None, q: float
+                  ) -> tuple[pd.DataFrame, str]:
+    """plan_pools on each kind's nodes: the table (``node`` column) and a sentence per kind
+    on its best disaggregated layout against the best colocated pick (goodput per GPU)."""
+    tables, parts = [], []
+    for kind, r in results.items():
+        extra = [f"cluster.topology={kind}", f"cluster.nodes={r.scenario.cluster.nodes}"]
+        try:
+            res = plan_pools(scenario, requests=requests, slo_quantile=q,
+                             overrides=[*(overrides or []), *extra])
+        except ScenarioError as exc:
+            parts.append(f"{kind}: disaggregated search out ({exc.problems[0]})")
+            continue
+        tables.append(_tag(res.table, kind))
+        dis = res.best_disaggregated
+        if dis is None or not dis["slo_met"]:
+            parts.append(f"{kind}: no disaggregated layout meets the SLOs")
+            continue
+        text = (f"{kind}: best disaggregated {dis['config']} "
+                f"{dis['goodput_req_per_s_per_gpu']:.3g} req/s per GPU")
+        if best is not None:
+            gain = dis["goodput_req_per_s_per_gpu"] / best["goodput_req_per_s_per_gpu"] - 1
+            text += f", {gain:+.0%} goodput per GPU against the pick"
+        parts.append(text)
+    table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    return table, "; ".join(parts)
 
 
 def _tag(df: pd.DataFrame, kind: str) -> pd.DataFrame:

@@ -63,6 +63,9 @@ def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list
     files = [out / "plan.csv", out / "candidates.csv"]
     result.table.to_csv(files[0], index=False)
     result.candidates.to_csv(files[1], index=False)
+    if result.pools is not None and not result.pools.empty:
+        files.append(out / "plan_pools.csv")
+        result.pools.to_csv(files[-1], index=False)
     pick = recommended_scenario(result)
     if pick is not None:
         files.append(out / RECOMMENDED)
@@ -109,6 +112,8 @@ def format_plan(result: PlanResult) -> str:
         lines.append(f"  note       {short} of {len(result.table)} runs too short to judge keeping "
                      f"up (warm-up under their median E2E): judged on TTFT and TPOT alone; "
                      f"raise --requests")
+    if result.pools_text:
+        lines.append(f"  disagg     {result.pools_text}")
     lines.append(f"  rule       {result.rule_why}")
     lines.append(f"             {result.comparison}")
     q = f"p{result.quantile * 100:g}"
