@@ -18,16 +18,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from simulator.cluster.build import ClusterPlan, build_plan, expert_setup
 from simulator.cluster.simulation import workload_requests
 from simulator.errors import ScenarioError
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario, SloKeys
-from simulator.model.memory import GIB, plan_memory, plan_moe_memory
 from simulator.model.spec import load_model
-from simulator.planner.estimate import estimate
+from simulator.planner.candidates import _memory, _point, layout_rows  # noqa: F401
 from simulator.planner.explain import binds, compare, misses, no_fit, no_slo, reason, sig
 from simulator.planner.objectives import SIM_COLUMN, est_value, spearman
 from simulator.planner.simulate import base_scenario, simulate_many
@@ -137,74 +135,11 @@ def _columns(columns: list[str], model) -> list[str]:
     return [*columns[:i], "ep", "attention_dp", *columns[i:]]
 
 
-def _point(lay: Layout, lim: Limits, moe_model: bool = False) -> dict:
-    """Scenario overrides of a candidate. A MoE model's layout always sets ep and
-    attention_dp (the scenario's own [parallel] is ignored), and no redundant experts
-    without EP."""
-    moe: dict = {}
-    if moe_model:
-        moe = {"parallel.ep": lay.ep, "parallel.attention_dp": lay.attention_dp}
-        if lay.ep == 1:
-            moe["parallel.redundant_experts"] = 0
-    return {"parallel.tp": lay.tp, "parallel.pp": lay.pp, "parallel.dp": lay.dp, **moe,
-            **lim.overrides()}
-
-
-def _memory(cp: ClusterPlan, lim: Limits):
-    s, m = cp.scenario, cp.model
-    e = s.engine
-    if m.moe is not None or m.mla is not None:
-        return plan_moe_memory(m, cp.node.gpu.memory_bytes, s.parallel.tp, s.parallel.pp,
-                               expert_setup(s, m, cp.node)[0], s.model.weight_dtype,
-                               s.model.kv_dtype, e.block_size, e.gpu_memory_utilization,
-                               lim.budget, lim.max_num_seqs, e.runtime_reserve_gib * GIB)
-    return plan_memory(m, cp.node.gpu.memory_bytes, s.parallel.tp, s.parallel.pp,
-                       s.model.weight_dtype, s.model.kv_dtype, e.block_size,
-                       e.gpu_memory_utilization, lim.budget, lim.max_num_seqs,
-                       e.runtime_reserve_gib * GIB)
-
-
 def _meets(sim: dict, slo: SloKeys) -> bool:
     """Whether a simulation row meets the SLOs (as ``slo_met`` in plan.csv)."""
     return (sim["status"] == "ok" and sim["ttft_q_s"] <= slo.ttft_s
             and sim["tpot_q_s"] <= slo.tpot_s
             and not sim["keep_up_ratio"] < sim["keep_up_least"])
-
-
-def _layout_rows(job: tuple) -> list[dict]:
-    """Candidate rows of one layout x every engine limit (see
-    :func:`enumerate_candidates`); a top-level function so that worker processes run it."""
-    base, seed, lay, limits, probe, need, stats, ttft_s, tpot_s, moe = job
-    try:
-        cp = build_plan(load_scenario(resolve_point(base, _point(lay, probe, moe), seed)))
-    except ScenarioError as exc:
-        cp, why = None, "; ".join(exc.problems)
-    rows = []
-    for lim in limits:
-        row = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep,
-               "attention_dp": lay.attention_dp,
-               "max_num_seqs": lim.max_num_seqs,
-               "max_num_batched_tokens": lim.max_num_batched_tokens,
-               "chunk_size": lim.chunk_size, "gpus": lay.gpus, "status": "excluded",
-               "reason": "", "kv_tokens_per_replica": math.nan, "simulated": False}
-        rows.append(row)
-        if cp is None:
-            row["reason"] = why
-            continue
-        try:
-            mem = _memory(cp, lim)
-        except ScenarioError as exc:
-            row["reason"] = "; ".join(exc.problems)
-            continue
-        row["kv_tokens_per_replica"] = mem.kv_tokens
-        per_stream = mem.kv_tokens // cp.streams_per_replica
-        if per_stream < need:
-            row["reason"] = (f"KV cache of {per_stream} tokens per stream is under the "
-                             f"useful {need} (the longest request, and 8 mean ones)")
-            continue
-        est = estimate(cp, lim, mem.kv_tokens, stats, ttft_s, tpot_s)
-        row.update(est.as_row(), status="feasible")
-    return rows
 
 
 def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStats,
@@ -222,10 +157,10 @@ def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStat
              model.moe is not None) for lay in layouts(model, gpus)]
     workers = max(1, min(jobs or os.cpu_count() or 1, len(work)))
     if workers == 1 or len(work) < PARALLEL_LAYOUTS:
-        rows = [row for job in work for row in _layout_rows(job)]
+        rows = [row for job in work for row in layout_rows(job)]
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            rows = [row for part in pool.map(_layout_rows, work, chunksize=4) for row in part]
+            rows = [row for part in pool.map(layout_rows, work, chunksize=4) for row in part]
     df = pd.DataFrame(rows)
     columns = _columns(CANDIDATE_COLUMNS, model)
     for c in columns:
