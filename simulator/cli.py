@@ -231,7 +231,7 @@ def cmd_plan(args) -> int:
     from simulator.planner.pools import format_pools_plan, plan_pools  # noqa: PLC0415
     from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
 
-    if args.disagg:  # colocated vs disaggregated (docs/disaggregation.md)
+    if args.disagg and not args.nodes:  # colocated vs disaggregated (docs/disaggregation.md)
         res = plan_pools(args.scenario, requests=args.requests,
                          slo_quantile=args.slo_quantile, overrides=args.set)
         out = Path(args.out) if args.out else Path("runs") / f"{res.scenario.name}-plan"
@@ -240,9 +240,19 @@ def cmd_plan(args) -> int:
         print(format_pools_plan(res))
         print(f"  outputs in {out}/ (plan_pools.csv)")
         return 0
-    result = plan(args.scenario, gpus=args.gpus, objective=args.objective, top=args.top,
-                  requests=args.requests, jobs=args.jobs, slo_quantile=args.slo_quantile,
-                  overrides=args.set)
+    if args.nodes:  # several node kinds (simulator/planner/kinds.py)
+        from simulator.planner.kinds import plan_kinds  # noqa: PLC0415 - on use
+
+        result = plan_kinds(args.scenario, [k.strip() for k in args.nodes.split(",")
+                                            if k.strip()],
+                            gpus=args.gpus, objective=args.objective, top=args.top,
+                            requests=args.requests, jobs=args.jobs,
+                            slo_quantile=args.slo_quantile, overrides=args.set,
+                            disagg=args.disagg)
+    else:
+        result = plan(args.scenario, gpus=args.gpus, objective=args.objective, top=args.top,
+                      requests=args.requests, jobs=args.jobs, slo_quantile=args.slo_quantile,
+                      overrides=args.set)
     out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-plan"
     files = write_plan(result, out, figure=not args.no_plot)
     print(format_plan(result))
@@ -365,11 +375,14 @@ def parser() -> argparse.ArgumentParser:
                                     "scenario; simulate the best and recommend one")
     n.add_argument("scenario", help="scenario TOML file (its layout is ignored)")
     n.add_argument("--gpus", type=int, help="most GPUs a layout may use (default: all)")
+    n.add_argument("--nodes", help="node kinds to search, comma-separated (e.g. "
+                                   "dgx-h100,hgx-h200), each on the nodes --gpus needs")
     n.add_argument("--disagg", action="store_true",
                    help="compare colocated and disaggregated prefill/decode layouts on the "
                         "scenario's nodes (docs/disaggregation.md)")
     n.add_argument("--objective", default="goodput_per_gpu",
-                   help="goodput_per_gpu (default), min_ttft or min_tpot")
+                   help="goodput_per_gpu (default), goodput_per_usd, tokens_per_joule, "
+                        "min_ttft or min_tpot")
     n.add_argument("--top", type=int, default=8, help="candidates simulated (default 8), "
                                                       "plus the rule of thumb")
     n.add_argument("--requests", type=int, default=500,

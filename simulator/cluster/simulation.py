@@ -40,6 +40,7 @@ from simulator.engine.request import WAITING, Request
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.engine.speculative import SpecStats, SpeculativeBatcher
 from simulator.errors import ScenarioError
+from simulator.hardware.prices import gpu_hour_usd
 from simulator.io.scenario import load_scenario, resolve_path
 from simulator.io.schema import Scenario
 from simulator.metrics.alerts import THRESHOLD_KEYS as ALERT_KEYS
@@ -48,6 +49,7 @@ from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
 from simulator.metrics.pools import pool_summary
+from simulator.metrics.power import add_power, cluster_power, cost_summary, energy_summary
 from simulator.metrics.records import Recorder
 from simulator.metrics.speculative import speculative_summary
 from simulator.metrics.summary import summarize
@@ -541,8 +543,27 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
         links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
                              [r.steps for r in cluster.replicas], steps, edges)
         ts = pd.concat([ts, links], axis=1)  # the same windows
+    gpu_ts, ts = _power(s, plan, requests, summary, gpu_ts, ts, window_s)
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
+
+
+def _power(s: Scenario, plan: ClusterPlan, requests: pd.DataFrame, summary: dict,
+           gpu_ts: pd.DataFrame, ts: pd.DataFrame, window_s: float):
+    """Power per GPU and window, cluster power per window (``power_w`` columns), energy and
+    cost keys in ``summary`` (simulator/metrics/power.py; NaN energy without step records)."""
+    gpu = plan.node.gpu
+    power = np.zeros(0)
+    if len(gpu_ts) and gpu.tdp_w is not None and gpu.idle_w is not None:
+        gpu_ts = add_power(gpu_ts, gpu.idle_w, gpu.tdp_w)
+        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
+        power = cluster_power(gpu_ts, edges, gpus_per_node=plan.node.gpus_per_node,
+                              idle_w=gpu.idle_w)
+        ts = ts.assign(power_w=power)
+    summary.update(energy_summary(power, window_s, requests))
+    summary.update(cost_summary(requests, plan.gpus_used,
+                                gpu_hour_usd(gpu.name, s.cluster.gpu_hour_usd)))
+    return gpu_ts, ts
 
 
 
@@ -705,5 +726,9 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
                         for p in plan.pools)
     ts, events_df, _, warnings = _observe(s, requests, kept, cluster, summary, kv_capacity,
                                           stream_blocks)
+    summary.update(energy_summary(np.zeros(0), 1.0, requests))  # no per-GPU windows yet
+    usd = sum(p.gpus * gpu_hour_usd(p.plan.node.gpu.name, p.spec.gpu_hour_usd)
+              for p in plan.pools)  # the GPU-weighted price, each pool's own or its default
+    summary.update(cost_summary(requests, plan.gpus_used, usd / max(plan.gpus_used, 1)))
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, warnings=warnings)

@@ -40,6 +40,10 @@ class GPUSpec:
     generation: str = ""
     boost_clock_hz: float | None = None
     l2_bytes: float | None = None
+    # Power (simulator/metrics/power.py): board power (TDP) and idle power, W; None when
+    # the file has none (energy is then NaN).
+    tdp_w: float | None = None
+    idle_w: float | None = None
 
     def peak(self, dtype: str) -> float:
         """Dense tensor FLOP/s for ``dtype``; 16-bit math when the GPU lacks the dtype."""
@@ -141,7 +145,8 @@ def load_gpu(name: str, base_dir: str | Path = ".", key: str = "gpu") -> GPUSpec
                        description=data.get("description", ""),
                        generation=_generation(data, key),
                        boost_clock_hz=_optional(data, "boost_clock_hz"),
-                       l2_bytes=_optional(data, "l2_bytes"))
+                       l2_bytes=_optional(data, "l2_bytes"),
+                       tdp_w=_optional(data, "tdp_w"), idle_w=_optional(data, "idle_w"))
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"{key}: GPU file for {name!r} is missing or has a bad field "
                             f"({exc})") from None

@@ -63,6 +63,8 @@ class ClusterKeys:
     # switch latency (s), unless set.
     nic_gbps: float | None = _f(None, gt=0.0, optional=True)
     switch_latency_s: float | None = _f(None, min=0.0, optional=True)
+    # Price of one GPU-hour, USD (simulator/hardware/prices.py defaults by GPU).
+    gpu_hour_usd: float | None = _f(None, min=0.0, optional=True)
 
 
 @dataclass(frozen=True)
@@ -326,6 +328,7 @@ LIMITS: dict[str, dict[str, float]] = {
     "cluster.nodes_per_leaf": {"max": 4096},
     "cluster.nic_gbps": {"min": 1.0, "max": 10_000.0},
     "cluster.switch_latency_s": {"max": 1e-3},
+    "cluster.gpu_hour_usd": {"max": 10000.0},
     "parallel.tp": {"max": 1024},
     "parallel.pp": {"max": 1024},
     "parallel.dp": {"max": 65536},

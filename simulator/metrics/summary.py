@@ -31,6 +31,8 @@ SUMMARY_KEYS = [
     "nvlink_util_mean", "nvlink_util_max", "pcie_util_mean", "pcie_util_max",
     "fabric_util_mean", "fabric_util_max",  # simulator.metrics.links
     "downtime_spans",  # [replica, down_s, up_s or null, fault target], from the run's faults
+    "energy_j", "energy_per_request_j", "energy_per_output_token_j", "power_mean_w",
+    "gpu_hour_usd", "cost_per_million_output_tokens_usd",  # simulator.metrics.power
     "wall_time_s",
 ]
 

@@ -105,6 +105,9 @@ def reason(best: pd.Series, table: pd.DataFrame, cands: pd.DataFrame, objective:
     if best["gpus"] < total:
         head += f" (uses {int(best['gpus'])} of the {total} GPUs)"
     raw = {"goodput_per_gpu": lambda r: -r["offered_req_per_s"] / r["gpus"],
+           "goodput_per_usd": lambda r: -r["offered_req_per_s"] / (r["gpus"]
+                                                                   * r["gpu_hour_usd"]),
+           "tokens_per_joule": lambda r: -r["tokens_per_joule"],
            "min_ttft": lambda r: r["ttft_slo_q_s"], "min_tpot": lambda r: r["tpot_slo_q_s"]}
     f = raw[objective]
     better = [r for _, r in table.iterrows()
@@ -134,6 +137,26 @@ def reason(best: pd.Series, table: pd.DataFrame, cands: pd.DataFrame, objective:
     return f"{head}\n  {binds}"
 
 
+#: Objective -> (plan.csv column, words) of the objectives compared as a ratio.
+GAIN = {"goodput_per_gpu": ("goodput_req_per_s_per_gpu", "goodput per GPU"),
+        "goodput_per_usd": ("goodput_req_per_usd", "goodput per dollar"),
+        "tokens_per_joule": ("tokens_per_joule", "tokens per joule")}
+
+
+def binds(r: pd.Series, slo: SloKeys, q: float) -> str:
+    """What binds one simulated row: the targets it misses, else the SLO it is closest to
+    (its quantile over the target) and KV memory when it preempted."""
+    miss = misses(r, slo, q)
+    if miss:
+        return "; ".join(miss)
+    t, p = r["ttft_slo_q_s"] / slo.ttft_s, r["tpot_slo_q_s"] / slo.tpot_s
+    out = (f"TTFT (p{q * 100:g} at {t:.0%} of its target)" if t >= p
+           else f"TPOT (p{q * 100:g} at {p:.0%} of its target)")
+    if r.get("preemptions_total", 0) and r["preemptions_total"] > 0:
+        out += f"; KV memory ({int(r['preemptions_total'])} preemptions)"
+    return out
+
+
 def compare(best: pd.Series | None, rule_row: pd.Series | None, rule: Layout | None,
             objective: str, slo: SloKeys, q: float) -> str:
     """How far the pick beats the rule-of-thumb layout (or that the rule wins)."""
@@ -150,9 +173,9 @@ def compare(best: pd.Series | None, rule_row: pd.Series | None, rule: Layout | N
         return f"rule of thumb {label(rule_row)}"
     if int(rule_row["rank"]) == int(best["rank"]):
         return f"the rule of thumb wins: {label(rule_row)} is the pick"
-    if objective == "goodput_per_gpu":
-        a, b = best["goodput_req_per_s_per_gpu"], rule_row["goodput_req_per_s_per_gpu"]
-        what = "goodput per GPU"
+    if objective in GAIN:
+        col, what = GAIN[objective]
+        a, b = best[col], rule_row[col]
         gain = a / b - 1 if b > 0 else math.inf
     else:
         col = "ttft_slo_q_s" if objective == "min_ttft" else "tpot_slo_q_s"

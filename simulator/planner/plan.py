@@ -11,21 +11,23 @@ limits), so the same scenario and seed give the same tables.
 from __future__ import annotations
 
 import math
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import pandas as pd
 
-from simulator.cluster.build import ClusterPlan, build_plan, expert_setup
 from simulator.cluster.simulation import workload_requests
 from simulator.errors import ScenarioError
+from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario, SloKeys
-from simulator.model.memory import GIB, plan_memory, plan_moe_memory
 from simulator.model.spec import load_model
-from simulator.planner.estimate import estimate
-from simulator.planner.explain import compare, misses, no_fit, no_slo, reason, sig
+from simulator.planner.candidates import _memory, _point, layout_rows  # noqa: F401
+from simulator.planner.explain import binds, compare, misses, no_fit, no_slo, reason, sig
+from simulator.planner.objectives import SIM_COLUMN, est_value, spearman
 from simulator.planner.simulate import base_scenario, simulate_many
 from simulator.planner.space import (
     Layout,
@@ -39,7 +41,8 @@ from simulator.planner.space import (
 )
 from simulator.sweep import resolve_point
 
-OBJECTIVES = ("goodput_per_gpu", "min_ttft", "min_tpot")
+OBJECTIVES = ("goodput_per_gpu", "goodput_per_usd", "tokens_per_joule", "min_ttft",
+              "min_tpot")
 #: Candidates simulated by default, at most PER_LAYOUT of them with one (tp, pp, dp).
 DEFAULT_TOP = 8
 PER_LAYOUT = 2
@@ -48,6 +51,8 @@ MAX_ROUNDS = 3
 #: Requests simulated per candidate by default (the scenario's count, capped).
 DEFAULT_REQUESTS = 500
 RULE = "rule of thumb"
+#: Layouts from which the estimate runs in worker processes (fewer: start-up dominates).
+PARALLEL_LAYOUTS = 8
 
 #: Columns of plan.csv, in order.
 PLAN_COLUMNS = [
@@ -57,12 +62,14 @@ PLAN_COLUMNS = [
     "offered_req_per_s", "goodput_req_per_s", "goodput_req_per_s_per_gpu",
     "slo_attainment", "keep_up_ratio", "keep_up_least", "slo_met", "kv_tokens_per_replica",
     "pp_bubble_fraction", "preemptions_total", "est_capacity_req_per_s", "est_ttft_p99_s",
-    "est_tpot_s", "placement", "note"]
+    "est_tpot_s", "placement", "note", "est_objective", "gpu_hour_usd",
+    "cost_per_million_output_tokens_usd", "goodput_req_per_usd", "power_mean_w",
+    "energy_per_output_token_j", "tokens_per_joule", "binds", "status", "error"]
 CANDIDATE_COLUMNS = [
     "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
     "status", "reason", "kv_tokens_per_replica", "est_capacity_req_per_s", "est_utilization",
     "est_batch", "est_cycle_s", "est_prefill_s", "est_ttft_s", "est_ttft_p99_s", "est_tpot_s",
-    "est_goodput_req_per_s", "est_rank", "simulated"]
+    "est_goodput_req_per_s", "est_rank", "simulated", "est_objective"]
 
 
 @dataclass
@@ -86,6 +93,13 @@ class PlanResult:
     error: str | None = None
     wall_time_s: float = 0.0  # the whole plan
     simulated_s: float = 0.0  # sum of the simulations' wall times
+    # Spearman's rho between the estimate's and the simulation's objective on the simulated
+    # points (simulator.planner.objectives.spearman; NaN with fewer than 3).
+    rank_correlation: float = math.nan
+    # With --disagg and --nodes: every colocated and disaggregated pool layout simulated
+    # per kind (simulator.planner.pools; plan_pools.csv), and how the best compare.
+    pools: pd.DataFrame | None = None
+    pools_text: str = ""
 
 
 def _key(lay: Layout, lim: Limits) -> str:
@@ -121,33 +135,6 @@ def _columns(columns: list[str], model) -> list[str]:
     return [*columns[:i], "ep", "attention_dp", *columns[i:]]
 
 
-def _point(lay: Layout, lim: Limits, moe_model: bool = False) -> dict:
-    """Scenario overrides of a candidate. A MoE model's layout always sets ep and
-    attention_dp (the scenario's own [parallel] is ignored), and no redundant experts
-    without EP."""
-    moe: dict = {}
-    if moe_model:
-        moe = {"parallel.ep": lay.ep, "parallel.attention_dp": lay.attention_dp}
-        if lay.ep == 1:
-            moe["parallel.redundant_experts"] = 0
-    return {"parallel.tp": lay.tp, "parallel.pp": lay.pp, "parallel.dp": lay.dp, **moe,
-            **lim.overrides()}
-
-
-def _memory(cp: ClusterPlan, lim: Limits):
-    s, m = cp.scenario, cp.model
-    e = s.engine
-    if m.moe is not None or m.mla is not None:
-        return plan_moe_memory(m, cp.node.gpu.memory_bytes, s.parallel.tp, s.parallel.pp,
-                               expert_setup(s, m, cp.node)[0], s.model.weight_dtype,
-                               s.model.kv_dtype, e.block_size, e.gpu_memory_utilization,
-                               lim.budget, lim.max_num_seqs, e.runtime_reserve_gib * GIB)
-    return plan_memory(m, cp.node.gpu.memory_bytes, s.parallel.tp, s.parallel.pp,
-                       s.model.weight_dtype, s.model.kv_dtype, e.block_size,
-                       e.gpu_memory_utilization, lim.budget, lim.max_num_seqs,
-                       e.runtime_reserve_gib * GIB)
-
-
 def _meets(sim: dict, slo: SloKeys) -> bool:
     """Whether a simulation row meets the SLOs (as ``slo_met`` in plan.csv)."""
     return (sim["status"] == "ok" and sim["ttft_q_s"] <= slo.ttft_s
@@ -156,46 +143,24 @@ def _meets(sim: dict, slo: SloKeys) -> bool:
 
 
 def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStats,
-                         objective: str) -> pd.DataFrame:
+                         objective: str, jobs: int | None = 1) -> pd.DataFrame:
     """Every layout of at most ``gpus`` GPUs x every engine limit: built (placement, fit),
     checked for a useful KV cache and estimated; ``status`` is ``feasible`` or
-    ``excluded`` with the ``reason``. Sorted by the estimate (``est_rank``)."""
+    ``excluded`` with the ``reason``. Sorted by the estimate (``est_rank``). Layouts are
+    estimated in ``jobs`` processes (None: the CPUs); the table does not depend on it."""
     model = load_model(s.model.name, s.base_dir)
     limits = engine_limits(s)
     probe = min(limits, key=lambda lim: (lim.budget, lim.max_num_seqs))
     positions = s.engine.max_model_len or model.max_position_embeddings
     need = useful_kv_tokens(stats, positions)
-    rows = []
-    for lay in layouts(model, gpus):
-        try:
-            cp = build_plan(load_scenario(resolve_point(
-                base, _point(lay, probe, model.moe is not None), s.seed)))
-        except ScenarioError as exc:
-            cp, why = None, "; ".join(exc.problems)
-        for lim in limits:
-            row = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep,
-                   "attention_dp": lay.attention_dp,
-                   "max_num_seqs": lim.max_num_seqs,
-                   "max_num_batched_tokens": lim.max_num_batched_tokens,
-                   "chunk_size": lim.chunk_size, "gpus": lay.gpus, "status": "excluded",
-                   "reason": "", "kv_tokens_per_replica": math.nan, "simulated": False}
-            rows.append(row)
-            if cp is None:
-                row["reason"] = why
-                continue
-            try:
-                mem = _memory(cp, lim)
-            except ScenarioError as exc:
-                row["reason"] = "; ".join(exc.problems)
-                continue
-            row["kv_tokens_per_replica"] = mem.kv_tokens
-            per_stream = mem.kv_tokens // cp.streams_per_replica
-            if per_stream < need:
-                row["reason"] = (f"KV cache of {per_stream} tokens per stream is under the "
-                                 f"useful {need} (the longest request, and 8 mean ones)")
-                continue
-            est = estimate(cp, lim, mem.kv_tokens, stats, s.slo.ttft_s, s.slo.tpot_s)
-            row.update(est.as_row(), status="feasible")
+    work = [(base, s.seed, lay, limits, probe, need, stats, s.slo.ttft_s, s.slo.tpot_s,
+             model.moe is not None) for lay in layouts(model, gpus)]
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    if workers == 1 or len(work) < PARALLEL_LAYOUTS:
+        rows = [row for job in work for row in layout_rows(job)]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            rows = [row for part in pool.map(layout_rows, work, chunksize=4) for row in part]
     df = pd.DataFrame(rows)
     columns = _columns(CANDIDATE_COLUMNS, model)
     for c in columns:
@@ -207,10 +172,17 @@ def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStat
         if r["status"] != "feasible":
             return (2, 0.0, _stable(r))
         ok = r["est_goodput_req_per_s"] > 0
-        obj = {"goodput_per_gpu": -r["est_goodput_req_per_s"] / r["gpus"]
-               if ok else -r["est_capacity_req_per_s"] / r["gpus"],
-               "min_ttft": r["est_ttft_p99_s"], "min_tpot": r["est_tpot_s"]}[objective]
+        obj = {"min_ttft": r["est_ttft_p99_s"], "min_tpot": r["est_tpot_s"]}.get(
+            objective, -r["est_objective"])
         return (0 if ok else 1, sig(obj), _stable(r))
+
+    feasible = df["status"] == "feasible"
+    node = load_node(s.cluster.topology, s.base_dir)
+    price = gpu_hour_usd(node.gpu.name, s.cluster.gpu_hour_usd)
+    df["est_objective"] = [
+        {"min_ttft": r["est_ttft_p99_s"], "min_tpot": r["est_tpot_s"]}.get(
+            objective, est_value(r, objective, price, node, stats.output_mean))
+        if f else math.nan for f, (_, r) in zip(feasible, df.iterrows(), strict=True)]
 
     order = sorted(range(len(df)), key=lambda i: score(df.iloc[i]))
     df = df.iloc[order].reset_index(drop=True)
@@ -223,6 +195,9 @@ def _rank_key(objective: str):
     def key(r) -> tuple:
         if r["status"] != "ok":
             return (2, 0.0, 0.0, 0.0, _stable(r))
+        if objective in SIM_COLUMN:
+            return (0 if r["slo_met"] else 1, -sig(r[SIM_COLUMN[objective]]),
+                    r["tpot_slo_q_s"], r["ttft_slo_q_s"], _stable(r))
         primary = {"goodput_per_gpu": (-sig(r["goodput_req_per_s_per_gpu"]),
                                        r["tpot_slo_q_s"], r["ttft_slo_q_s"]),
                    "min_ttft": (sig(r["ttft_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
@@ -245,8 +220,11 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         Model, cluster, workload and SLOs; its own layout is ignored.
     gpus : int, optional
         Most GPUs a layout may use (default: all in the cluster).
-    objective : {"goodput_per_gpu", "min_ttft", "min_tpot"}
-        Goodput (requests/s meeting both SLOs) per GPU used, or the TTFT / TPOT quantile.
+    objective : {"goodput_per_gpu", "goodput_per_usd", "tokens_per_joule", "min_ttft", \
+"min_tpot"}
+        Goodput (requests/s meeting both SLOs) per GPU used, goodput requests per dollar,
+        output tokens per joule (simulator.planner.objectives), or the TTFT / TPOT
+        quantile.
     top : int
         Candidates simulated per round (best by the estimate, at most 2 per layout), plus
         the rule of thumb; up to 3 rounds while none but the rule meets the SLOs.
@@ -283,7 +261,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     cap = gpus or total
     reqs = workload_requests(s)
     stats = workload_stats(s, reqs)
-    cands = enumerate_candidates(base, s, cap, stats, objective)
+    cands = enumerate_candidates(base, s, cap, stats, objective, jobs)
     feasible = cands[cands["status"] == "feasible"]
     if feasible.empty:
         raise ScenarioError(no_fit(cands, model.name, s.model.weight_dtype, cap))
@@ -316,7 +294,10 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         lim = Limits(int(r["max_num_seqs"]), int(r["max_num_batched_tokens"]),
                      None if pd.isna(r["chunk_size"]) else int(r["chunk_size"]))
         lay = _layout(r)
-        return resolve_point(base, _point(lay, lim, model.moe is not None), s.seed)
+        point = resolve_point(base, _point(lay, lim, model.moe is not None), s.seed)
+        if objective == "tokens_per_joule":  # energy needs the step records
+            point["output"] = {**point.get("output", {}), "steps": True}
+        return point
 
     # Rounds: the next `top` by the estimate (at most PER_LAYOUT per layout), until a
     # simulated candidate other than the rule of thumb meets the SLOs (the estimate can be
@@ -350,7 +331,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
                                                      else ()),
                                  "max_num_seqs", "max_num_batched_tokens",
                                  "chunk_size", "gpus", "est_capacity_req_per_s",
-                                 "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica")}
+                                 "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica",
+                                 "est_objective")}
         row.update({k: v for k, v in sim.items()
                     if k not in ("wall_time_s", "ttft_q_s", "tpot_q_s")})
         row["ttft_slo_q_s"] = sim.get("ttft_q_s", math.nan)
@@ -378,6 +360,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         parts += misses(r, slo, slo_quantile)
         notes.append("; ".join(parts))
     table["note"] = notes
+    table["binds"] = [binds(r, slo, slo_quantile) for _, r in table.iterrows()]
     rule_row = table[table["_rule"]]
     table = table.drop(columns="_rule")
 
@@ -392,6 +375,15 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     return PlanResult(s, objective, slo_quantile, cap, total, stats,
                       cands.reset_index(drop=True), table[columns].copy(), rule,
                       rule_why, best, why, comparison, error, time.perf_counter() - t0,
-                      wall)
+                      wall, rank_correlation(table, objective))
+
+
+def rank_correlation(table: pd.DataFrame, objective: str) -> float:
+    """Spearman's rho of the estimate's objective against the simulated one over the
+    simulated rows (for min_ttft / min_tpot: the estimated p99 TTFT / TPOT against the
+    simulated quantile)."""
+    sim = {"min_ttft": "ttft_slo_q_s", "min_tpot": "tpot_slo_q_s", **SIM_COLUMN}[objective]
+    ok = table[table["status"] == "ok"]
+    return spearman(ok["est_objective"], ok[sim])
 
 

@@ -28,9 +28,9 @@ def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
-    """Throughput per GPU against tokens/s per user (1 / TPOT p50) of the simulated
-    candidates; the Pareto front joined, SLO misses hollow, the pick and the rule of thumb
-    labelled. Writes a PNG to ``path``."""
+    """Throughput per GPU, and per dollar when the rows carry ``gpu_hour_usd``, against
+    tokens/s per user (1 / TPOT p50) of the simulated candidates; the Pareto front joined,
+    SLO misses hollow, the pick and the rule of thumb labelled. Writes a PNG to ``path``."""
     import matplotlib  # noqa: PLC0415 - on use (start-up cost)
 
     matplotlib.use("Agg")
@@ -38,32 +38,40 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
 
     ok = table[table["tok_per_s_per_user"].notna()]  # runs that failed have no speed
     x = ok["tok_per_s_per_user"].to_numpy(dtype=float)
-    y = ok["throughput_tok_per_s_per_gpu"].to_numpy(dtype=float)
+    per_gpu = ok["throughput_tok_per_s_per_gpu"].to_numpy(dtype=float)
+    panels = [(per_gpu, "throughput per GPU (output tok/s)")]
+    if "gpu_hour_usd" in ok and ok["gpu_hour_usd"].notna().all() and len(ok):
+        usd = per_gpu * 3600.0 / ok["gpu_hour_usd"].to_numpy(dtype=float)
+        panels.append((usd, "output tokens per dollar"))
     met = ok["slo_met"].to_numpy(dtype=bool)
-    front = pareto_front(x, y)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter(x[met], y[met], color="tab:blue", label="meets the SLOs", zorder=3)
-    ax.scatter(x[~met], y[~met], facecolors="none", edgecolors="tab:red",
-               label="misses an SLO", zorder=3)
-    order = np.argsort(x[front])
-    ax.plot(x[front][order], y[front][order], color="tab:blue", alpha=0.5,
-            linestyle="--", label="Pareto front")
-    drawn: set[str] = set()
-    for (_, r), xi, yi in zip(ok.iterrows(), x, y, strict=True):
-        text = f"{int(r['tp'])}/{int(r['pp'])}/{int(r['dp'])}"
-        if r["rank"] == 1 and r["slo_met"]:
-            text += " pick"
-        if "rule of thumb" in str(r["note"]):
-            text += " rule"
-        if text in drawn:  # engine-limit variants of a layout: one label
-            continue
-        drawn.add(text)
-        ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=7)
-    ax.set_xlabel("tokens/s per user (1 / TPOT p50); labels: TP/PP/DP")
-    ax.set_ylabel("throughput per GPU (output tok/s)")
-    ax.set_title(title or "plan: TP/PP/DP of the simulated candidates")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    for ax, (y, ylabel) in zip(axes[0], panels, strict=True):
+        front = pareto_front(x, y)
+        ax.scatter(x[met], y[met], color="tab:blue", label="meets the SLOs", zorder=3)
+        ax.scatter(x[~met], y[~met], facecolors="none", edgecolors="tab:red",
+                   label="misses an SLO", zorder=3)
+        order = np.argsort(x[front])
+        ax.plot(x[front][order], y[front][order], color="tab:blue", alpha=0.5,
+                linestyle="--", label="Pareto front")
+        drawn: set[str] = set()
+        for (_, r), xi, yi in zip(ok.iterrows(), x, y, strict=True):
+            text = f"{int(r['tp'])}/{int(r['pp'])}/{int(r['dp'])}"
+            if isinstance(r.get("node"), str):
+                text = f"{r['node']} {text}"
+            if r["rank"] == 1 and r["slo_met"]:
+                text += " pick"
+            if "rule of thumb" in str(r["note"]):
+                text += " rule"
+            if text in drawn:  # engine-limit variants of a layout: one label
+                continue
+            drawn.add(text)
+            ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 3),
+                        fontsize=7)
+        ax.set_xlabel("tokens/s per user (1 / TPOT p50); labels: TP/PP/DP")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title or "plan: TP/PP/DP of the simulated candidates", fontsize=10)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

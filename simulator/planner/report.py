@@ -63,6 +63,9 @@ def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list
     files = [out / "plan.csv", out / "candidates.csv"]
     result.table.to_csv(files[0], index=False)
     result.candidates.to_csv(files[1], index=False)
+    if result.pools is not None and not result.pools.empty:
+        files.append(out / "plan_pools.csv")
+        result.pools.to_csv(files[-1], index=False)
     pick = recommended_scenario(result)
     if pick is not None:
         files.append(out / RECOMMENDED)
@@ -70,8 +73,10 @@ def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list
                              .replace("\n", " ").rstrip() + "\n" + tomli_w.dumps(pick))
     if figure and not result.table.empty:
         s = result.scenario
-        title = (f"{s.model.name} ({s.model.weight_dtype}) on {s.cluster.nodes} x "
-                 f"{s.cluster.topology}: throughput per GPU vs speed per user")
+        where = (", ".join(sorted(result.table["node"].unique())) if "node" in result.table
+                 else f"{s.cluster.nodes} x {s.cluster.topology}")
+        title = (f"{s.model.name} ({s.model.weight_dtype}) on {where}: throughput per GPU "
+                 f"and per dollar vs speed per user")
         files.append(pareto_plot(result.table, out / "pareto.png", title))
     return files
 
@@ -82,9 +87,13 @@ def format_plan(result: PlanResult) -> str:
     load = (f"{st.rate_per_s:.3g} req/s" if st.rate_per_s is not None
             else f"{st.concurrency} clients")
     n_feasible = int((result.candidates["status"] == "feasible").sum())
+    where = (f"{s.cluster.nodes} x {s.cluster.topology} ({result.cluster_gpus} GPUs, "
+             f"layouts up to {result.gpus})")
+    if "node" in result.table:  # several node kinds (simulator/planner/kinds.py)
+        where = (f"node kinds {', '.join(dict.fromkeys(result.candidates['node']))} "
+                 f"(layouts up to {result.gpus} GPUs each)")
     lines = [f"plan {s.name}: {s.model.name} ({s.model.weight_dtype} weights, "
-             f"{s.model.kv_dtype} KV) on {s.cluster.nodes} x {s.cluster.topology} "
-             f"({result.cluster_gpus} GPUs, layouts up to {result.gpus})",
+             f"{s.model.kv_dtype} KV) on {where}",
              f"  workload   {st.requests} requests simulated per candidate, {load}, prompt "
              f"mean {st.prompt_mean:.0f}, output mean {st.output_mean:.0f} tokens; SLO "
              f"p{result.quantile * 100:g} TTFT <= {s.slo.ttft_s:g} s, TPOT <= "
@@ -92,6 +101,10 @@ def format_plan(result: PlanResult) -> str:
              f"  searched   {len(result.candidates)} candidates, {n_feasible} feasible, "
              f"{len(result.table)} simulated (objective {result.objective}) in "
              f"{result.wall_time_s:.1f} s"]
+    rho = result.rank_correlation
+    lines.append("  estimate   rank correlation with the simulation (Spearman, on the "
+                 f"{int((result.table['status'] == 'ok').sum())} simulated points): "
+                 + (f"{rho:.2f}" if rho == rho else "n/a (fewer than 3 distinct points)"))
     if result.best is not None:
         lines.append(f"  recommend  {result.reason}")
     short = int(result.table["keep_up_ratio"].isna().sum())
@@ -99,12 +112,17 @@ def format_plan(result: PlanResult) -> str:
         lines.append(f"  note       {short} of {len(result.table)} runs too short to judge keeping "
                      f"up (warm-up under their median E2E): judged on TTFT and TPOT alone; "
                      f"raise --requests")
+    if result.pools_text:
+        lines.append(f"  disagg     {result.pools_text}")
     lines.append(f"  rule       {result.rule_why}")
     lines.append(f"             {result.comparison}")
     q = f"p{result.quantile * 100:g}"
+    extra = {"goodput_per_usd": "goodput_req_per_usd",
+             "tokens_per_joule": "tokens_per_joule"}.get(result.objective)
     w = max([14, *(len(layout_label(r)) for _, r in result.table.head(10).iterrows())])
     lines.append(f"  rank  {'layout':<{w + 2}}seqs budget GPUs  {'TTFT ' + q:>8}  "
-                 f"{'TPOT ' + q:>8}  tok/s/GPU  goodput/GPU  SLO")
+                 f"{'TPOT ' + q:>8}  tok/s/GPU  goodput/GPU  SLO"
+                 + (f"  {extra}" if extra else ""))
     for _, r in result.table.head(10).iterrows():
         budget = (int(r["max_num_batched_tokens"]) if pd.isna(r["chunk_size"])
                   else int(r["chunk_size"]))
@@ -113,7 +131,8 @@ def format_plan(result: PlanResult) -> str:
                      f"{budget:>6} {int(r['gpus']):>4}  {r['ttft_slo_q_s']:>8.3f}  "
                      f"{r['tpot_slo_q_s']:>8.4f}  {r['throughput_tok_per_s_per_gpu']:>9.1f}  "
                      f"{r['goodput_req_per_s_per_gpu']:>11.3f}  "
-                     f"{'met' if r['slo_met'] else 'missed'}")
+                     f"{'met' if r['slo_met'] else 'missed'}"
+                     + (f"  {r[extra]:.4g}" if extra else ""))
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ from simulator.cluster.build import ClusterPlan
 from simulator.cluster.simulation import run
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, to_dict
+from simulator.planner.objectives import sim_values
 
 #: A layout keeps up when it generates at least this fraction of the output tokens offered
 #: in the steady window (less when the run is too short to tell, see :func:`keep_up`).
@@ -139,7 +140,9 @@ def simulate(resolved: dict, quantile: float = 0.99) -> dict:
     to last completion).
     """
     try:
-        result = run(load_scenario(resolved), keep_steps=False)
+        # Step records only when the plan asks for energy (tokens_per_joule).
+        result = run(load_scenario(resolved),
+                     keep_steps=bool(resolved.get("output", {}).get("steps", False)))
     except ScenarioError as exc:
         return {"status": "error", "error": exc.render().replace("\n", "; ")}
     s, req = result.summary, result.requests
@@ -174,6 +177,7 @@ def simulate(resolved: dict, quantile: float = 0.99) -> dict:
            "pp_bubble_fraction": s["pp_bubble_fraction"],
            "placement": placement_text(result.plan),
            "wall_time_s": s["wall_time_s"]}
+    row.update(sim_values(row, s))
     return row
 
 

@@ -56,7 +56,9 @@ def moe_label(ep, attention_dp) -> str:
 
 def layout_label(row) -> str:
     """``TP8 PP1 DP1`` (plus the MoE part) of a candidate or plan row."""
-    return (f"TP{int(row['tp'])} PP{int(row['pp'])} DP{int(row['dp'])}"
+    kind = row.get("node")  # multi-kind plans (simulator.planner.kinds)
+    return ((f"{kind} " if isinstance(kind, str) else "")
+            + f"TP{int(row['tp'])} PP{int(row['pp'])} DP{int(row['dp'])}"
             + moe_label(row.get("ep"), row.get("attention_dp")))
 
 

@@ -1,0 +1,85 @@
+"""GPU and node power, energy per request and per output token (docs/metrics.md, "Power").
+
+Model, per GPU and time window: ``P = idle_w + (tdp_w - idle_w) * a`` with the activity
+``a = 1 - (1 - compute_util) * (1 - hbm_util)`` (both clipped to [0, 1]): idle power at zero
+utilization, the board power (TDP) when either the tensor cores or the HBM are saturated,
+and growing with each of them. ``compute_util`` and ``hbm_util`` are the per-GPU, per-window
+utilizations of :func:`simulator.metrics.utilization.gpu_windows` (the FLOPs and bytes of the
+steps over the peak), not re-derived here. The form is an assumption, checked against one
+published point: an H200 running vLLM decode at batch 128 draws 517 W of its 700 W (80 W
+idle), i.e. ``a`` = 0.70, which a memory-bound decode step (HBM ~0.7, compute ~0.05) gives.
+
+Node overhead (CPUs, NICs, fans, NVSwitches) is a constant per powered node,
+:data:`NODE_OVERHEAD_W`. GPUs of a powered node that no replica uses draw idle power.
+Sources of the TDP and idle figures are in each ``topologies/gpus/*.toml`` (``tdp_w``,
+``idle_w``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+#: Watts per node beyond its GPUs: the DGX H100 datasheet gives 10.2 kW maximum system power,
+#: 5.6 kW of it the eight 700 W GPUs; we take about half of the remaining 4.6 kW maximum as
+#: the constant draw of CPUs, memory, NICs, NVSwitches and fans under inference load (an
+#: assumption, documented in docs/metrics.md).
+NODE_OVERHEAD_W = 2300.0
+
+
+def gpu_power_w(compute_util, hbm_util, idle_w: float, tdp_w: float):
+    """Power of one GPU (W) at the given utilizations (scalars or arrays in [0, 1])."""
+    c = np.clip(np.asarray(compute_util, dtype=float), 0.0, 1.0)
+    m = np.clip(np.asarray(hbm_util, dtype=float), 0.0, 1.0)
+    return idle_w + (tdp_w - idle_w) * (1.0 - (1.0 - c) * (1.0 - m))
+
+
+def add_power(gpu_ts: pd.DataFrame, idle_w: float, tdp_w: float) -> pd.DataFrame:
+    """``gpu_ts`` (one row per window and GPU) with a ``power_w`` column."""
+    out = gpu_ts.copy()
+    out["power_w"] = gpu_power_w(out["compute_util"].to_numpy(float),
+                                 out["hbm_util"].to_numpy(float), idle_w, tdp_w)
+    return out
+
+
+def cluster_power(gpu_ts: pd.DataFrame, edges: np.ndarray, *, gpus_per_node: int,
+                  idle_w: float, overhead_w: float = NODE_OVERHEAD_W) -> np.ndarray:
+    """Power of the powered nodes (those holding a used GPU; GPU ``i`` on node ``i //
+    gpus_per_node``) per window (W): the used GPUs' ``power_w``, the idle power of the
+    other GPUs of those nodes, and each node's overhead."""
+    n = len(edges) - 1
+    ids = gpu_ts["gpu"].unique() if len(gpu_ts) else np.zeros(0, dtype=int)
+    used = len(ids)
+    nodes = len(np.unique(ids // gpus_per_node))  # GPU i sits on node i // gpus_per_node
+    idx = np.searchsorted(edges, gpu_ts["window_start_s"].to_numpy(float), side="right") - 1
+    gpu = np.bincount(np.clip(idx, 0, n - 1), weights=gpu_ts["power_w"].to_numpy(float),
+                      minlength=n) if used else np.zeros(n)
+    return gpu + (nodes * gpus_per_node - used) * idle_w + nodes * overhead_w
+
+
+def energy_summary(power_w: np.ndarray, window_s: float, requests: pd.DataFrame) -> dict:
+    """Energy of the run (J, the windows' power x width), per completed request and per
+    output token, and the mean power (W) over the windows; NaN without windows."""
+    nan = float("nan")
+    if len(power_w) == 0:
+        return {"energy_j": nan, "energy_per_request_j": nan,
+                "energy_per_output_token_j": nan, "power_mean_w": nan}
+    energy = float(np.sum(power_w) * window_s)
+    done = requests[requests["status"] == "completed"]
+    tokens = float(done["output_tokens"].sum())
+    return {"energy_j": energy,
+            "energy_per_request_j": energy / len(done) if len(done) else nan,
+            "energy_per_output_token_j": energy / tokens if tokens > 0 else nan,
+            "power_mean_w": energy / (window_s * len(power_w))}
+
+
+def cost_summary(requests: pd.DataFrame, gpus: int, gpu_hour_usd: float) -> dict:
+    """The GPU-hour price used and the cost of a million output tokens (USD): ``gpus x
+    price x span / 3600 / (output tokens / 1e6)``, span from the first arrival to the last
+    completion (as the pools' ``cost_per_million_tokens_usd``)."""
+    done = requests[requests["status"] == "completed"]
+    span = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
+    tokens = float(done["output_tokens"].sum())
+    cost = (gpus * gpu_hour_usd * span / 3600.0 / (tokens / 1e6)
+            if tokens > 0 and span > 0 else float("nan"))
+    return {"gpu_hour_usd": float(gpu_hour_usd), "cost_per_million_output_tokens_usd": cost}

@@ -1,0 +1,148 @@
+"""A plan over several node kinds (``plan --nodes dgx-h100,hgx-h200``): one search per kind
+on as many of its nodes as the GPU budget needs, then one ranking of every simulated point
+by the objective, the pick, and by how much it beats the best of every other kind and the
+best rule-of-thumb layout.
+
+Each kind's search is :func:`simulator.planner.plan.plan` (estimate every candidate,
+simulate the best few and the kind's rule of thumb); the merged tables carry a ``node``
+column. Goodput per GPU does not see prices: use ``goodput_per_usd`` to weigh a cheaper
+kind against a faster one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from simulator.errors import ScenarioError
+from simulator.hardware.specs import load_node
+from simulator.io.scenario import load_scenario
+from simulator.planner.explain import GAIN, compare, label, no_slo, reason
+from simulator.planner.plan import RULE, PlanResult, _rank_key, plan, rank_correlation
+from simulator.planner.pools import plan_pools
+
+
+def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
+               objective: str = "goodput_per_gpu", overrides: list[str] | None = None,
+               disagg: bool = False, **kwargs) -> PlanResult:
+    """Search every node kind in ``nodes`` with at most ``gpus`` GPUs (default: the
+    scenario's cluster size) and merge the results (parameters of
+    :func:`~simulator.planner.plan.plan` pass through ``kwargs``). With ``disagg``, each
+    kind's colocated and disaggregated pool layouts on those nodes are simulated too
+    (:func:`~simulator.planner.pools.plan_pools`, pp = 1) and compared with the pick.
+
+    Raises
+    ------
+    ScenarioError
+        A kind is not a node preset or file, or no kind fits the model.
+    """
+    s = load_scenario(scenario, overrides=overrides)
+    if not nodes:
+        raise ScenarioError("--nodes: give at least one node preset (e.g. dgx-h100,hgx-h200)")
+    if gpus is None:
+        gpus = s.cluster.nodes * load_node(s.cluster.topology, s.base_dir).gpus_per_node
+    results, errors = {}, []
+    for kind in dict.fromkeys(nodes):
+        node = load_node(kind, s.base_dir, key="--nodes")
+        count = math.ceil(gpus / node.gpus_per_node)
+        extra = [f"cluster.topology={kind}", f"cluster.nodes={count}"]
+        try:
+            results[kind] = plan(scenario, gpus=min(gpus, count * node.gpus_per_node),
+                                 objective=objective, overrides=[*(overrides or []), *extra],
+                                 **kwargs)
+        except ScenarioError as exc:
+            errors.append(f"{kind}: {exc.problems[0]}")
+    if not results:
+        raise ScenarioError("--nodes: no node kind fits: " + "; ".join(errors))
+    out = merge(results, objective, errors)
+    if disagg:
+        out.pools, out.pools_text = pools_by_kind(scenario, results, overrides, out.best,
+                                                  kwargs.get("requests"),
+                                                  kwargs.get("slo_quantile", 0.99))
+    return out
+
+
+def pools_by_kind(scenario, results: dict[str, PlanResult], overrides: list[str] | None,
+                  best: pd.Series | None, requests: int | None, q: float
+                  ) -> tuple[pd.DataFrame, str]:
+    """plan_pools on each kind's nodes: the table (``node`` column) and a sentence per kind
+    on its best disaggregated layout against the best colocated pick (goodput per GPU)."""
+    tables, parts = [], []
+    for kind, r in results.items():
+        extra = [f"cluster.topology={kind}", f"cluster.nodes={r.scenario.cluster.nodes}"]
+        try:
+            res = plan_pools(scenario, requests=requests, slo_quantile=q,
+                             overrides=[*(overrides or []), *extra])
+        except ScenarioError as exc:
+            parts.append(f"{kind}: disaggregated search out ({exc.problems[0]})")
+            continue
+        tables.append(_tag(res.table, kind))
+        dis = res.best_disaggregated
+        if dis is None or not dis["slo_met"]:
+            parts.append(f"{kind}: no disaggregated layout meets the SLOs")
+            continue
+        text = (f"{kind}: best disaggregated {dis['config']} "
+                f"{dis['goodput_req_per_s_per_gpu']:.3g} req/s per GPU")
+        if best is not None:
+            gain = dis["goodput_req_per_s_per_gpu"] / best["goodput_req_per_s_per_gpu"] - 1
+            text += f", {gain:+.0%} goodput per GPU against the pick"
+        parts.append(text)
+    table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    return table, "; ".join(parts)
+
+
+def _tag(df: pd.DataFrame, kind: str) -> pd.DataFrame:
+    return df.assign(node=kind)[["node", *df.columns]]
+
+
+def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> PlanResult:
+    """One PlanResult from per-kind ones: tables concatenated (``node`` column), ranked
+    again by the objective; the pick's kind gives the scenario (recommended.toml)."""
+    first = next(iter(results.values()))
+    table = pd.concat([_tag(r.table, k) for k, r in results.items()], ignore_index=True)
+    cands = pd.concat([_tag(r.candidates, k) for k, r in results.items()], ignore_index=True)
+    order = sorted(range(len(table)), key=lambda i: _rank_key(objective)(table.iloc[i]))
+    table = table.iloc[order].reset_index(drop=True)
+    table["rank"] = range(1, len(table) + 1)
+    met = table[table["slo_met"]]
+    best = met.iloc[0] if not met.empty else None
+    kind = best["node"] if best is not None else first.scenario.cluster.topology
+    own = results.get(kind, first)
+    slo, q = own.scenario.slo, own.quantile
+    rules = table[table["note"].astype(str).str.contains(RULE)]
+    rule_row = rules.iloc[0] if not rules.empty else None
+    rule_kind = rule_row["node"] if rule_row is not None else kind
+    why = (reason(best, table, cands, objective, slo, q, own.stats, own.cluster_gpus)
+           if best is not None else "")
+    comparison = compare(best, rule_row, results[rule_kind].rule, objective, slo, q)
+    if best is not None:
+        comparison += "; " + versus_kinds(best, table, objective)
+    if errors:
+        comparison += "; out of the search: " + "; ".join(errors)
+    error = None if best is not None else no_slo(table, slo, q, own.stats)
+    return PlanResult(own.scenario, objective, q, own.gpus, own.cluster_gpus, own.stats,
+                      cands, table, results[rule_kind].rule, results[rule_kind].rule_why,
+                      best, why, comparison, error,
+                      sum(r.wall_time_s for r in results.values()),
+                      sum(r.simulated_s for r in results.values()),
+                      rank_correlation(table, objective))
+
+
+def versus_kinds(best: pd.Series, table: pd.DataFrame, objective: str) -> str:
+    """By how much the pick beats the best SLO-meeting point of every other node kind."""
+    col, what = GAIN.get(objective, ("goodput_req_per_s_per_gpu", "goodput per GPU"))
+    parts = []
+    for kind, g in table.groupby("node", sort=True):
+        if kind == best["node"]:
+            continue
+        met = g[g["slo_met"]]
+        if met.empty:
+            parts.append(f"no {kind} layout meets the SLOs")
+            continue
+        other = met.iloc[0]
+        a, b = best[col], other[col]
+        gain = a / b - 1 if b > 0 else math.inf
+        parts.append(f"{gain:+.0%} {what} over the best {kind} layout, {label(other)} "
+                     f"({a:.3g} vs {b:.3g})")
+    return "; ".join(parts) if parts else "one node kind searched"
