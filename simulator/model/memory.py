@@ -42,11 +42,16 @@ def weight_bytes_per_gpu(model: ModelSpec, tp: int, layers: int, first: bool, la
     linear = (h * (model.q_heads // tp + 2 * kvh) * d + (model.q_heads // tp) * d * h
               + model.mlp_params_per_layer // tp)
     total = layers * (linear * BYTES_PER_DTYPE[weight_dtype] + 2 * h * ACT_BYTES)
-    shard = model.vocab * h // tp * ACT_BYTES
-    if first:
-        total += shard
+    return float(total + embedding_bytes(model, tp, first, last))
+
+
+def embedding_bytes(model: ModelSpec, tp: int, first: bool, last: bool) -> float:
+    """16-bit vocabulary shards on one GPU: the embedding on the first stage, the LM head
+    and final norm on the last (one shared table when they are tied and on one stage)."""
+    shard = model.vocab * model.hidden // tp * ACT_BYTES
+    total = shard if first else 0
     if last and not (first and model.tie_word_embeddings):
-        total += shard + h * ACT_BYTES
+        total += shard + model.hidden * ACT_BYTES
     return float(total)
 
 
@@ -173,12 +178,7 @@ def moe_weight_bytes_per_gpu(model: ModelSpec, tp: int, layout: ExpertLayout, st
         per = (m.router_params(h) * ACT_BYTES + experts * e_b
                + 3 * h * m.shared_intermediate / attn_tp * w_b)
         total += n_moe * per
-    shard = model.vocab * h // tp * ACT_BYTES
-    if first:
-        total += shard
-    if last and not (first and model.tie_word_embeddings):
-        total += shard + h * ACT_BYTES
-    return float(total)
+    return float(total + embedding_bytes(model, tp, first, last))
 
 
 def moe_activation_bytes(model: ModelSpec, tp: int, layout: ExpertLayout, max_tokens: int,
