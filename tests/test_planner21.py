@@ -116,33 +116,16 @@ def test_bad_price_is_one_clear_error():
 
 # --- The planner: objectives, node kinds, rank correlation ---------------------------------
 
+from test_planner import SMALL_TOML  # noqa: E402
+
 from simulator.planner import plan  # noqa: E402
 from simulator.planner.kinds import plan_kinds  # noqa: E402
 from simulator.planner.objectives import est_power_w, spearman  # noqa: E402
 from simulator.planner.plan import _rank_key  # noqa: E402
 from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: E402
 
-PLAN_TOML = """
-name = "p21-plan"
-seed = 3
-[model]
-name = "llama-3.1-8b"
-[cluster]
-topology = "dgx-h100"
-nodes = 1
-[engine]
-max_num_seqs = 64
-max_num_batched_tokens = 2048
-[workload]
-arrival = "poisson"
-rate_per_s = 20.0
-num_requests = 80
-prompt_tokens = { dist = "lognormal", mean = 512, sigma = 0.5, max = 2048 }
-output_tokens = { dist = "lognormal", mean = 64, sigma = 0.5, max = 256 }
-[slo]
-ttft_s = 0.3
-tpot_s = 0.05
-"""
+# The small 8B question of test_planner.py.
+PLAN_TOML = SMALL_TOML.format(model="llama-3.1-8b", tpot=0.05)
 
 
 def test_spearman_by_hand():
