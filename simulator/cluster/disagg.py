@@ -21,7 +21,6 @@ import simpy
 
 from simulator.cluster.build import prefix_unit, replica_costs
 from simulator.cluster.contention import shared_sends
-from simulator.cluster.faults import FaultState, replica_hops
 from simulator.cluster.pools import PooledPlan, PoolPlan, kv_element_bytes
 from simulator.cluster.router import make_router
 from simulator.cluster.transfer import KVTransfers
@@ -64,18 +63,11 @@ class PoolCluster:
 
     def __init__(self, env: simpy.Environment, plan: PooledPlan, recorder: Recorder,
                  rngs: dict[str, np.random.Generator]):
-        # Cluster's own state, without its single-pool replicas (Cluster.__init__ not run).
+        # Cluster.__init__ is not run: it would build single-pool replicas. Its state
+        # comes from Cluster._init_state once the pools' replicas exist.
         self.env, self.plan, self.recorder = env, plan, recorder
         s = plan.scenario
         self.gaps = GapHistogram()
-        self.max_len = plan.max_model_len
-        self.completed, self.expected, self.done = 0, None, env.event()
-        self.next_arrival_s = float("inf")
-        self.waiters: dict[int, simpy.Event] = {}
-        self.pending: deque = deque()
-        self._waiting: dict[int, object] = {}
-        self.retries, self.last_event_s = 0, 0.0
-        self._hashes, self._sessions = None, []
         self.replicas: list[Replica] = []
         self.pool_of: list[PoolPlan] = []
         front, back = [], []
@@ -97,15 +89,7 @@ class PoolCluster:
                 self.pool_of.append(pool)
                 (back if pool.spec.role == "decode" else front).append(rep)
         self.front, self.back = front, back
-        # Failures, as Cluster keeps them (its act / _retry / _restart use these).
-        self.fault_state = FaultState(plan.graph)
-        self.hops = [replica_hops(rp.placement.stages) for rp in plan.replicas]
-        self.downtime: list[list[list[float]]] = [[] for _ in self.replicas]
-        self._restarting = [False] * len(self.replicas)
-        self.down_causes: list[list[str]] = [[] for _ in self.replicas]
-        self.permanent = FaultState(plan.graph)  # faults that never end (Cluster.act)
-        self.permanent_targets: list[str] = []
-        self.hopeless: tuple[float, str] | None = None
+        self._init_state()  # Cluster's (this class is its mixin in PooledCluster)
         first = next(p for p in plan.pools if p.spec.role != "decode")
         self.router = make_router(first.spec.router or s.router.policy, rngs["router"],
                                   load_weight=s.router.load_weight)

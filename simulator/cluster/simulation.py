@@ -123,6 +123,12 @@ class Cluster:
                     swap_s_per_block=rp.swap_s_per_block, record_bulk=recorder.step_bulk,
                     token_delay_s=eng.token_delay_s)
             for k, rp in enumerate(plan.replicas)]
+        self._init_state()
+
+    def _init_state(self) -> None:
+        """The workload, completion and failure state of a cluster whose ``replicas``
+        exist (shared with the pooled cluster of :mod:`simulator.cluster.disagg`)."""
+        plan, env = self.plan, self.env
         self.max_len = plan.max_model_len
         self.completed = 0
         self.expected: int | None = None  # requests the workload will send, when known
