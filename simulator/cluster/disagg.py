@@ -268,25 +268,15 @@ class PoolCluster:
                             self.plan.scenario.recovery)
         self._admit()
 
-    def _restart(self, i: int, delay: float):
-        """Reload weights, then serve again if still healthy (Cluster._restart with the
-        pool's own schedulers)."""
-        yield self.env.timeout(ticks(delay))
-        self._restarting[i] = False
-        view = self.fault_state.view()
-        rp = self.plan.replicas[i]
-        if self.replicas[i].up or not self.fault_state.healthy(rp.placement.gpus,
-                                                                self.hops[i], view):
-            return
-        self.downtime[i][-1][1] = self.env.now
+    def _streams(self, i: int) -> list:
+        """Fresh schedulers for replica ``i`` after a restart: its pool's own."""
         pool = self.pool_of[i]
-        self.replicas[i].restart([_scheduler(pool, self.gaps)
-                                  for _ in range(pool.plan.streams_per_replica)],
-                                 *self._costs(i, view))
-        while self.pending and any(r.up for r in self.front):
-            req = self.pending.popleft()
-            self._waiting.pop(req.id, None)
-            self.submit(req)
+        return [_scheduler(pool, self.gaps) for _ in range(pool.plan.streams_per_replica)]
+
+    def _serve_pending(self, entry=None) -> None:
+        """Waiting requests go to the front (prefill or mixed) replicas; then decode
+        admission resumes (Cluster._restart calls this after a replica comes back)."""
+        super()._serve_pending(self.front)
         self._admit()
 
     # -- results ---------------------------------------------------------------------------

@@ -292,10 +292,18 @@ class Cluster:
                 self.plan.replicas[i].placement.gpus, self.hops[i], view):
             return
         self.downtime[i][-1][1] = self.env.now
-        self.replicas[i].restart([self._scheduler()
-                                  for _ in range(self.plan.streams_per_replica)],
-                                 *self._costs(i, view))
-        while self.pending and any(r.up for r in self.replicas):
+        self.replicas[i].restart(self._streams(i), *self._costs(i, view))
+        self._serve_pending()
+
+    def _streams(self, i: int) -> list[ContinuousBatcher]:
+        """Fresh schedulers for replica ``i`` (it restarts with an empty KV cache)."""
+        return [self._scheduler() for _ in range(self.plan.streams_per_replica)]
+
+    def _serve_pending(self, entry: list[Replica] | None = None) -> None:
+        """Requests that waited for an up replica go to the router again, while one of
+        ``entry`` (the replicas that take new requests; default all) is up."""
+        entry = self.replicas if entry is None else entry
+        while self.pending and any(r.up for r in entry):
             req = self.pending.popleft()
             self._waiting.pop(req.id, None)
             self.submit(req)
