@@ -28,7 +28,7 @@ from simulator.hardware.specs import NodeSpec
 from simulator.io.schema import ParallelKeys, PoolKeys, Scenario
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, load_model
 from simulator.parallel.placement import ReplicaPlacement, place
-from simulator.topology.graph import Paths, gpu_name, nvlink_domains
+from simulator.topology.graph import Paths, add_server, nvlink_domains
 
 
 @dataclass(frozen=True)
@@ -102,29 +102,10 @@ def joined_graph(nodes: list[NodeSpec]) -> nx.DiGraph:
     g.graph["in_switch_reduction"] = all(n.scale_up.in_switch_reduction for n in nodes)
     if len(nodes) > 1:
         g.add_node("switch", kind="switch")
-
-    def link(a: str, b: str, bw: float, lat: float, kind: str, scale_up: bool = False) -> None:
-        g.add_edge(a, b, bandwidth_Bps=bw, latency_s=lat, kind=kind, scale_up=scale_up)
-        g.add_edge(b, a, bandwidth_Bps=bw, latency_s=lat, kind=kind, scale_up=scale_up)
-
-    i = 0
+    first = 0
     for n, node in enumerate(nodes):
-        pcie = node.scale_up.kind == "pcie_switch"
-        sw, host = (f"pcieswitch{n}" if pcie else f"nvswitch{n}"), f"host{n}"
-        g.add_node(sw, kind="pcie_switch" if pcie else "nvswitch", node=n)
-        g.add_node(host, kind="host", node=n)
-        for _ in range(node.gpus_per_node):
-            gpu, nic = gpu_name(i), f"nic{i}"
-            g.add_node(gpu, kind="gpu", node=n, index=i)
-            g.add_node(nic, kind="nic", node=n)
-            link(gpu, sw, node.scale_up.bandwidth_Bps, node.scale_up.latency_s,
-                 "pcie" if pcie else "nvlink", scale_up=True)
-            link(gpu, host, node.host.bandwidth_Bps, node.host.latency_s, "pcie")
-            link(gpu, nic, node.host.bandwidth_Bps, node.host.latency_s / 2, "pcie")
-            if len(nodes) > 1:
-                link(nic, "switch", node.nic.bandwidth_Bps,
-                     node.nic.latency_s + node.switch_latency_s / 2, "network")
-            i += 1
+        add_server(g, node, n, first, (lambda _: "switch") if len(nodes) > 1 else None)
+        first += node.gpus_per_node
     return g
 
 

@@ -9,6 +9,7 @@ constants in the engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import networkx as nx
@@ -24,6 +25,31 @@ def _link(g: nx.DiGraph, a: str, b: str, bw: float, lat: float, kind: str,
 
 def gpu_name(index: int) -> str:
     return f"gpu{index}"
+
+
+def add_server(g: nx.DiGraph, node: NodeSpec, n: int, first: int,
+               edge: Callable[[int], str] | None) -> None:
+    """Add node ``n`` of preset ``node`` to ``g``: its scale-up switch (NVSwitch, or a PCIe
+    switch for a PCIe node), its host, and its GPUs ``first``, ``first + 1``, ... each with
+    its NIC; NIC ``local`` is wired to the fabric switch ``edge(local)`` (None: no fabric).
+    """
+    pcie = node.scale_up.kind == "pcie_switch"
+    nvsw, host = (f"pcieswitch{n}" if pcie else f"nvswitch{n}"), f"host{n}"
+    g.add_node(nvsw, kind="pcie_switch" if pcie else "nvswitch", node=n)
+    g.add_node(host, kind="host", node=n)
+    for local in range(node.gpus_per_node):
+        i = first + local
+        gpu, nic = gpu_name(i), f"nic{i}"
+        g.add_node(gpu, kind="gpu", node=n, index=i)
+        g.add_node(nic, kind="nic", node=n)
+        _link(g, gpu, nvsw, node.scale_up.bandwidth_Bps, node.scale_up.latency_s,
+              "pcie" if pcie else "nvlink", scale_up=True)
+        _link(g, gpu, host, node.host.bandwidth_Bps, node.host.latency_s, "pcie")
+        # GPUDirect RDMA: the GPU reaches its NIC through the PCIe switch.
+        _link(g, gpu, nic, node.host.bandwidth_Bps, node.host.latency_s / 2, "pcie")
+        if edge is not None:
+            _link(g, nic, edge(local), node.nic.bandwidth_Bps,
+                  node.nic.latency_s + node.switch_latency_s / 2, "network")
 
 
 FABRICS = ("single_switch", "leaf_spine")
@@ -72,24 +98,9 @@ def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
     if nodes > 1 and fabric == "single_switch":
         g.add_node("switch", kind="switch")
     for n in range(nodes):
-        nvsw, host = (f"pcieswitch{n}" if pcie else f"nvswitch{n}"), f"host{n}"
-        g.add_node(nvsw, kind="pcie_switch" if pcie else "nvswitch", node=n)
-        g.add_node(host, kind="host", node=n)
-        for local in range(per):
-            i = n * per + local
-            gpu, nic = gpu_name(i), f"nic{i}"
-            g.add_node(gpu, kind="gpu", node=n, index=i)
-            g.add_node(nic, kind="nic", node=n)
-            _link(g, gpu, nvsw, node.scale_up.bandwidth_Bps, node.scale_up.latency_s,
-                  "pcie" if pcie else "nvlink", scale_up=True)
-            _link(g, gpu, host, node.host.bandwidth_Bps, node.host.latency_s, "pcie")
-            # GPUDirect RDMA: the GPU reaches its NIC through the PCIe switch.
-            _link(g, gpu, nic, node.host.bandwidth_Bps, node.host.latency_s / 2, "pcie")
-            if nodes > 1:
-                edge = ("switch" if fabric == "single_switch" else
-                        f"leaf{local}" if rail_optimized else f"leaf{n // nodes_per_leaf}")
-                _link(g, nic, edge, node.nic.bandwidth_Bps,
-                      node.nic.latency_s + node.switch_latency_s / 2, "network")
+        add_server(g, node, n, n * per, None if nodes == 1 else
+                   (lambda local, n=n: "switch" if fabric == "single_switch" else
+                    f"leaf{local}" if rail_optimized else f"leaf{n // nodes_per_leaf}"))
     if nodes > 1 and fabric == "leaf_spine":
         n_spines = spines or max(1, per // 2)
         leaves = per if rail_optimized else -(-nodes // nodes_per_leaf)
