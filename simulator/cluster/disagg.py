@@ -77,14 +77,9 @@ class PoolCluster:
             done = self._decoded if pool.spec.role == "decode" else (
                 self._prefilled if pool.spec.role == "prefill" else self.finish)
             for k, rp in enumerate(pool.plan.replicas):
-                rep = Replica(env, rp.placement.replica,
-                              [_scheduler(pool, self.gaps)
-                               for _ in range(pool.plan.streams_per_replica)],
-                              list(rp.stages), sends[k],
-                              0.0 if eng.cpu_overlap else eng.step_overhead_s, done,
-                              recorder.step, fast=eng.fast_forward,
-                              swap_s_per_block=rp.swap_s_per_block,
-                              record_bulk=recorder.step_bulk, token_delay_s=eng.token_delay_s)
+                rep = self._replica(rp, sends[k], [_scheduler(pool, self.gaps) for _ in
+                                                   range(pool.plan.streams_per_replica)],
+                                    eng, done)  # Cluster's
                 self.replicas.append(rep)
                 self.pool_of.append(pool)
                 (back if pool.spec.role == "decode" else front).append(rep)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,16 +115,22 @@ class Cluster:
         self.spec_stats = SpecStats()  # speculative decoding totals (unused without it)
         sends = shared_sends(env, plan, TICK)  # PP sends sharing fabric links: flow model
         self.replicas = [
-            Replica(env, rp.placement.replica,
-                    [self._scheduler() for _ in range(plan.streams_per_replica)],
-                    list(rp.stages), sends[k],
-                    0.0 if eng.cpu_overlap else eng.step_overhead_s,  # else in stage 0
-
-                    self.finish, recorder.step, fast=eng.fast_forward,
-                    swap_s_per_block=rp.swap_s_per_block, record_bulk=recorder.step_bulk,
-                    token_delay_s=eng.token_delay_s)
+            self._replica(rp, sends[k], [self._scheduler()
+                                         for _ in range(plan.streams_per_replica)],
+                          eng, self.finish)
             for k, rp in enumerate(plan.replicas)]
         self._init_state()
+
+    def _replica(self, rp, send, streams: list[ContinuousBatcher], eng,
+                 done: Callable) -> Replica:
+        """The live replica of plan entry ``rp`` (its stages, hand-offs ``send``, one
+        scheduler per stream), run as the engine keys ``eng`` say; ``done`` takes each
+        request it completes."""
+        return Replica(self.env, rp.placement.replica, streams, list(rp.stages), send,
+                       0.0 if eng.cpu_overlap else eng.step_overhead_s,  # else in stage 0
+                       done, self.recorder.step, fast=eng.fast_forward,
+                       swap_s_per_block=rp.swap_s_per_block,
+                       record_bulk=self.recorder.step_bulk, token_delay_s=eng.token_delay_s)
 
     def _init_state(self) -> None:
         """The workload, completion and failure state of a cluster whose ``replicas``
