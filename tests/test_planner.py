@@ -224,7 +224,7 @@ def test_pareto_front():
 def test_capacity_brackets_a_d_d_1_prefill_server(tmp_path):
     """Constant arrivals of 2048-token prompts with one output token on one H100 (8B, TP1):
     a prompt arriving to an idle server waits t_p = its prefill step (vllm-v1, the default:
-    the 3 ms CPU step runs beside the GPU step, so t_p is max(3 ms, compute) + comm; with
+    the 3 ms CPU step runs beside the GPU step, so t_p is max(3 ms, compute + comm); with
     the CPU in line it would be 3 ms + compute + comm); batching queued prompts gains
     little (the prefill is compute-bound), so the server sustains about 1/t_p and queues
     grow beyond. The SLO (TTFT 3 t_p) holds below capacity."""
