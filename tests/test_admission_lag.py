@@ -8,6 +8,8 @@ that switches it (``cpu_overlap``).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import simpy
 from conftest import toy_scenario
@@ -105,6 +107,29 @@ def test_an_idle_replica_schedules_a_newcomer_at_once(lag):
     assert new.first_token_s == arrive + A + C * NEW + COMM
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_request_sent_as_the_last_one_finishes_is_scheduled_at_once(fast):
+    # Closed loop: the client sends its next request in the completion callback, at the
+    # end of the last step. The step scheduled in advance would be empty (vLLM skips a
+    # request that reached max_tokens), so nothing is in flight: scheduled at once.
+    env = simpy.Environment()
+    done = []
+    rep = Replica(env, 0, [ContinuousBatcher(KVCache(200, 16), 8, 256)], [ConstCost()], [],
+                  0.0, None, None, fast=fast, async_admission=True)
+
+    def finish(req):
+        done.append(req)
+        if req.id == 0:
+            rep.submit(Request(1, env.now, NEW, 2))
+
+    rep.on_finish = finish
+    rep.submit(Request(0, 0.0, PROMPT, 5))
+    env.run()
+    old, new = done
+    assert new.first_scheduled_s == old.finish_s == _ends(4)[-1]
+    assert new.first_token_s == old.finish_s + A + C * NEW + COMM
+
+
 def test_a_newcomer_at_a_step_boundary():
     # Arriving exactly when decode step 3 ends (and step 4 starts): step 4 was scheduled at
     # the start of step 3, so the prefill waits for step 5, whatever the order of the
@@ -174,3 +199,35 @@ def test_pipelined_replicas_keep_their_admission():
     one = Replica(simpy.Environment(), 0, [ContinuousBatcher(KVCache(200, 16), 8, 256)],
                   [ConstCost()], [], 0.0, lambda r: None, None, async_admission=True)
     assert one.lag
+
+
+def _default(profile: str | None, **parallel) -> dict:
+    sc = copy.deepcopy(simulator.DEFAULT_SCENARIO)
+    sc["workload"]["num_requests"] = 300
+    sc["parallel"].update(parallel)
+    if profile is not None:
+        sc["engine"]["profile"] = profile
+    return sc
+
+
+@pytest.mark.parametrize(("profile", "parallel", "inert"),
+                         [(None, {}, True), ("vllm-v0.6", {}, True),
+                          ("vllm-v0.6", {"pp": 1, "dp": 4}, True),
+                          ("vllm-v1", {}, True),  # pp = 2: not applied
+                          ("vllm-v1", {"pp": 1, "dp": 4}, False)])
+def test_the_gate_bites_only_with_overlap_on_one_stage(monkeypatch, profile, parallel, inert):
+    # The same run with every request marked as queued at -inf (the gate can never hold one
+    # back): identical outputs where the lag does not apply, different where it does.
+    sc = _default(profile, **parallel)
+    base = simulator.run(sc)
+    submit = Replica.submit
+
+    def never_gated(self, req):
+        submit(self, req)
+        req.queued_s = float("-inf")
+
+    monkeypatch.setattr(Replica, "submit", never_gated)
+    open_gate = simulator.run(sc)
+    same = (base.requests.to_csv(index=False) == open_gate.requests.to_csv(index=False)
+            and base.steps.to_csv(index=False) == open_gate.steps.to_csv(index=False))
+    assert same == inert

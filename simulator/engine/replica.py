@@ -249,6 +249,9 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
             if self.lag:  # step n + 1 was scheduled when step n started
                 stream.admit_by = now if self._started is None else self._started
             batch = stream.schedule(now)
+            if batch is None and self.lag and stream.waiting and stream.admit_by < now:
+                stream.admit_by = now  # the step scheduled in advance is empty: at once
+                batch = stream.schedule(now)
             if batch is None:
                 self._started = None
                 if self.pull is not None:  # nothing to do until the next arrival
