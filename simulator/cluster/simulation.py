@@ -31,7 +31,7 @@ from simulator.cluster.faults import (
     resolve_target,
     scheduled_faults,
 )
-from simulator.cluster.pools import build_pools
+from simulator.cluster.pools import PooledPlan, build_pools
 from simulator.cluster.router import make_router
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import SCALE, TICK, ticks
@@ -49,7 +49,7 @@ from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
-from simulator.metrics.pools import pool_summary
+from simulator.metrics.pools import pool_energy, pool_summary
 from simulator.metrics.power import add_power, cluster_power, cost_summary, energy_summary
 from simulator.metrics.records import Recorder
 from simulator.metrics.speculative import speculative_summary
@@ -745,11 +745,29 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
                    for p in plan.pools for rp in p.plan.replicas}
     stream_blocks = min(p.plan.memory.kv_blocks // p.plan.streams_per_replica
                         for p in plan.pools)
-    ts, events_df, _, warnings = _observe(s, requests, kept, cluster, summary, kv_capacity,
-                                          stream_blocks)
-    summary.update(energy_summary(np.zeros(0), 1.0, requests))  # no per-GPU windows yet
+    ts, events_df, window_s, warnings = _observe(s, requests, kept, cluster, summary,
+                                                 kv_capacity, stream_blocks)
+    if plan.model.moe is not None:
+        steps = add_moe_columns(steps, [rp.stages for rp in plan.replicas])
+        summary.update(moe_summary(steps))
+    gpu_ts, ts = _pool_power(plan, steps if kept is not None else None, requests, summary,
+                             ts, window_s)
     usd = sum(p.gpus * gpu_hour_usd(p.plan.node.gpu.name, p.spec.gpu_hour_usd)
               for p in plan.pools)  # the GPU-weighted price, each pool's own or its default
     summary.update(cost_summary(requests, plan.gpus_used, usd / max(plan.gpus_used, 1)))
     summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan, ts, events_df, warnings=warnings)
+    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
+
+
+def _pool_power(plan: PooledPlan, steps: pd.DataFrame | None, requests: pd.DataFrame,
+                summary: dict, ts: pd.DataFrame, window_s: float):
+    """:func:`simulator.metrics.pools.pool_energy` of a pooled run: per-GPU power, the
+    ``power_w`` and ``power_w_<pool>`` columns of the time series, the energy keys."""
+    edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
+    node_of = {d["index"]: d["node"] for _, d in plan.graph.nodes(data=True)
+               if d["kind"] == "gpu"}
+    gpu_ts, power, keys = pool_energy(
+        steps, [(p.spec.name, stage_hardware(p.plan), p.plan.node.gpu) for p in plan.pools],
+        node_of, edges, requests)
+    summary.update(keys)
+    return gpu_ts, ts.assign(**power) if power else ts

@@ -83,3 +83,56 @@ def cost_summary(requests: pd.DataFrame, gpus: int, gpu_hour_usd: float) -> dict
     cost = (gpus * gpu_hour_usd * span / 3600.0 / (tokens / 1e6)
             if tokens > 0 and span > 0 else float("nan"))
     return {"gpu_hour_usd": float(gpu_hour_usd), "cost_per_million_output_tokens_usd": cost}
+
+
+def pool_power(gpu_ts: pd.DataFrame, edges: np.ndarray, pools: list[str],
+               node_of: dict[int, int], node_gpus: dict[int, int],
+               node_idle_w: dict[int, float],
+               overhead_w: float = NODE_OVERHEAD_W) -> dict[str, np.ndarray]:
+    """Power of each pool per window (W), for a cluster of pools.
+
+    Parameters
+    ----------
+    gpu_ts : DataFrame
+        One row per window and used GPU with ``pool``, ``gpu`` (global index) and
+        ``power_w`` (:func:`add_power` with the pool's own GPU).
+    edges : ndarray
+        Window edges (s).
+    pools : list of str
+        Pool names, the keys of the result (a pool without rows draws nothing).
+    node_of, node_gpus, node_idle_w : dict
+        GPU index -> node; node -> its GPUs; node -> idle power of one of its GPUs (W).
+    overhead_w : float
+        Constant power of a powered node beyond its GPUs (W).
+
+    Notes
+    -----
+    A pool draws its used GPUs' ``power_w`` and, for every node it uses, the share
+    ``u_pool / u_node`` (its used GPUs there over all pools' used GPUs there) of the node's
+    static power ``(gpus - u_node) * idle_w + overhead_w``: a node's overhead counts once,
+    wholly to a pool alone on it, so the pools' powers add up to the powered nodes' power.
+    """
+    n = len(edges) - 1
+    idx = np.clip(np.searchsorted(edges, gpu_ts["window_start_s"].to_numpy(float),
+                                  side="right") - 1, 0, n - 1)
+    used = gpu_ts[["pool", "gpu"]].drop_duplicates()
+    node = used["gpu"].map(node_of)
+    on_node = node.value_counts()  # used GPUs per node, every pool
+    out = {}
+    for name in pools:
+        rows = (gpu_ts["pool"] == name).to_numpy()
+        gpu = np.bincount(idx[rows], weights=gpu_ts["power_w"].to_numpy(float)[rows],
+                          minlength=n)
+        mine = node[(used["pool"] == name).to_numpy()].value_counts()
+        static = sum(((node_gpus[k] - on_node[k]) * node_idle_w[k] + overhead_w)
+                     * c / on_node[k] for k, c in mine.items())
+        out[name] = gpu + static
+    return out
+
+
+def pool_energy_summary(power: dict[str, np.ndarray], window_s: float) -> dict:
+    """Per pool: energy (J, its power x window width summed over the windows) and mean
+    power (W) over the windows."""
+    return {"pool_energy_j": {k: float(np.sum(p) * window_s) for k, p in power.items()},
+            "pool_power_mean_w": {k: float(np.mean(p)) if len(p) else float("nan")
+                                  for k, p in power.items()}}

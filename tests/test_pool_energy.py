@@ -1,0 +1,151 @@
+"""Issue #21 for runs with pools: energy per request and per output token, power per pool,
+node overhead counted once per node, cost with per-pool prices, MoE metrics (issue #18)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator import run
+from simulator.cluster.simulation import stage_hardware
+from simulator.hardware.prices import GPU_HOUR_USD
+from simulator.metrics.power import NODE_OVERHEAD_W, gpu_power_w, pool_power
+from simulator.metrics.utilization import stage_work
+
+H100_IDLE, H100_TDP, A100_IDLE = 80.0, 700.0, 50.0
+
+
+def scenario(pools: list[dict] | None = None, **sections) -> dict:
+    """Llama-3.1-8B on DGX H100 nodes, engine profile pinned, constant arrivals."""
+    s = {"name": "pe", "seed": 5, "model": {"name": "llama-3.1-8b"},
+         "cluster": {"topology": "dgx-h100"},
+         "engine": {"profile": "vllm-v0.6"},
+         "workload": {"arrival": "constant", "rate_per_s": 4.0, "num_requests": 12,
+                      "prompt_tokens": 600, "output_tokens": 20}}
+    if pools is not None:
+        s["pools"] = pools
+    for k, v in sections.items():
+        s[k] = {**s.get(k, {}), **v}
+    return s
+
+
+DISAGG = [{"name": "p", "role": "prefill", "nodes": 1, "tp": 1},
+          {"name": "d", "role": "decode", "nodes": 1, "tp": 2}]
+
+
+def test_tiny_disaggregated_energy_by_hand():
+    """One window longer than the run: each used GPU draws idle + (tdp - idle) x activity
+    from its steps' FLOPs and bytes over that window; each pool's node adds its 7 (6) idle
+    GPUs and its overhead once."""
+    w = 100.0
+    r = run(scenario(DISAGG, output={"window_s": w}))
+    s, steps = r.summary, r.steps
+    assert s["requests_completed"] == 12 and r.timeseries.shape[0] == 1
+    expected = {}
+    for pool in r.plan.pools:
+        gpu_j = 0.0
+        for st in stage_hardware(pool.plan):
+            g = steps[(steps["replica"] == st.replica) & (steps["stage"] == st.stage)]
+            flops, hbm, _, _ = stage_work(st, g)
+            act = gpu_power_w(flops.sum() / (st.peak_flops * w), hbm.sum() / (st.hbm_Bps * w),
+                              H100_IDLE, H100_TDP)
+            gpu_j += len(st.gpus) * float(act) * w
+        used = pool.gpus
+        expected[pool.spec.name] = gpu_j + ((8 - used) * H100_IDLE + NODE_OVERHEAD_W) * w
+    assert s["pool_energy_j"] == pytest.approx(expected, rel=1e-9)
+    assert s["pool_power_mean_w"] == pytest.approx({k: v / w for k, v in expected.items()})
+    total = sum(expected.values())
+    assert s["energy_j"] == pytest.approx(total, rel=1e-9)
+    done = r.requests[r.requests["status"] == "completed"]
+    assert s["energy_per_request_j"] == pytest.approx(total / 12, rel=1e-9)
+    assert s["energy_per_output_token_j"] == pytest.approx(
+        total / done["output_tokens"].sum(), rel=1e-9)
+    # Both pools did work: more than idle; never more than every GPU at its TDP.
+    for k, used in (("p", 1), ("d", 2)):
+        idle_j = (8 * H100_IDLE + NODE_OVERHEAD_W) * w
+        assert idle_j < expected[k] < idle_j + used * (H100_TDP - H100_IDLE) * w
+
+
+def test_pool_energies_add_up_to_the_total_in_every_window():
+    r = run(scenario(DISAGG, output={"window_s": 0.5}))
+    ts, s = r.timeseries, r.summary
+    w = 0.5
+    per_pool = ts["power_w_p"] + ts["power_w_d"]
+    assert np.allclose(per_pool, ts["power_w"], rtol=1e-12)
+    assert sum(s["pool_energy_j"].values()) == pytest.approx(s["energy_j"], rel=1e-12)
+    assert float(ts["power_w"].sum()) * w == pytest.approx(s["energy_j"], rel=1e-12)
+    assert s["power_mean_w"] == pytest.approx(float(ts["power_w"].mean()))
+    g = r.gpu_timeseries
+    assert set(g["pool"]) == {"p", "d"} and set(g.loc[g["pool"] == "d", "gpu"]) == {8, 9}
+    # The GPU part of each pool's energy is its GPUs' power_w; the rest its node's static draw.
+    for name, used in (("p", 1), ("d", 2)):
+        gpu_j = float(g.loc[g["pool"] == name, "power_w"].sum()) * w
+        static_j = ((8 - used) * H100_IDLE + NODE_OVERHEAD_W) * w * len(ts)
+        assert s["pool_energy_j"][name] == pytest.approx(gpu_j + static_j, rel=1e-12)
+
+
+def test_one_mixed_pool_equals_the_colocated_run():
+    colo = run(scenario(parallel={"tp": 2, "dp": 2}))
+    pooled = run(scenario([{"name": "m", "role": "mixed", "nodes": 1, "tp": 2, "dp": 2}]))
+    pd.testing.assert_frame_equal(colo.steps, pooled.steps)
+    for k in ("energy_j", "energy_per_request_j", "energy_per_output_token_j",
+              "power_mean_w"):
+        assert pooled.summary[k] == pytest.approx(colo.summary[k], rel=1e-12), k
+    assert pooled.summary["pool_energy_j"]["m"] == pytest.approx(colo.summary["energy_j"],
+                                                                 rel=1e-12)
+    assert np.allclose(pooled.timeseries["power_w"], colo.timeseries["power_w"], rtol=1e-12)
+    assert np.allclose(pooled.timeseries["power_w_m"], colo.timeseries["power_w"], rtol=1e-12)
+
+
+def test_heterogeneous_pools_own_idle_power_and_prices():
+    pools = [{"name": "h100", "role": "mixed", "nodes": 1, "tp": 1, "gpu_hour_usd": 2.5},
+             {"name": "a100", "role": "mixed", "nodes": 1, "tp": 1, "topology": "dgx-a100",
+              "gpu_hour_usd": 1.3}]
+    w = 100.0
+    r = run(scenario(pools, output={"window_s": w}))
+    s, req = r.summary, r.requests
+    done = req[req["status"] == "completed"]
+    span = float(done["finish_s"].max() - req["arrival_s"].min())
+    mtok = done["output_tokens"].sum() / 1e6
+    assert s["cost_per_million_tokens_usd"] == pytest.approx(
+        (2.5 + 1.3) * span / 3600 / mtok, rel=1e-12)
+    assert s["cost_per_million_output_tokens_usd"] == pytest.approx(
+        s["cost_per_million_tokens_usd"], rel=1e-12)
+    # The A100 node idles at 50 W per GPU; each pool's static draw is its own node's.
+    g = r.gpu_timeseries
+    for name, idle in (("h100", H100_IDLE), ("a100", A100_IDLE)):
+        gpu_j = float(g.loc[g["pool"] == name, "power_w"].sum()) * w
+        assert s["pool_energy_j"][name] == pytest.approx(
+            gpu_j + (7 * idle + NODE_OVERHEAD_W) * w, rel=1e-12)
+    assert set(g.loc[g["pool"] == "a100", "gpu"]) == {8}
+    a100 = g.loc[g["pool"] == "a100", "power_w"]
+    assert (a100 > A100_IDLE).all() and (a100 < 400.0).all()
+    # Without prices: the default list prices of each pool's GPU.
+    plain = [{k: v for k, v in p.items() if k != "gpu_hour_usd"} for p in pools]
+    d = run(scenario(plain)).summary
+    assert np.isnan(d["cost_per_million_tokens_usd"])
+    assert d["gpu_hour_usd"] == pytest.approx((GPU_HOUR_USD["h100_sxm"]
+                                               + GPU_HOUR_USD["a100_sxm"]) / 2)
+
+
+def test_shared_node_overhead_counts_once():
+    """Two pools on one 8-GPU node (3 and 1 GPUs used): the node's 4 idle GPUs and its
+    overhead split 3:1, summing to one node's static draw."""
+    edges = np.array([0.0, 1.0, 2.0])
+    gpu_ts = pd.DataFrame({"window_start_s": [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0],
+                           "gpu": [0, 1, 2, 5] * 2, "pool": ["a", "a", "a", "b"] * 2,
+                           "power_w": [100.0, 100.0, 100.0, 300.0, 200.0, 200.0, 200.0, 80.0]})
+    node_of = dict.fromkeys(range(8), 0)
+    p = pool_power(gpu_ts, edges, ["a", "b"], node_of, {0: 8}, {0: 80.0}, overhead_w=2300.0)
+    static = 4 * 80.0 + 2300.0
+    assert p["a"] == pytest.approx([300.0 + 0.75 * static, 600.0 + 0.75 * static])
+    assert p["b"] == pytest.approx([300.0 + 0.25 * static, 80.0 + 0.25 * static])
+    assert p["a"] + p["b"] == pytest.approx([600.0 + static, 680.0 + static])
+
+
+def test_pooled_energy_nan_without_steps_keys_present():
+    r = run(scenario(DISAGG), keep_steps=False)
+    for k in ("energy_j", "energy_per_output_token_j", "power_mean_w"):
+        assert k in r.summary
+    assert set(r.summary["pool_energy_j"]) == {"p", "d"}
