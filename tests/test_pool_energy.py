@@ -149,3 +149,42 @@ def test_pooled_energy_nan_without_steps_keys_present():
     for k in ("energy_j", "energy_per_output_token_j", "power_mean_w"):
         assert k in r.summary
     assert set(r.summary["pool_energy_j"]) == {"p", "d"}
+
+
+def deepseek(pools: list[dict] | None = None, **parallel) -> dict:
+    s = {"name": "ds", "seed": 2, "model": {"name": "deepseek-v3", "weight_dtype": "fp8",
+                                             "kv_dtype": "fp8"},
+         "cluster": {"topology": "hgx-h200"}, "engine": {"profile": "vllm-v0.6"},
+         "workload": {"arrival": "constant", "rate_per_s": 2.0, "num_requests": 6,
+                      "prompt_tokens": 1500, "output_tokens": 12}}
+    if pools:
+        s["pools"] = pools
+    if parallel:
+        s["parallel"] = parallel
+    return s
+
+
+def test_moe_metrics_of_disaggregated_deepseek():
+    """TP attention on the prefill side combines experts by all-reduce (no all-to-all);
+    DP attention on the decode side dispatches and combines by all-to-all."""
+    pools = [{"name": "p", "role": "prefill", "nodes": 1, "tp": 8, "ep": 8},
+             {"name": "d", "role": "decode", "nodes": 1, "tp": 8, "ep": 8,
+              "attention_dp": True}]
+    r = run(deepseek(pools))
+    s, steps = r.summary, r.steps
+    assert s["requests_completed"] == 6
+    prefill, decode = steps[steps["replica"] == 0], steps[steps["replica"] == 1]
+    assert (prefill["a2a_s"] == 0).all() and (decode["a2a_s"] > 0).all()
+    assert (steps["imbalance"] >= 1.0).all()
+    assert s["moe_imbalance_mean"] == pytest.approx(steps["imbalance"].mean())
+    assert s["moe_a2a_share"] == pytest.approx(
+        decode["a2a_s"].sum() / (steps["compute_s"] + steps["comm_s"]).sum())
+    assert 0 < s["moe_a2a_share"] < 1
+
+
+def test_moe_metrics_of_one_mixed_pool_equal_the_colocated_run():
+    colo = run(deepseek(tp=8, ep=8, attention_dp=True)).summary
+    pooled = run(deepseek([{"name": "m", "role": "mixed", "nodes": 1, "tp": 8, "ep": 8,
+                            "attention_dp": True}])).summary
+    for k in ("moe_imbalance_mean", "moe_a2a_share", "energy_j"):
+        assert pooled[k] == pytest.approx(colo[k], rel=1e-12), k
