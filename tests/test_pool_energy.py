@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator import run
+from simulator import ScenarioError, run
 from simulator.cluster.simulation import stage_hardware
 from simulator.hardware.prices import GPU_HOUR_USD
 from simulator.metrics.power import NODE_OVERHEAD_W, gpu_power_w, pool_power
@@ -188,3 +188,33 @@ def test_moe_metrics_of_one_mixed_pool_equal_the_colocated_run():
                             "attention_dp": True}])).summary
     for k in ("moe_imbalance_mean", "moe_a2a_share", "energy_j"):
         assert pooled[k] == pytest.approx(colo[k], rel=1e-12), k
+
+
+# -- leaf-spine fabrics with pools ----------------------------------------------------------
+TP8 = [{"name": "p", "role": "prefill", "nodes": 1, "tp": 8},
+       {"name": "d", "role": "decode", "nodes": 1, "tp": 8}]
+
+
+def test_pools_on_a_leaf_spine_fabric():
+    """Rail-optimized: prefill rank r and decode rank r share rail r's leaf, so the KV
+    moves over the same two NIC links as through one switch. One leaf per node (not
+    rail-optimized) with 8:1 uplinks: every flow crosses a spine and the move is slower."""
+    flat = run(scenario(TP8)).requests
+    rail = run(scenario(TP8, cluster={"fabric": "leaf_spine"}))
+    assert rail.plan.graph.graph["fabric"] == "leaf_spine"
+    assert {"leaf0", "spine0"} <= set(rail.plan.graph.nodes)
+    pd.testing.assert_series_equal(rail.requests["kv_transfer_s"], flat["kv_transfer_s"])
+    racks = run(scenario(TP8, cluster={"fabric": "leaf_spine", "rail_optimized": False,
+                                       "nodes_per_leaf": 1, "oversubscription": 8.0}))
+    moved = racks.requests["kv_transfer_s"].notna()
+    assert moved.all() and (racks.requests["kv_transfer_s"] > flat["kv_transfer_s"]).all()
+    assert np.isfinite(racks.summary["energy_j"])
+
+
+def test_leaf_spine_over_two_presets_is_one_clear_error():
+    pools = [{"name": "p", "role": "prefill", "nodes": 1, "tp": 8},
+             {"name": "d", "role": "decode", "nodes": 1, "tp": 8, "topology": "dgx-a100"}]
+    with pytest.raises(ScenarioError) as exc:
+        run(scenario(pools, cluster={"fabric": "leaf_spine"}))
+    msg = str(exc.value)
+    assert "cluster.fabric" in msg and "dgx-h100, dgx-a100" in msg and "single_switch" in msg
