@@ -10,8 +10,10 @@ import pytest
 from simulator import ScenarioError, run
 from simulator.cluster.simulation import stage_hardware
 from simulator.hardware.prices import GPU_HOUR_USD
-from simulator.metrics.power import NODE_OVERHEAD_W, gpu_power_w, pool_power
-from simulator.metrics.utilization import stage_work
+from simulator.metrics.power import NODE_OVERHEAD_W, StepFold, gpu_power_w, pool_power
+from simulator.metrics.records import STEP_COLUMNS
+from simulator.metrics.timeseries import window_edges
+from simulator.metrics.utilization import gpu_windows, stage_work
 
 H100_IDLE, H100_TDP, A100_IDLE = 80.0, 700.0, 50.0
 
@@ -144,11 +146,70 @@ def test_shared_node_overhead_counts_once():
     assert p["a"] + p["b"] == pytest.approx([600.0 + static, 680.0 + static])
 
 
-def test_pooled_energy_nan_without_steps_keys_present():
-    r = run(scenario(DISAGG), keep_steps=False)
-    for k in ("energy_j", "energy_per_output_token_j", "power_mean_w"):
-        assert k in r.summary
-    assert set(r.summary["pool_energy_j"]) == {"p", "d"}
+ENERGY_KEYS = ("energy_j", "energy_per_request_j", "energy_per_output_token_j", "power_mean_w")
+
+
+def _same_energy(kept, folded, keys=ENERGY_KEYS):
+    for k in keys:
+        assert np.isfinite(folded.summary[k]), k
+        assert folded.summary[k] == pytest.approx(kept.summary[k], rel=1e-12), k
+    pd.testing.assert_frame_equal(kept.requests, folded.requests)
+    assert folded.steps.empty
+    a, b = kept.gpu_timeseries, folded.gpu_timeseries
+    assert a.shape == b.shape and (a["gpu"].to_numpy() == b["gpu"].to_numpy()).all()
+    assert np.allclose(a["power_w"], b["power_w"], rtol=1e-12, atol=0)
+
+
+def test_energy_without_step_records_equals_the_step_record_path():
+    """Steps not kept: their work is folded per window as the run goes, giving the energy
+    the kept records give (and the requests the engine gives with records)."""
+    s = scenario(parallel={"tp": 2, "dp": 2}, output={"window_s": 0.25})
+    kept = run(s)
+    assert len(kept.steps) > 200
+    _same_energy(kept, run(s, keep_steps=False))
+    off = run({**s, "output": {"window_s": 0.25, "steps": False}})
+    _same_energy(kept, off)
+    assert np.allclose(off.timeseries["power_w"], kept.timeseries["power_w"], rtol=1e-12)
+    skipped = run(s, keep_steps=False, energy=False)  # the fold's cost declined
+    assert np.isnan(skipped.summary["energy_j"]) and skipped.gpu_timeseries.empty
+    pd.testing.assert_frame_equal(kept.requests, skipped.requests)
+
+
+def test_step_fold_in_small_chunks_equals_gpu_windows():
+    """Records fed one by one and as decode-run columns, folded every 64 steps."""
+    r = run(scenario(parallel={"tp": 2, "dp": 2}, output={"window_s": 0.25}))
+    stages = stage_hardware(r.plan)
+    fold = StepFold(stages, 0.25, chunk=64)
+    rows = list(r.steps[STEP_COLUMNS].itertuples(index=False, name=None))
+    half = len(rows) // 2
+    for row in rows[:half]:
+        fold.append(row)
+    for k in range(half, len(rows), 50):
+        fold.bulk({c: r.steps[c].to_numpy()[k:k + 50] for c in STEP_COLUMNS})
+    edges = window_edges(float(r.timeseries["window_end_s"].iloc[-1]), 0.25)
+    pd.testing.assert_frame_equal(fold.gpu_windows(stages, edges),
+                                  gpu_windows(r.steps, stages, edges), rtol=1e-12)
+    # Windows widened at the end (a long run's MAX_WINDOWS): each folded window counts in
+    # the wide one holding its start, so the total work is kept.
+    wide = window_edges(float(edges[-1]), 1.0)
+    a, b = fold.gpu_windows(stages, wide), gpu_windows(r.steps, stages, wide)
+    assert a["compute_util"].sum() == pytest.approx(b["compute_util"].sum(), rel=1e-12)
+    assert a["hbm_util"].sum() == pytest.approx(b["hbm_util"].sum(), rel=1e-12)
+
+
+def test_pooled_energy_and_moe_without_step_records():
+    kept = run(scenario(DISAGG, output={"window_s": 0.5}))
+    folded = run(scenario(DISAGG, output={"window_s": 0.5}), keep_steps=False)
+    _same_energy(kept, folded)
+    for k in ("pool_energy_j", "pool_power_mean_w"):
+        assert folded.summary[k] == pytest.approx(kept.summary[k], rel=1e-12)
+    assert np.allclose(folded.timeseries["power_w_d"], kept.timeseries["power_w_d"],
+                       rtol=1e-12)
+    pools = [{"name": "p", "role": "prefill", "nodes": 1, "tp": 8, "ep": 8},
+             {"name": "d", "role": "decode", "nodes": 1, "tp": 8, "ep": 8,
+              "attention_dp": True}]
+    kept, folded = run(deepseek(pools)), run(deepseek(pools), keep_steps=False)
+    _same_energy(kept, folded, ENERGY_KEYS + ("moe_imbalance_mean", "moe_a2a_share"))
 
 
 def deepseek(pools: list[dict] | None = None, **parallel) -> dict:

@@ -14,7 +14,13 @@ import numpy as np
 import pandas as pd
 
 from simulator.hardware.specs import GPUSpec
-from simulator.metrics.power import add_power, energy_summary, pool_energy_summary, pool_power
+from simulator.metrics.power import (
+    StepFold,
+    add_power,
+    energy_summary,
+    pool_energy_summary,
+    pool_power,
+)
 from simulator.metrics.utilization import StageHardware, gpu_windows
 
 #: summary.json keys of a run with pools (sweeps over a pools scenario add them as columns,
@@ -88,7 +94,7 @@ def pool_summary(requests: pd.DataFrame, pools: pd.DataFrame, summary: dict) -> 
     return out
 
 
-def pool_energy(steps: pd.DataFrame | None, pools: list[tuple[str, list[StageHardware],
+def pool_energy(steps: pd.DataFrame | StepFold | None, pools: list[tuple[str, list[StageHardware],
                                                           GPUSpec]],
                 node_of: dict[int, int], edges: np.ndarray, requests: pd.DataFrame
                 ) -> tuple[pd.DataFrame, dict[str, np.ndarray], dict]:
@@ -96,8 +102,9 @@ def pool_energy(steps: pd.DataFrame | None, pools: list[tuple[str, list[StageHar
 
     Parameters
     ----------
-    steps : DataFrame or None
-        The step records (None: not kept; every energy key is then NaN).
+    steps : DataFrame, StepFold or None
+        The step records, or their work folded per window when they are not kept (None:
+        neither, as when nothing ran; every energy key is then NaN).
     pools : list of (name, stage hardware, GPU spec)
         Per pool, in file order: its replicas' stages (for
         :func:`simulator.metrics.utilization.gpu_windows`) and its GPU (``idle_w``, ``tdp_w``).
@@ -122,8 +129,13 @@ def pool_energy(steps: pd.DataFrame | None, pools: list[tuple[str, list[StageHar
         return pd.DataFrame(), {}, {**energy_summary(np.zeros(0), window_s, requests),
                                     **pool_energy_summary({k: np.zeros(0) for k in names},
                                                           window_s)}
-    gpu_ts = pd.concat([add_power(gpu_windows(steps, stages, edges), g.idle_w, g.tdp_w
-                                  ).assign(pool=name) for name, stages, g in pools],
+    def windows(stages):
+        if isinstance(steps, StepFold):
+            return steps.gpu_windows(stages, edges)
+        return gpu_windows(steps, stages, edges)
+
+    gpu_ts = pd.concat([add_power(windows(stages), g.idle_w, g.tdp_w).assign(pool=name)
+                        for name, stages, g in pools],
                        ignore_index=True).sort_values(["window_start_s", "gpu"],
                                                       ignore_index=True)
     idle = {node_of[int(gpu.removeprefix("gpu"))]: g.idle_w
