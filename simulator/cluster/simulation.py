@@ -573,7 +573,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
         ts = pd.concat([ts, links], axis=1)  # the same windows
     elif fold is not None:  # steps not kept: their work folded per window as they came
         edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-        gpu_ts = fold.gpu_windows(stage_hardware(plan), edges)
+        gpu_ts = fold.gpu_windows(fold.stages, edges)
     gpu_ts, ts = _power(s, plan, requests, summary, gpu_ts, ts, window_s)
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
