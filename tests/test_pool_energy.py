@@ -166,13 +166,17 @@ def test_energy_without_step_records_equals_the_step_record_path():
     s = scenario(parallel={"tp": 2, "dp": 2}, output={"window_s": 0.25})
     kept = run(s)
     assert len(kept.steps) > 200
-    _same_energy(kept, run(s, keep_steps=False))
-    off = run({**s, "output": {"window_s": 0.25, "steps": False}})
+    _same_energy(kept, run(s, keep_steps=False, energy=True))
+    off = run({**s, "output": {"window_s": 0.25, "steps": False, "energy": True}})
     _same_energy(kept, off)
     assert np.allclose(off.timeseries["power_w"], kept.timeseries["power_w"], rtol=1e-12)
     skipped = run(s, keep_steps=False, energy=False)  # the fold's cost declined
     assert np.isnan(skipped.summary["energy_j"]) and skipped.gpu_timeseries.empty
     pd.testing.assert_frame_equal(kept.requests, skipped.requests)
+    # Without step records the fold is the scenario's choice (output.energy, default off).
+    default = run({**s, "output": {"window_s": 0.25, "steps": False}})
+    assert np.isnan(default.summary["energy_j"])
+    pd.testing.assert_frame_equal(kept.requests, default.requests)
 
 
 def test_step_fold_in_small_chunks_equals_gpu_windows():
@@ -199,7 +203,7 @@ def test_step_fold_in_small_chunks_equals_gpu_windows():
 
 def test_pooled_energy_and_moe_without_step_records():
     kept = run(scenario(DISAGG, output={"window_s": 0.5}))
-    folded = run(scenario(DISAGG, output={"window_s": 0.5}), keep_steps=False)
+    folded = run(scenario(DISAGG, output={"window_s": 0.5}), keep_steps=False, energy=True)
     _same_energy(kept, folded)
     for k in ("pool_energy_j", "pool_power_mean_w"):
         assert folded.summary[k] == pytest.approx(kept.summary[k], rel=1e-12)
@@ -208,7 +212,7 @@ def test_pooled_energy_and_moe_without_step_records():
     pools = [{"name": "p", "role": "prefill", "nodes": 1, "tp": 8, "ep": 8},
              {"name": "d", "role": "decode", "nodes": 1, "tp": 8, "ep": 8,
               "attention_dp": True}]
-    kept, folded = run(deepseek(pools)), run(deepseek(pools), keep_steps=False)
+    kept, folded = run(deepseek(pools)), run(deepseek(pools), keep_steps=False, energy=True)
     _same_energy(kept, folded, ENERGY_KEYS + ("moe_imbalance_mean", "moe_a2a_share"))
 
 

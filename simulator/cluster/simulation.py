@@ -463,7 +463,7 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
 
 
 def run(scenario: Scenario | dict | str, *, progress: bool = False,
-        keep_steps: bool = True, energy: bool = True) -> Result:
+        keep_steps: bool = True, energy: bool | None = None) -> Result:
     """Simulate a scenario and return its :class:`Result`; writes nothing to disk.
 
     Parameters
@@ -475,13 +475,15 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     keep_steps : bool
         Keep one record per stage step (``Result.steps``); also off when the scenario's
         ``output.steps`` is false. Summaries do not need them.
-    energy : bool
+    energy : bool or None
         When step records are not kept, still fold their work per window as the run goes
         (:class:`simulator.metrics.power.StepFold`) for energy, power and the MoE summary.
         It costs about half a run's time again on decode-heavy runs (the engine builds
-        the records); False skips it and leaves those keys NaN.
+        the records); False skips it and leaves those keys NaN. None: the scenario's
+        ``output.energy`` (default False).
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    energy = s.output.energy if energy is None else energy
     with _young_collections_rarer():
         if s.pools:
             return _run_pools(s, progress, keep_steps, energy)
