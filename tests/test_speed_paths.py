@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import toy_scenario
 from test_fast_forward import _assert_identical, _both
 
 from simulator.engine.decoderun import DecodeRuns
+from simulator.metrics.records import _stable_order
 
 
 class _Stream(DecodeRuns):
@@ -105,3 +107,22 @@ def test_one_stream_pipeline_runs_equal_stepping():
                                                           "max": 120}})
     fast, slow = _both(sc)
     _assert_identical(fast, slow)
+
+
+def test_step_table_order_equals_pandas_stable_sort():
+    """``_stable_order`` (None when already sorted, else ``np.lexsort``) gives the order of
+    ``sort_values(["start_s", "replica", "stage"], kind="stable")``, ties included."""
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 2, 5, 50, 400):
+        for sorted_first in (False, True):
+            df = pd.DataFrame({"start_s": rng.integers(0, 6, n) * 0.25,
+                               "replica": rng.integers(0, 3, n),
+                               "stage": rng.integers(0, 2, n), "row": np.arange(n)})
+            if sorted_first:
+                df = df.sort_values(["start_s", "replica", "stage"], kind="stable")
+            want = df.sort_values(["start_s", "replica", "stage"], kind="stable")["row"]
+            order = _stable_order(df["start_s"].to_numpy(), df["replica"].to_numpy(),
+                                  df["stage"].to_numpy())
+            got = df["row"].to_numpy() if order is None else df["row"].to_numpy()[order]
+            assert got.tolist() == want.tolist()
+            assert (order is None) == df["row"].equals(want)
