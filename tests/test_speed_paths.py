@@ -10,7 +10,11 @@ test_moe.py).
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,6 +24,8 @@ from test_fast_forward import _assert_identical, _both
 
 from simulator.engine.decoderun import DecodeRuns
 from simulator.metrics.records import _stable_order
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class _Stream(DecodeRuns):
@@ -126,3 +132,14 @@ def test_step_table_order_equals_pandas_stable_sort():
             got = df["row"].to_numpy() if order is None else df["row"].to_numpy()[order]
             assert got.tolist() == want.tolist()
             assert (order is None) == df["row"].equals(want)
+
+
+def test_a_dense_run_imports_neither_scipy_nor_parquet():
+    """scipy (MoE routing and calibration) and pyarrow.parquet load on use: importing them
+    cost every dense run a third of a second (issue 21)."""
+    code = ("import sys, simulator, simulator.cli, simulator.io.writers; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy' "
+            "or m == 'pyarrow.parquet'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "[]"
