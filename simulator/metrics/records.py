@@ -143,12 +143,10 @@ def _stable_order(*keys: np.ndarray) -> np.ndarray | None:
     n = len(keys[0])
     if n < 2:
         return None
-    later = np.zeros(n - 1, dtype=bool)  # row i + 1 after row i on an earlier key
     tied = np.ones(n - 1, dtype=bool)  # rows i and i + 1 equal on the keys so far
     for k in keys:
         d = np.diff(k)
-        if (tied & ~later & (d < 0)).any():
+        if (tied & ~(d >= 0)).any():  # out of order (or NaN, which sorts last)
             return np.lexsort(keys[::-1])
-        later |= tied & (d > 0)
         tied &= d == 0
     return None
