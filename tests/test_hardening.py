@@ -157,7 +157,12 @@ def test_steps_and_tokens_add_up_under_faults(seed, pp, fast, profile):
     assume((seed, pp, profile) != (11, 2, "vllm-v1"))  # a known miscount: see below
     res = simulator.run(_faulty(seed, pp, fast, profile))
     steps, req = res.steps, res.requests
-    assert res.summary["steps_total"] * pp == len(steps)
+    # A step counts when its micro-batch leaves the last stage; a failure can cut the
+    # micro-batches in flight (at most pp per failure) after earlier stages recorded them.
+    last = steps["stage"] == pp - 1
+    assert res.summary["steps_total"] == last.sum()
+    cut = len(steps) - pp * last.sum()
+    assert 0 <= cut <= (pp - 1) * pp * len(res.summary["downtime_spans"])
     # Every token sampled by a step that happened belongs to exactly one request.
     assert req["generated_tokens"].sum() == steps.loc[steps["stage"] == pp - 1,
                                                       "sampled"].sum()
