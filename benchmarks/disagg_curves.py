@@ -82,7 +82,7 @@ def main() -> None:
         ax.set_xlabel("arrival rate (req/s)")
         ax.set_ylabel("goodput per GPU (req/s within SLO)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     out = ROOT / "docs" / "img" / "disagg-goodput.png"
     fig.savefig(out, dpi=110)
