@@ -130,7 +130,8 @@ class Cluster:
                        0.0 if eng.cpu_overlap else eng.step_overhead_s,  # else in stage 0
                        done, self.recorder.step, fast=eng.fast_forward,
                        swap_s_per_block=rp.swap_s_per_block,
-                       record_bulk=self.recorder.step_bulk, token_delay_s=eng.token_delay_s)
+                       record_bulk=self.recorder.step_bulk, token_delay_s=eng.token_delay_s,
+                       async_admission=eng.cpu_overlap)
 
     def _init_state(self) -> None:
         """The workload, completion and failure state of a cluster whose ``replicas``
