@@ -1,10 +1,11 @@
 """The planner's speed-ups change no number: every memoized path returns the bits of the
 plain definition it stands for (GEMM form per shape, MLA projections per shape, routing
-built once per argument set), for any shape (hypothesis), and a cache never mixes up two
-GPUs or two popularity vectors."""
+built once per argument set, routing tables shared by alike MoE stages), for any shape
+(hypothesis), and a cache never mixes up two GPUs, parameter sets or routings."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import numpy as np
@@ -13,8 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.calibration import forms, moe_forms
+from simulator.cluster.build import build_plan
 from simulator.hardware.specs import load_gpu
-from simulator.model.routing import DRAWS, Routing, placement, popularity
+from simulator.io.scenario import load_scenario
+from simulator.model import moe_stage
+from simulator.model.routing import DRAWS, Routing, placement, popularity, step_index
 
 H100 = load_gpu("h100_sxm")
 H200 = load_gpu("h200_sxm")
@@ -111,3 +115,38 @@ def test_memoized_routing_equals_a_fresh_build(dist, ranks, redundant):
     assert Routing.build(p, ranks, redundant, 8, seed=6) is not r
     other = Routing.build(popularity(256, dist, 1.2, seed=4), ranks, redundant, 8, seed=5)
     assert dist == "uniform" or not np.array_equal(other.share @ other.p, r.share @ r.p)
+
+
+def _moe_stage(routing: dict | None = None, **parallel):
+    model = {"name": "qwen3-30b-a3b", **({"routing": routing} if routing else {})}
+    s = load_scenario({"model": model, "cluster": {"topology": "dgx-h100"},
+                       "parallel": {"tp": 8, "ep": 8, **parallel},
+                       "workload": {"rate_per_s": 1.0, "num_requests": 4}})
+    return s, build_plan(s).replicas[0].stages[0]
+
+
+@pytest.mark.parametrize("parallel", [{"attention_dp": True}, {"ep": 1}])
+def test_shared_routing_tables_equal_unshared_ones(parallel):
+    """Two stages of one routing share one table set; rows filled in pieces from both
+    stages equal the rows of a fresh, unshared stage filled at once."""
+    zipf = {"distribution": "zipf", "skew": 1.2}
+    s, c = _moe_stage(zipf, **parallel)
+    twin = copy.copy(c)
+    assert moe_stage._shared_tables(twin) is c._tables
+    idx = step_index(np.arange(5000, 5300))
+    for n, mode in ((64, "low_latency"), (3000, "normal")):
+        c.table(n, mode, idx[:40])
+        twin.table(n, mode, idx[40:])
+    pieces = {k: (t.expert_s.copy(), t.a2a_s.copy(), t.imbalance.copy())
+              for k, t in c._tables.items()}
+    moe_stage._SHARED.clear()
+    fresh = build_plan(s).replicas[0].stages[0]
+    assert fresh._tables is not c._tables and not fresh._tables
+    for (n, mode), (e, a, i) in pieces.items():
+        tab = fresh.table(n, mode)  # every row at once
+        rows = np.unique(idx)
+        np.testing.assert_array_equal(tab.expert_s[rows], e[rows])
+        np.testing.assert_array_equal(tab.a2a_s[rows], a[rows])
+        np.testing.assert_array_equal(tab.imbalance[rows], i[rows])
+    _, other = _moe_stage({"distribution": "zipf", "skew": 0.5}, **parallel)
+    assert other._tables is not fresh._tables  # another routing: its own tables
