@@ -42,7 +42,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from simulator.cluster.simulation import run
+from simulator.cluster.running import run
 from simulator.errors import ScenarioError
 from simulator.io.scenario import _did_you_mean, load_scenario, read_toml
 from simulator.io.schema import SECTIONS, TOP_LEVEL, EngineKeys, PoolKeys
