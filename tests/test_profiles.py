@@ -267,3 +267,34 @@ def test_cpu_overlap_floors_moe_steps_too():
     plain = simulator.build_plan(simulator.load_scenario(sc)).replicas[0].stages[0]
     c0, m0 = plain.step(2, 0.0, 0, 2000, 2)
     assert m0 == m and c0 + m0 < 0.05  # below the floor without it
+
+
+def test_vllm_v1_batch_limits_follow_the_gpu_as_vllm_does():
+    """vLLM V1 (arg_utils.get_batch_defaults, API server): 8192 tokens and 1024 sequences
+    on GPUs with >= 70 GiB other than A100; 2048 and 256 on A100 and smaller GPUs."""
+    from simulator.engine.profiles import vllm_v1_batch_limits
+
+    def limits(**cluster):
+        e = simulator.load_scenario({**_scenario(), "cluster": cluster}).engine
+        return e.max_num_batched_tokens, e.max_num_seqs
+
+    assert limits(topology="dgx-h100") == limits(topology="hgx-h200") == (8192, 1024)
+    assert limits(topology="dgx-a100") == (2048, 256)
+    assert vllm_v1_batch_limits("l40s", 48 * 2**30) == {"max_num_batched_tokens": 2048,
+                                                        "max_num_seqs": 256}
+    # Explicit keys win; other profiles keep their own values on any GPU.
+    e = simulator.load_scenario({**_scenario(max_num_seqs=512),
+                                 "cluster": {"topology": "dgx-a100"}}).engine
+    assert (e.max_num_batched_tokens, e.max_num_seqs) == (2048, 512)
+    e = simulator.load_scenario({**_scenario(profile="sglang"),
+                                 "cluster": {"topology": "dgx-a100"}}).engine
+    assert e.max_num_batched_tokens == 8192
+    # A pool on other nodes gets its own GPU's limits as overrides; a round trip keeps them.
+    from simulator.paths import ROOT
+
+    s = simulator.load_scenario(ROOT / "workloads" / "disagg-hetero-h100-a100.toml")
+    pools = {p.name: p.engine for p in s.pools}
+    assert (s.engine.max_num_batched_tokens, s.engine.max_num_seqs) == (8192, 1024)
+    assert pools["h100"] is None
+    assert pools["a100"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
+    assert {p.name: p.engine for p in simulator.load_scenario(s).pools} == pools

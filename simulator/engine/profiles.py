@@ -122,9 +122,44 @@ def capture_sizes(rule: str, max_num_seqs: int, max_batch: int | None = None,
 DEFAULT_PROFILE: str | None = "vllm-v1"
 
 
-def apply_profile(data: dict) -> dict:
+#: vLLM V1's batch limits on the other GPUs (vllm/engine/arg_utils.py
+#: ``get_batch_defaults``, API server): below 70 GiB of memory, or an A100 (PR #17885: the
+#: larger budget lowered A100 throughput), 2048 tokens and 256 sequences.
+VLLM_V1_SMALL_GPU = {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
+BATCH_KEYS = tuple(VLLM_V1_SMALL_GPU)
+
+
+def vllm_v1_batch_limits(gpu_name: str, memory_bytes: int) -> dict[str, int]:
+    """vLLM V1's default token budget and sequence limit on a GPU."""
+    if memory_bytes >= 70 * 2**30 and "a100" not in gpu_name.lower():
+        return {k: PROFILES["vllm-v1"][k] for k in BATCH_KEYS}
+    return dict(VLLM_V1_SMALL_GPU)
+
+
+def _gpu_limits(topology: object, base_dir: str) -> dict[str, int] | None:
+    """:func:`vllm_v1_batch_limits` of a node preset's GPU (None: the name does not resolve;
+    validation reports it)."""
+    from simulator.errors import ScenarioError  # noqa: PLC0415 - hardware imports the engine's
+    from simulator.hardware.specs import load_node  # noqa: PLC0415
+
+    if not isinstance(topology, str):
+        return None
+    try:
+        gpu = load_node(topology, base_dir).gpu
+    except ScenarioError:
+        return None
+    return vllm_v1_batch_limits(gpu.name, gpu.memory_bytes)
+
+
+def apply_profile(data: dict, base_dir: str = ".") -> dict:
     """``data`` (a raw scenario dict) with the profile's keys filled into ``[engine]``
-    where the scenario does not set them. Unknown names are left for validation."""
+    where the scenario does not set them. Unknown names are left for validation.
+
+    ``vllm-v1``'s token budget and sequence limit depend on the GPU, as vLLM's do: those of
+    ``[cluster] topology``'s GPU go into ``[engine]``, and a ``[[pools]]`` entry on another
+    kind of node gets its own GPU's limits in its ``engine`` overrides (``base_dir``
+    resolves node files given by path).
+    """
     engine = data.get("engine", {})
     if not isinstance(engine, dict):
         return data
@@ -132,5 +167,28 @@ def apply_profile(data: dict) -> dict:
     if name not in PROFILES:
         return data
     out = dict(data)
-    out["engine"] = {**PROFILES[name], "profile": name, **engine}
+    keys = dict(PROFILES[name])
+    if name == "vllm-v1":
+        cluster = data.get("cluster", {})
+        top = cluster.get("topology", "dgx-h100") if isinstance(cluster, dict) else None
+        keys.update(_gpu_limits(top, base_dir) or {})
+        pools = data.get("pools")
+        if isinstance(pools, list):
+            out["pools"] = [_pool_limits(p, keys, engine, base_dir) for p in pools]
+    out["engine"] = {**keys, "profile": name, **engine}
     return out
+
+
+def _pool_limits(pool: object, keys: dict, engine: dict, base_dir: str) -> object:
+    """A pool entry with its own GPU's vLLM V1 batch limits in its ``engine`` overrides,
+    where they differ from ``[engine]``'s and neither the scenario's ``[engine]`` nor the
+    pool sets them."""
+    if not isinstance(pool, dict) or "topology" not in pool:
+        return pool
+    own = _gpu_limits(pool["topology"], base_dir)
+    over = pool.get("engine") or {}
+    if own is None or not isinstance(over, dict):
+        return pool
+    add = {k: v for k, v in own.items()
+           if v != keys[k] and k not in engine and k not in over}
+    return {**pool, "engine": {**over, **add}} if add else pool

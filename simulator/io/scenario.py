@@ -285,7 +285,7 @@ def load_scenario(source: str | Path | dict | Scenario,
         origin = f"{origin}: {flags}" if origin else flags
     if seed is not None:
         data["seed"] = seed
-    data = apply_profile(data)  # [engine] profile: fills the engine keys not set
+    data = apply_profile(data, base_dir)  # [engine] profile: fills the engine keys not set
     problems: list[str] = []
     faults, random_faults = _faults(data.get("faults"), problems)
     pools = _pools(data.get("pools"), problems)
