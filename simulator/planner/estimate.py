@@ -151,40 +151,49 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
     model = StepModel(plan, 0.0 if eng.cpu_overlap else eng.step_overhead_s, streams)
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
     budget = limits.budget
-    ctx_o, k, gain = o, 0, 1.0  # output length for the KV context; drafts; tokens per step
-    if spec is not None:
-        k, gain = spec.k, 1.0 + spec.accepted
-        o = o / gain  # steps per request
+
+    def drafts(batch: float) -> int:
+        """Drafts per sequence of a step of ``batch`` decoders: 0 where the engine decodes
+        plainly (``disable_by_batch_size``, or ``batch (k + 1)`` over the budget)."""
+        if spec is None or batch * (spec.k + 1) > budget or (
+                spec.disable_by_batch_size is not None
+                and batch >= spec.disable_by_batch_size):
+            return 0
+        return spec.k
+
+    def gain(batch: float) -> float:
+        """Output tokens per sequence and step: 1 + E[accepted drafts] when speculating."""
+        return 1.0 + spec.accepted if drafts(batch) else 1.0
 
     def cycle(batch: float, prefill: float) -> float:
-        if k and (spec.disable_by_batch_size is None or batch < spec.disable_by_batch_size):
-            return spec_step(model, spec, batch, prefill, p, ctx_o)
-        return model.cycle(*_mix(batch, prefill, p, ctx_o))
+        if drafts(batch):
+            return spec_step(model, spec, batch, prefill, p, o)
+        return model.cycle(*_mix(batch, prefill, p, o))
 
     def steady(batch: float) -> tuple[float, float]:
         """Mean prefill tokens per step and mean cycle: prefill comes in chunks (a prompt,
         up to the room left in the budget), so a fraction x / chunk of the steps carry
         one and the rest decode only."""
-        room = max(budget - batch * (k + 1), 1.0)
-        prefill = min(batch * p / o, room)
+        room = max(budget - batch * (drafts(batch) + 1), 1.0)
+        prefill = min(batch * p * gain(batch) / o, room)
         chunk = min(max(p, prefill), room)
         base = cycle(batch, 0.0)
         return prefill, base + prefill / chunk * (cycle(batch, chunk) - base)
 
-    b_max = max(1.0, min(limits.max_num_seqs, kv_tokens / streams / (p + ctx_o / 2)))
+    b_max = max(1.0, min(limits.max_num_seqs, kv_tokens / streams / (p + o / 2)))
     _, c_max = steady(b_max)
-    per_step = min(b_max / o, max(budget - b_max * (k + 1), 0.0) / p)
+    per_step = min(b_max * gain(b_max) / o, max(budget - b_max * (drafts(b_max) + 1), 0.0) / p)
     capacity = lanes * per_step / c_max
 
     if stats.rate_per_s is None:  # closed loop: the clients fix the batch
         batch = min(b_max, max(1.0, (stats.concurrency or 1) / lanes))
         _, c = steady(batch)
-        rate = lanes * batch / (o * c)
+        rate = lanes * batch * gain(batch) / (o * c)
     else:
         rate = stats.rate_per_s
         batch = 1.0
         for _ in range(ITERATIONS):
-            new = min(b_max, max(1.0, rate / lanes * o * steady(batch)[1]))
+            new = min(b_max, max(1.0, rate / lanes * o / gain(batch) * steady(batch)[1]))
             if abs(new - batch) < 1e-3:
                 break
             batch = 0.5 * (batch + new)
@@ -192,9 +201,9 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
     rho = rate / capacity if capacity > 0 else math.inf
 
     def prefill_time(prompt: float) -> float:
-        room = max(budget - batch * (k + 1), 1.0)
+        room = max(budget - batch * (drafts(batch) + 1), 1.0)
         chunk = min(prompt, room)
-        return math.ceil(prompt / room) * model.cycle(*_mix(batch, chunk, prompt, ctx_o))
+        return math.ceil(prompt / room) * model.cycle(*_mix(batch, chunk, prompt, o))
 
     pre, pre_p99 = prefill_time(p), prefill_time(max(stats.prompt_p99, p))
     if rho < 1 and stats.rate_per_s is not None:
@@ -203,7 +212,7 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
         wait = 0.0 if stats.rate_per_s is None else math.inf
     ttft = pre + c / 2 + wait
     ttft_p99 = pre_p99 + c + 4.6 * wait
-    tpot = c / gain
+    tpot = c / gain(batch)
     ok = rho < 1 and ttft_p99 <= ttft_slo_s and tpot <= tpot_slo_s
     if stats.rate_per_s is None:
         ok = ttft_p99 <= ttft_slo_s and tpot <= tpot_slo_s
