@@ -121,10 +121,6 @@ class PlanResult:
     # Spearman's rho between the estimate's and the simulation's objective on the simulated
     # points (simulator.planner.objectives.spearman; NaN with fewer than 3).
     rank_correlation: float = math.nan
-    # With --disagg and --nodes: every colocated and disaggregated pool layout simulated
-    # per kind (simulator.planner.pools; plan_pools.csv), and how the best compare.
-    pools: pd.DataFrame | None = None
-    pools_text: str = ""
     # Spearman's rho per simulation group (colocated, colocated+spec, disaggregated) and
     # the near-miss ratios (estimate / simulation) the plan ended with.
     rank_correlations: dict | None = None
