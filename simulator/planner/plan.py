@@ -34,18 +34,24 @@ from simulator.planner.explain import (
     no_fit,
     no_slo,
     reason,
-    sig,
     versus_groups,
 )
 from simulator.planner.nearmiss import (
-    correlations,
     est_slo,
     group_of,
     margins,
     objective_values,
 )
 from simulator.planner.nearmiss import order as est_order
-from simulator.planner.objectives import SIM_COLUMN, spearman
+from simulator.planner.ranking import (  # noqa: F401 - _rank_key, rank_correlation: API
+    PREFILL_COLUMNS,
+    _layout,
+    _rank_key,
+    _sim_frame,
+    _stable,
+    group_correlations,
+    rank_correlation,
+)
 from simulator.planner.simulate import base_scenario, simulate_many
 from simulator.planner.space import (
     Layout,
@@ -91,10 +97,6 @@ CANDIDATE_COLUMNS = [
     "est_batch", "est_cycle_s", "est_prefill_s", "est_ttft_s", "est_ttft_p99_s", "est_tpot_s",
     "est_goodput_req_per_s", "est_rank", "simulated", "est_objective", "kind", "spec_k",
     "est_slo"]
-#: Columns of a plan with disaggregated candidates (the prefill pool; the decode pool is
-#: in tp, pp, dp, ep, attention_dp), after ``kind``.
-PREFILL_COLUMNS = ["prefill_tp", "prefill_pp", "prefill_dp", "prefill_ep",
-                   "prefill_attention_dp", "est_kv_transfer_s"]
 
 
 @dataclass
@@ -125,39 +127,6 @@ class PlanResult:
     # the near-miss ratios (estimate / simulation) the plan ended with.
     rank_correlations: dict | None = None
     margins: dict | None = None
-
-
-def _key(lay: Layout, lim: Limits) -> str:
-    chunk = f"-c{lim.chunk_size}" if lim.chunk_size is not None else ""
-    moe = (f"-ep{lay.ep}" if lay.ep > 1 else "") + ("-adp" if lay.attention_dp else "")
-    return (f"tp{lay.tp}-pp{lay.pp}-dp{lay.dp}{moe}-s{lim.max_num_seqs}"
-            f"-b{lim.max_num_batched_tokens}{chunk}")
-
-
-def _stable(row) -> tuple:
-    chunk = row["chunk_size"]
-    return (row["gpus"], row["tp"], row["pp"], row["dp"], row["max_num_seqs"],
-            row["max_num_batched_tokens"], -1 if pd.isna(chunk) else chunk,
-            *_moe_of(row), *_extra_of(row))
-
-
-def _extra_of(row) -> tuple:
-    """(group, prefill pool, spec k) of a row: the keys beyond a colocated layout."""
-    pre = tuple(-1 if pd.isna(row.get(c)) else int(row[c]) for c in PREFILL_COLUMNS[:5])
-    k = row.get("spec_k")
-    return (group_of(row), pre, 0 if k is None or pd.isna(k) else int(k))
-
-
-def _moe_of(row) -> tuple[int, bool]:
-    """(ep, attention_dp) of a candidate row (dense models have no such columns)."""
-    ep = row["ep"] if "ep" in row else 1
-    adp = row["attention_dp"] if "attention_dp" in row else False
-    return int(ep), bool(adp)
-
-
-def _layout(row) -> tuple:
-    return (Layout(int(row["tp"]), int(row["pp"]), int(row["dp"]), *_moe_of(row)),
-            *_extra_of(row))
 
 
 def _columns(columns: list[str], model, disagg: bool = False) -> list[str]:
@@ -229,23 +198,6 @@ def rerank(df: pd.DataFrame, s: Scenario, stats: WorkloadStats, objective: str,
     df["est_objective"] = objective_values(df, objective, price, node, stats.output_mean,
                                            stats.rate_per_s)
     return df.loc[est_order(df, objective, _stable)]
-
-
-def _rank_key(objective: str):
-    def key(r) -> tuple:
-        if r["status"] != "ok":
-            return (2, 0.0, 0.0, 0.0, _stable(r))
-        if objective in SIM_COLUMN:
-            return (0 if r["slo_met"] else 1, -sig(r[SIM_COLUMN[objective]]),
-                    r["tpot_slo_q_s"], r["ttft_slo_q_s"], _stable(r))
-        primary = {"goodput_per_gpu": (-sig(r["goodput_req_per_s_per_gpu"]),
-                                       r["tpot_slo_q_s"], r["ttft_slo_q_s"]),
-                   "min_ttft": (sig(r["ttft_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
-                                r["tpot_slo_q_s"]),
-                   "min_tpot": (sig(r["tpot_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
-                                r["ttft_slo_q_s"])}[objective]
-        return (0 if r["slo_met"] else 1, *primary, _stable(r))
-    return key
 
 
 def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
@@ -442,31 +394,3 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
                       rule_why, best, why, comparison, error, time.perf_counter() - t0,
                       wall, rank_correlation(table, objective),
                       rank_correlations=group_correlations(table, objective), margins=m)
-
-
-def _sim_frame(cands: pd.DataFrame, picked: list[int], sims: dict) -> pd.DataFrame:
-    """The estimate and the simulated quantiles of the simulated candidates (for the
-    near-miss ratios)."""
-    return pd.DataFrame([{"status": sims[i]["status"],
-                          "est_ttft_p99_s": cands.loc[i, "est_ttft_p99_s"],
-                          "est_tpot_s": cands.loc[i, "est_tpot_s"],
-                          "ttft_slo_q_s": sims[i].get("ttft_q_s", math.nan),
-                          "tpot_slo_q_s": sims[i].get("tpot_q_s", math.nan)}
-                         for i in picked])
-
-
-def group_correlations(table: pd.DataFrame, objective: str) -> dict[str, float]:
-    """:func:`rank_correlation` per simulation group (simulator.planner.nearmiss)."""
-    sim = {"min_ttft": "ttft_slo_q_s", "min_tpot": "tpot_slo_q_s", **SIM_COLUMN}[objective]
-    return correlations(table, "est_objective", sim)
-
-
-def rank_correlation(table: pd.DataFrame, objective: str) -> float:
-    """Spearman's rho of the estimate's objective against the simulated one over the
-    simulated rows (for min_ttft / min_tpot: the estimated p99 TTFT / TPOT against the
-    simulated quantile)."""
-    sim = {"min_ttft": "ttft_slo_q_s", "min_tpot": "tpot_slo_q_s", **SIM_COLUMN}[objective]
-    ok = table[table["status"] == "ok"]
-    return spearman(ok["est_objective"], ok[sim])
-
-
