@@ -4,6 +4,7 @@ the colocated ones, speculative decoding as a search axis, and near misses simul
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pandas as pd
@@ -21,7 +22,7 @@ from simulator.planner import nearmiss, plan
 from simulator.planner.disagg import PREFILL_BUDGET, disagg_rows, pools_of
 from simulator.planner.estimate import StepModel, _mix
 from simulator.planner.plan import enumerate_candidates
-from simulator.planner.report import format_plan, write_plan
+from simulator.planner.report import format_plan, recommended_scenario, write_plan
 from simulator.planner.simulate import base_scenario
 from simulator.planner.space import Layout, layout_label, workload_stats
 from simulator.sweep import resolve_point
@@ -210,3 +211,13 @@ def test_labels_of_new_kinds():
     assert layout_label(row) == "prefill TP2 PP1 DP2 + decode TP4 PP1 DP1"
     assert layout_label({"tp": 1, "pp": 1, "dp": 1, "spec_k": 3}) == "TP1 PP1 DP1 spec k=3"
     assert str(Layout(2, 1, 1)) == "TP2 PP1 DP1"
+
+
+def test_recommended_scenario_of_a_disaggregated_pick_builds(mixed_plan):
+    t = mixed_plan.table
+    row = t[t["kind"] == "disaggregated"].iloc[0]
+    data = recommended_scenario(dataclasses.replace(mixed_plan, best=row))
+    pools = build_pools(load_scenario(data)).pools
+    assert [(p.spec.role, p.spec.tp, p.spec.dp) for p in pools] == [
+        ("prefill", int(row["prefill_tp"]), int(row["prefill_dp"])),
+        ("decode", int(row["tp"]), int(row["dp"]))]

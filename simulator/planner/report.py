@@ -16,6 +16,7 @@ import tomli_w
 
 from simulator.io.scenario import to_dict
 from simulator.planner.capacity import CapacityResult
+from simulator.planner.disagg import pools_of
 from simulator.planner.nearmiss import MARGIN_QUANTILE
 from simulator.planner.plan import PlanResult
 from simulator.planner.plots import capacity_plot, pareto_plot
@@ -54,6 +55,15 @@ def recommended_scenario(result: PlanResult) -> dict | None:
     data["parallel"] = {**data.get("parallel", {}), **lay}
     for key, value in lim.overrides().items():
         data["engine"][key.split(".", 1)[1]] = value
+    k = best.get("spec_k")
+    if "speculative" in data and k is not None and k == k:  # the searched k, or none
+        if int(k) > 0:
+            data["speculative"]["num_speculative_tokens"] = int(k)
+        else:
+            del data["speculative"]
+    if best.get("kind") == "disaggregated":
+        data["name"] = f"{s.name}-disagg"
+        data["pools"] = pools_of(best, s.cluster.nodes, s)
     return _absolute(data, Path(s.base_dir))
 
 
