@@ -108,7 +108,9 @@ def test_cpu_overlap_floors_the_step_at_the_cpu_time():
     plain, overlapped = _cost(), _cost(cpu_floor_s=0.03)
     c, m = plain.step(1, 0.0, 0, 100, 1)
     assert c < 0.03
-    assert overlapped.step(1, 0.0, 0, 100, 1) == (0.03, m)
+    # The floor covers the whole GPU step (compute and the all-reduces), as the CPU's work
+    # for the next step overlaps all of it: compute + comm = 0.03, comm unchanged.
+    assert m > 0 and overlapped.step(1, 0.0, 0, 100, 1) == (0.03 - m, m)
     big = plain.step(8192, 8192 * 8193 / 2, 0, 0, 1)
     assert big[0] > 0.03
     assert overlapped.step(8192, 8192 * 8193 / 2, 0, 0, 1) == big  # GPU-bound: hidden
@@ -163,7 +165,7 @@ def test_token_delay_shifts_ttft_and_e2e_not_tpot():
 
 def test_cpu_overlap_hides_the_step_overhead_behind_the_gpu_step():
     # One request alone: each decode step takes GPU time + 3 ms without overlap, and
-    # max(3 ms, GPU compute) + communication with it.
+    # max(3 ms, GPU compute + communication) with it.
     one = {"arrival": "constant", "rate_per_s": 1.0, "num_requests": 1,
            "prompt_tokens": 64, "output_tokens": 33}
     sc = _scenario(step_overhead_s=0.003)
@@ -174,7 +176,7 @@ def test_cpu_overlap_hides_the_step_overhead_behind_the_gpu_step():
     cost = simulator.build_plan(simulator.load_scenario(sc)).replicas[0].stages[0]
     c, m = cost.step(1, 0.0, 0, 64 + 16, 1)
     assert serial["tpot_s"] - hidden["tpot_s"] == pytest.approx(
-        0.003 + c - max(c, 0.003), abs=2e-5)
+        0.003 + c + m - max(c + m, 0.003), abs=2e-5)
 
 
 def test_default_profile_switch_applies_to_scenarios_that_name_none(monkeypatch):
@@ -184,3 +186,24 @@ def test_default_profile_switch_applies_to_scenarios_that_name_none(monkeypatch)
     assert eng.profile == "vllm-v1" and eng.cpu_overlap and eng.max_num_seqs == 1024
     eng = simulator.load_scenario(_scenario(profile="sglang")).engine
     assert eng.profile == "sglang" and eng.cuda_graphs == "sglang"
+
+
+def test_cpu_overlap_floors_moe_steps_too():
+    """MoE stages carry the same CPU floor as dense ones: with async scheduling a decode
+    step of a small batch takes max(CPU time, compute + all-reduce), on every path."""
+    import tomllib
+
+    from simulator.paths import ROOT as REPO
+
+    sc = tomllib.loads((REPO / "workloads" / "moe-qwen3-30b-1gpu.toml").read_text())
+    sc["parallel"] = {"tp": 2}
+    sc["engine"].update(cpu_overlap=True, step_overhead_s=0.05)
+    stage = simulator.build_plan(simulator.load_scenario(sc)).replicas[0].stages[0]
+    c, m = stage.step(2, 0.0, 0, 2000, 2)
+    assert m > 0 and c + m == pytest.approx(0.05, rel=1e-12)
+    run, comm = stage.decode_run(2, 2000, 3)
+    assert comm == m and all(x + comm == pytest.approx(0.05, rel=1e-12) for x in run)
+    sc["engine"]["cpu_overlap"] = False
+    plain = simulator.build_plan(simulator.load_scenario(sc)).replicas[0].stages[0]
+    c0, m0 = plain.step(2, 0.0, 0, 2000, 2)
+    assert m0 == m and c0 + m0 < 0.05  # below the floor without it

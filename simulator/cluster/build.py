@@ -125,7 +125,9 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
                                 i == pp - 1, s.model.weight_dtype, s.model.kv_dtype, ar,
                                 layout, routing, a2a_paths(paths, group),
                                 s.model.moe_a2a_mode, eng.layer_launch_s,
-                                s.model.two_batch_overlap)
+                                s.model.two_batch_overlap,
+                                # async scheduling: the CPU's step work hides behind stage 0
+                                eng.step_overhead_s if eng.cpu_overlap and i == 0 else 0.0)
             if shared is not None:
                 shared[key] = cost
         if cost is None:

@@ -273,8 +273,8 @@ class StageCost:
             c, g = self._head.get(sampled) or self.head_time(sampled)
             compute += c
             comm += g
-        if launch:
-            compute = max(compute, launch)
+        if launch:  # the CPU floor covers the whole GPU step: max(launch, compute + comm)
+            compute = max(compute, launch - comm)
         return compute, comm
 
     def decode_run(self, n: int, decode_kv: int, k: int) -> tuple[list[float], float]:
@@ -294,6 +294,7 @@ class StageCost:
         dkv, dflop, dfloor, dexp, layers = (self._dkv, self._dflop, self._dfloor, self._dexp,
                                             self.layers)
         tok, per = self._dtok * n, self._dseq * n
+        floor = launch - comm if launch else 0.0
         out = []
         append, with_head = out.append, self.last and n
         kv = decode_kv
@@ -309,8 +310,8 @@ class StageCost:
             compute = fixed0 + layers * attn
             if with_head:
                 compute += head
-            if compute < launch:
-                compute = launch
+            if compute < floor:
+                compute = floor
             append(compute)
         return out, comm
 
@@ -341,7 +342,7 @@ class StageCost:
             attn += c
             comm += g
         if launch:
-            np.maximum(attn, launch, out=attn)
+            np.maximum(attn, launch - comm, out=attn)
         return attn, comm
 
 def roofline_time(model: ModelSpec, gpu: GPUSpec, tp: int, weight_dtype: str, kv_dtype: str,

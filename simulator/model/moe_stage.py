@@ -75,9 +75,10 @@ class MoEStageCost(StageCost):
                  first: bool, last: bool, weight_dtype: str, kv_dtype: str,
                  allreduce: AllReduceCost, layout: ExpertLayout, routing: Routing,
                  paths: A2APaths | None, a2a_mode: str = "auto",
-                 layer_launch_s: float = 0.0, two_batch_overlap: bool = False):
+                 layer_launch_s: float = 0.0, two_batch_overlap: bool = False,
+                 cpu_floor_s: float = 0.0):
         super().__init__(model, gpu, tp, layers, first, last, weight_dtype, kv_dtype,
-                         allreduce, layer_launch_s)
+                         allreduce, layer_launch_s, cpu_floor_s=cpu_floor_s)
         self.model, self.layout, self.routing, self.paths = model, layout, routing, paths
         self.a2a_mode = a2a_mode
         self.tbo = two_batch_overlap
@@ -235,9 +236,10 @@ class MoEStageCost(StageCost):
         return np.maximum(2 * compute, 2 * a2a) + np.minimum(compute, a2a) / max(self.n_moe,
                                                                                    1)
 
-    def _decode_vec(self, n: int, kv: np.ndarray) -> np.ndarray:
+    def _decode_vec(self, n: int, kv: np.ndarray, comm: float) -> np.ndarray:
         """Compute seconds of decode-only steps of ``n`` sequences reading ``kv`` KV
-        entries each (array)."""
+        entries each (array); ``comm`` is the steps' communication time, which the CPU
+        floor covers too."""
         kv = np.asarray(kv)
         idx = step_index(kv)
         kv = kv.astype(float)
@@ -249,7 +251,7 @@ class MoEStageCost(StageCost):
         if self.last and n:
             out = out + (self._head.get(n) or self.head_time(n))[0]
         if self._launch:
-            out = np.maximum(out, self._launch)
+            out = np.maximum(out, self._launch - comm)
         return out
 
     def _comm(self, tokens: int, sampled: int) -> float:
@@ -305,8 +307,8 @@ class MoEStageCost(StageCost):
         if tokens <= 0:
             return 0.0, 0.0
         if not prefill_pairs:
-            return float(self._decode_vec(tokens, np.array([decode_kv]))[0]), self._comm(
-                tokens, sampled)
+            comm = self._comm(tokens, sampled)
+            return float(self._decode_vec(tokens, np.array([decode_kv]), comm)[0]), comm
         idx = step_index(self._key(tokens, int(prefill_pairs), int(decode_kv)))
         # Every token sampled (speculative verification, no prompt chunk): a decode batch
         # for the all-to-all (DeepEP low latency under "auto"), as SGLang runs it.
@@ -321,16 +323,19 @@ class MoEStageCost(StageCost):
             compute += a2a
         if self.last and sampled:
             compute += (self._head.get(sampled) or self.head_time(sampled))[0]
-        if self._launch:
-            compute = max(compute, self._launch)
-        return compute, self._comm(tokens, sampled)
+        comm = self._comm(tokens, sampled)
+        if self._launch:  # the CPU floor covers the whole GPU step
+            compute = max(compute, self._launch - comm)
+        return compute, comm
 
     def decode_run(self, n: int, decode_kv: int, k: int) -> tuple[list[float], float]:
         kv = decode_kv + n * np.arange(1, k + 1)
-        return self._decode_vec(n, kv).tolist(), self._comm(n, n)
+        comm = self._comm(n, n)
+        return self._decode_vec(n, kv, comm).tolist(), comm
 
     def decode_steps(self, n: int, decode_kv: np.ndarray) -> tuple[np.ndarray, float]:
-        return self._decode_vec(n, decode_kv), self._comm(n, n)
+        comm = self._comm(n, n)
+        return self._decode_vec(n, decode_kv, comm), comm
 
     def moe_columns(self, tokens: np.ndarray, prefill_pairs: np.ndarray,
                     decode_kv: np.ndarray,
