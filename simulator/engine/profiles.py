@@ -116,7 +116,7 @@ def capture_sizes(rule: str, max_num_seqs: int, max_batch: int | None = None,
 #: The profile of a scenario that names none. None keeps the engine keys' own defaults
 #: (every earlier result); "vllm-v1" would make the newest vLLM the default, which changes
 #: the results of every scenario without a profile (see docs/cost-model.md).
-DEFAULT_PROFILE: str | None = None
+DEFAULT_PROFILE: str | None = "vllm-v1"
 
 
 def apply_profile(data: dict) -> dict:
