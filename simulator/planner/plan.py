@@ -43,6 +43,7 @@ from simulator.planner.nearmiss import (
     objective_values,
 )
 from simulator.planner.nearmiss import order as est_order
+from simulator.planner.pools import without_pools
 from simulator.planner.ranking import (  # noqa: F401 - _rank_key, rank_correlation: API
     PREFILL_COLUMNS,
     _layout,
@@ -246,7 +247,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         raise ScenarioError(f"--top: must be >= 1, got {top}")
     if not 0 < slo_quantile <= 1:
         raise ScenarioError(f"--slo-quantile: must be in (0, 1], got {slo_quantile}")
-    base = base_scenario(scenario, overrides, requests)
+    base = without_pools(base_scenario(scenario, overrides, requests))
     s = load_scenario(base)
     node = load_node(s.cluster.topology, s.base_dir)
     model = load_model(s.model.name, s.base_dir)
