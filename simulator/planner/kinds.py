@@ -18,7 +18,8 @@ import pandas as pd
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
-from simulator.planner.explain import GAIN, compare, label, no_slo, reason
+from simulator.planner.explain import GAIN, compare, label, no_slo, reason, versus_groups
+from simulator.planner.nearmiss import group_of
 from simulator.planner.plan import (
     RULE,
     PlanResult,
@@ -90,6 +91,8 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> 
     comparison = compare(best, rule_row, results[rule_kind].rule, objective, slo, q)
     if best is not None:
         comparison += "; " + versus_kinds(best, table, objective)
+        if table.apply(group_of, axis=1).nunique() > 1:  # disaggregated or speculative
+            comparison += "; " + versus_groups(best, table, objective)
     if errors:
         comparison += "; out of the search: " + "; ".join(errors)
     error = None if best is not None else no_slo(table, slo, q, own.stats)
