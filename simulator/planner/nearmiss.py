@@ -30,7 +30,7 @@ MARGIN_QUANTILE = 0.9
 #: Simulated points needed before the plan's own ratios replace the prior.
 MIN_POINTS = 4
 #: Prior ratios (estimate / simulation) before the plan has simulated MIN_POINTS points:
-#: the 90th percentiles over the 113 simulated points of docs/planner.md's examples
+#: the 90th percentiles over the 63 simulated points of docs/planner.md's examples
 #: (engine profile vllm-v1; "Near misses" there gives the distribution).
 PRIOR_MARGIN = {"ttft": 4.4, "tpot": 1.3}
 #: Columns compared: (estimate, simulated quantile) per target.
