@@ -7,7 +7,8 @@ engine overrides): :func:`simulator.cluster.build.build_plan` says whether the m
 whether tp divides the heads, and sizes the KV cache. Its replicas are then placed on the
 joined graph (the GPUs of the pool's nodes that earlier pools sharing them left free) and
 priced on that graph. Every node's NICs sit on one fabric switch, so a KV transfer between
-pools crosses NIC, switch, NIC, or NVLink when both GPUs share a node.
+pools crosses NIC, switch, NIC, or NVLink when both GPUs share a node; with ``leaf_spine``
+(pools of one node preset) it crosses the leaves and spines as without pools.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from simulator.hardware.specs import NodeSpec
 from simulator.io.schema import ParallelKeys, PoolKeys, Scenario
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, load_model
 from simulator.parallel.placement import ReplicaPlacement, place
-from simulator.topology.graph import Paths, add_server, nvlink_domains
+from simulator.topology.graph import Paths, add_server, build_graph, nvlink_domains
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,32 @@ def joined_graph(nodes: list[NodeSpec]) -> nx.DiGraph:
     return g
 
 
+def fabric_graph(s: Scenario, nodes: list[NodeSpec]) -> nx.DiGraph:
+    """The pools' nodes joined by ``[cluster] fabric``: :func:`joined_graph` (one switch),
+    or for ``leaf_spine`` the leaf-spine graph of
+    :func:`simulator.topology.graph.build_graph` when every node is of one preset (the same
+    node numbering and GPU indices as :func:`joined_graph`).
+
+    Raises
+    ------
+    ScenarioError
+        ``leaf_spine`` over nodes of different presets: the builder wires one preset's
+        rails (NIC r of every node on leaf r) and sizes a leaf's uplinks from one NIC
+        bandwidth, which nodes with different GPU counts or NICs do not have.
+    """
+    c = s.cluster
+    if c.fabric != "leaf_spine":
+        return joined_graph(nodes)
+    if any(n != nodes[0] for n in nodes):
+        kinds = ", ".join(dict.fromkeys(n.name for n in nodes))
+        raise ScenarioError(f"cluster.fabric: \"leaf_spine\" with [[pools]] needs every "
+                            f"pool on one node preset (these pools use {kinds}; a leaf-spine's "
+                            f"rails and uplinks are sized from one preset's NICs; allowed: "
+                            f"single_switch, or pools of one topology)")
+    return build_graph(nodes[0], len(nodes), "leaf_spine", c.oversubscription, c.spines,
+                       c.rail_optimized, c.nodes_per_leaf)
+
+
 def build_pools(s: Scenario) -> PooledPlan:
     """Check every pool and derive the joined cluster.
 
@@ -117,10 +144,8 @@ def build_pools(s: Scenario) -> PooledPlan:
     ScenarioError
         One message naming the pool and the key: a layout the model does not fit (from the
         pool's own build), a ``same_nodes_as`` naming no earlier pool or another preset, a
-        KV dtype that differs between prefill and decode pools, ``leaf_spine`` with pools
-        (not supported yet: :func:`joined_graph` joins nodes of different presets, NIC
-        counts and NIC bandwidths, which the leaf-spine builder's one-preset rails and
-        uplink sizing do not describe).
+        KV dtype that differs between prefill and decode pools, ``leaf_spine`` over pools
+        of different node presets (:func:`fabric_graph`).
     """
     try:
         return _build(s)
@@ -129,12 +154,6 @@ def build_pools(s: Scenario) -> PooledPlan:
 
 
 def _build(s: Scenario) -> PooledPlan:
-    problems = []
-    if s.cluster.fabric == "leaf_spine":
-        problems.append("cluster.fabric: \"leaf_spine\" is not supported with [[pools]] yet "
-                        "(allowed: single_switch)")
-    if problems:
-        raise ScenarioError(problems)
     model = load_model(s.model.name, s.base_dir)
     # Node groups: each pool either brings nodes of its own or shares an earlier pool's.
     specs: list[NodeSpec] = []
@@ -169,7 +188,7 @@ def _build(s: Scenario) -> PooledPlan:
             raise ScenarioError(f"pools[{i}] ({p.name}).kv_dtype: {dt} differs from "
                                 f"{roles[0][2]} of pool {roles[0][1].name!r}; prefill and "
                                 f"decode pools must keep KV in one dtype to hand it over")
-    graph = joined_graph(specs)
+    graph = fabric_graph(s, specs)
     domains = nvlink_domains(graph)
     node_of = {gpu: graph.nodes[gpu]["node"] for d in domains for gpu in d}
     used: set[str] = set()

@@ -31,7 +31,7 @@ from simulator.cluster.faults import (
     resolve_target,
     scheduled_faults,
 )
-from simulator.cluster.pools import build_pools
+from simulator.cluster.pools import PooledPlan, build_pools
 from simulator.cluster.router import make_router
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import SCALE, TICK, ticks
@@ -49,8 +49,8 @@ from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
-from simulator.metrics.pools import pool_summary
-from simulator.metrics.power import add_power, cluster_power, cost_summary, energy_summary
+from simulator.metrics.pools import pool_energy, pool_summary
+from simulator.metrics.power import StepFold, add_power, cluster_power, cost_summary, energy_summary
 from simulator.metrics.records import Recorder
 from simulator.metrics.speculative import speculative_summary
 from simulator.metrics.summary import summarize
@@ -130,7 +130,8 @@ class Cluster:
                        0.0 if eng.cpu_overlap else eng.step_overhead_s,  # else in stage 0
                        done, self.recorder.step, fast=eng.fast_forward,
                        swap_s_per_block=rp.swap_s_per_block,
-                       record_bulk=self.recorder.step_bulk, token_delay_s=eng.token_delay_s)
+                       record_bulk=self.recorder.step_bulk, token_delay_s=eng.token_delay_s,
+                       async_admission=eng.cpu_overlap)
 
     def _init_state(self) -> None:
         """The workload, completion and failure state of a cluster whose ``replicas``
@@ -462,7 +463,7 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
 
 
 def run(scenario: Scenario | dict | str, *, progress: bool = False,
-        keep_steps: bool = True) -> Result:
+        keep_steps: bool = True, energy: bool | None = None) -> Result:
     """Simulate a scenario and return its :class:`Result`; writes nothing to disk.
 
     Parameters
@@ -474,12 +475,19 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     keep_steps : bool
         Keep one record per stage step (``Result.steps``); also off when the scenario's
         ``output.steps`` is false. Summaries do not need them.
+    energy : bool or None
+        When step records are not kept, still fold their work per window as the run goes
+        (:class:`simulator.metrics.power.StepFold`) for energy, power and the MoE summary.
+        It costs about half a run's time again on decode-heavy runs (the engine builds
+        the records); False skips it and leaves those keys NaN. None: the scenario's
+        ``output.energy`` (default False).
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    energy = s.output.energy if energy is None else energy
     with _young_collections_rarer():
         if s.pools:
-            return _run_pools(s, progress, keep_steps)
-        return _run(s, progress, keep_steps)
+            return _run_pools(s, progress, keep_steps, energy)
+        return _run(s, progress, keep_steps, energy)
 
 
 
@@ -514,13 +522,15 @@ def _availability(cluster: Cluster) -> dict:
             "availability_min": float(np.min(avail)), "retries_total": cluster.retries}
 
 
-def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
+def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> Result:
     wall0 = time.perf_counter()
     plan = build_plan(s)
     rngs = _rngs(s.seed)
     env = simpy.Environment()
+    fold = (_fold(plan, stage_hardware(plan))
+            if energy and not (s.output.steps and keep_steps) else None)
     recorder = Recorder(keep_steps=s.output.steps and keep_steps,
-                        speculative=s.speculative is not None)
+                        speculative=s.speculative is not None, fold=fold)
     cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"],
                                              load_weight=s.router.load_weight), recorder)
     events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
@@ -548,7 +558,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     summary.update(_availability(cluster))
     if plan.model.moe is not None:
         steps = add_moe_columns(steps, [rp.stages for rp in plan.replicas])
-        summary.update(moe_summary(steps))
+        summary.update(moe_summary(steps) if fold is None else fold.moe_summary())
     summary.update(link_utilization(plan, [r.step_tokens for r in cluster.replicas],
                                     [r.steps for r in cluster.replicas],
                                     summary["simulated_time_s"]))
@@ -564,6 +574,9 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
         links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
                              [r.steps for r in cluster.replicas], steps, edges)
         ts = pd.concat([ts, links], axis=1)  # the same windows
+    elif fold is not None:  # steps not kept: their work folded per window as they came
+        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
+        gpu_ts = fold.gpu_windows(fold.stages, edges)
     gpu_ts, ts = _power(s, plan, requests, summary, gpu_ts, ts, window_s)
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
@@ -572,7 +585,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool) -> Result:
 def _power(s: Scenario, plan: ClusterPlan, requests: pd.DataFrame, summary: dict,
            gpu_ts: pd.DataFrame, ts: pd.DataFrame, window_s: float):
     """Power per GPU and window, cluster power per window (``power_w`` columns), energy and
-    cost keys in ``summary`` (simulator/metrics/power.py; NaN energy without step records)."""
+    cost keys in ``summary`` (simulator/metrics/power.py; NaN energy without a GPU's
+    ``tdp_w``/``idle_w``)."""
     gpu = plan.node.gpu
     power = np.zeros(0)
     if len(gpu_ts) and gpu.tdp_w is not None and gpu.idle_w is not None:
@@ -715,7 +729,8 @@ class PooledCluster(PoolCluster, Cluster):
     processes."""
 
 
-def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
+def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True
+               ) -> Result:
     """:func:`run` for a scenario with ``[[pools]]`` (docs/disaggregation.md): time series
     and alerts as without pools (batch efficiency against ``[engine]``'s token budget);
     link and per-GPU utilization are not computed for pools yet."""
@@ -723,7 +738,9 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
     plan = build_pools(s)
     rngs = _rngs(s.seed)
     env = simpy.Environment()
-    recorder = Recorder(keep_steps=s.output.steps and keep_steps)
+    fold = (_fold(plan, [h for p in plan.pools for h in stage_hardware(p.plan)])
+            if energy and not (s.output.steps and keep_steps) else None)
+    recorder = Recorder(keep_steps=s.output.steps and keep_steps, fold=fold)
     cluster = PooledCluster(env, plan, recorder, rngs)
     events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
     cluster.close()
@@ -745,11 +762,37 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool) -> Result:
                    for p in plan.pools for rp in p.plan.replicas}
     stream_blocks = min(p.plan.memory.kv_blocks // p.plan.streams_per_replica
                         for p in plan.pools)
-    ts, events_df, _, warnings = _observe(s, requests, kept, cluster, summary, kv_capacity,
-                                          stream_blocks)
-    summary.update(energy_summary(np.zeros(0), 1.0, requests))  # no per-GPU windows yet
+    ts, events_df, window_s, warnings = _observe(s, requests, kept, cluster, summary,
+                                                 kv_capacity, stream_blocks)
+    if plan.model.moe is not None:
+        steps = add_moe_columns(steps, [rp.stages for rp in plan.replicas])
+        summary.update(moe_summary(steps) if fold is None else fold.moe_summary())
+    gpu_ts, ts = _pool_power(plan, steps if kept is not None else fold, requests, summary,
+                             ts, window_s)
     usd = sum(p.gpus * gpu_hour_usd(p.plan.node.gpu.name, p.spec.gpu_hour_usd)
               for p in plan.pools)  # the GPU-weighted price, each pool's own or its default
     summary.update(cost_summary(requests, plan.gpus_used, usd / max(plan.gpus_used, 1)))
     summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan, ts, events_df, warnings=warnings)
+    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
+
+
+def _fold(plan: ClusterPlan | PooledPlan, stages: list[StageHardware]) -> StepFold:
+    """The fold of a run that does not keep its step records: the work of ``stages`` per
+    ``output.window_s`` window, and the MoE sums of a MoE model."""
+    moe = [rp.stages for rp in plan.replicas] if plan.model.moe is not None else None
+    return StepFold(stages, plan.scenario.output.window_s, moe)
+
+
+def _pool_power(plan: PooledPlan, steps: pd.DataFrame | StepFold | None,
+                requests: pd.DataFrame,
+                summary: dict, ts: pd.DataFrame, window_s: float):
+    """:func:`simulator.metrics.pools.pool_energy` of a pooled run: per-GPU power, the
+    ``power_w`` and ``power_w_<pool>`` columns of the time series, the energy keys."""
+    edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
+    node_of = {d["index"]: d["node"] for _, d in plan.graph.nodes(data=True)
+               if d["kind"] == "gpu"}
+    gpu_ts, power, keys = pool_energy(
+        steps, [(p.spec.name, stage_hardware(p.plan), p.plan.node.gpu) for p in plan.pools],
+        node_of, edges, requests)
+    summary.update(keys)
+    return gpu_ts, ts.assign(**power) if power else ts

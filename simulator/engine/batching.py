@@ -109,6 +109,9 @@ class ContinuousBatcher(Preemption, DecodeRuns):
         self.prefix = (PrefixCache(kv, prefix_tokens, offload_units)
                        if prefix_tokens and self.PREFIX else None)
         self.arrived: deque[tuple[Request, float]] = deque()  # KV from a prefill instance
+        #: Async admission: only requests queued by this time may join the step being formed
+        #: (set by the replica before each :meth:`schedule`; inf admits every one).
+        self.admit_by = float("inf")
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -249,6 +252,8 @@ class ContinuousBatcher(Preemption, DecodeRuns):
         limit = self.max_seqs if limit is None else limit
         while waiting and budget > 0 and self.running < limit and not self.swapped:
             req = waiting[0]
+            if req.queued_s > self.admit_by:  # queued after this step was scheduled
+                break
             if self.prefix is not None and req.hashes:
                 c = self._admit_cached(req, budget, chunked)
                 if c < 0:

@@ -27,6 +27,9 @@ class DecodeRuns:
         Call right after :meth:`schedule` returned a batch without prefill chunks; the
         steps' effects are applied by :meth:`skip_decode_steps`.
         """
+        waiting = self.waiting
+        if waiting and waiting[-1].queued_s > self.admit_by:
+            return 0  # a request the next formation may admit is waiting: step by step
         fin = self.finishes
         while fin and (fin[0][3].state != DECODE or fin[0][3].epoch != fin[0][2]):
             heapq.heappop(fin)  # stale entries of preempted requests

@@ -60,18 +60,20 @@ class DecodeRunPath:
         needs = stream.run_needs(extra) if rec is not None else None
         bulk = None
         horizon = self.next_arrival() if self.next_arrival is not None else float("inf")
+        # Async admission: a newcomer joins a step later, so plan past the arrival.
+        plan_h = float("inf") if self.lag else horizon
         if extra >= (VECTOR_MIN if rec is None else VECTOR_MIN_RECORDS):
             ends, busy, bulk = self._decode_many(end, batch, needs or [0] * extra,
                                                  rec is not None)
         elif self._one_stage:
-            if rec is not None and end is None and self.run_ahead:
+            if rec is not None and end is None and self.run_ahead and not self.lag:
                 # Running ahead (no faults): every step the loop records is applied (each
                 # starts by the horizon), in order: record them straight away.
                 ends, busy = self._decode_few(end, batch, needs, horizon, self.record_step,
                                               now)
             else:
                 ends, busy = self._decode_few(end, batch, extra if needs is None else needs,
-                                              horizon, rec, now)
+                                              plan_h, rec, now)
             if end is None:  # the scheduled step came first: keep it apart from the rest
                 first = (n, busy[0])
                 ends, busy = ends[1:], busy[1:]
@@ -96,7 +98,7 @@ class DecodeRunPath:
         if self.next_arrival is not None:
             # The next arrival is known (open loop, one replica): stop at the step in progress
             # when it comes; nothing else can join earlier, so no interrupt is needed.
-            steps = min(bisect.bisect_right(ends, horizon), steps)
+            steps = min(self._joins_at(ends, horizon, now), steps)
             self._run_len[s] = (min(2 * self._run_len[s], MAX_RUN) if steps == extra
                                 else max(MIN_RUN, 2 * steps))
             stop = float(ends[steps])
@@ -110,7 +112,7 @@ class DecodeRunPath:
                 # planning far past the next interruption only wastes work).
                 self._run_len[s] = min(2 * self._run_len[s], MAX_RUN)
             except simpy.Interrupt:
-                steps = min(bisect.bisect_right(ends, env.now), steps)
+                steps = min(self._joins_at(ends, env.now, now), steps)
                 self._run_len[s] = max(MIN_RUN, 2 * steps)
                 yield env.timeout(float(ends[steps]) - env.now)
             self._running[s] = False
@@ -127,6 +129,8 @@ class DecodeRunPath:
                 self._count(done - 1, (done - 1) * n, self._busy_of(busy, done - 1))
             return now
         self._runs[s] = None
+        if steps:
+            self._started = float(ends[steps - 1])  # the last step applied started there
         stream.skip_decode_steps(steps, ends)
         if self._one_stage and type(busy) is list:  # the calls below, unrolled (hot path)
             stage_busy = self.stage_busy_s
@@ -154,6 +158,15 @@ class DecodeRunPath:
         self._record(first_rows)
         self._keep(rows, bulk, steps)
         return float(ends[steps])
+
+    def _joins_at(self, ends, t: float, now: float) -> int:
+        """Index into ``ends`` of the step end at which a request queued at ``t`` is first
+        admitted: the end of the step in progress at ``t``; with async admission the first
+        end whose step started at or after ``t`` (the scheduled step started at ``now``, step
+        i >= 1 at ``ends[i - 1]``), one step later."""
+        if not self.lag:
+            return bisect.bisect_right(ends, t)
+        return 0 if t <= now else bisect.bisect_left(ends, t) + 1
 
     def _busy_of(self, busy, steps: int):
         """Busy time of the first ``steps`` extra steps of a run (per stage, or a float)."""

@@ -82,6 +82,12 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         Delay before a produced token reaches the client (output processing,
         detokenization, streaming): added to each finished request's first-token and
         finish times, so TTFT and end-to-end latency grow by it and TPOT does not change.
+    async_admission : bool
+        The engine schedules step n + 1 while step n runs (vLLM V1 async scheduling, the
+        SGLang and TensorRT-LLM overlap schedulers): a request queued after step n started
+        joins step n + 2 at the earliest; an idle replica schedules at once. Applies to a
+        one-stage, one-stream replica (vLLM keeps ``pp`` batches in flight with pipeline
+        parallelism and adds none for async scheduling); see docs/cost-model.md.
 
     Attributes
     ----------
@@ -99,7 +105,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                  record_step: Callable[[tuple], None] | None, fast: bool = True,
                  swap_s_per_block: float = 0.0,
                  record_bulk: Callable[[dict], None] | None = None,
-                 token_delay_s: float = 0.0):
+                 token_delay_s: float = 0.0, async_admission: bool = False):
         self.env, self.index = env, index
         self.streams, self.stages, self.sends = streams, stages, sends
         self.overhead = step_overhead_s
@@ -113,6 +119,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         self._run_len = [MIN_RUN] * len(streams)  # steps to plan in the next decode run
         self._runs: list[tuple | None] = [None] * len(streams)  # the run in progress
         self.fast = fast and len(streams) == 1
+        self.lag = async_admission and len(streams) == 1 and len(stages) == 1
         #: When set, returns the time of the next request to arrive at this replica.
         self.next_arrival: Callable[[], float] | None = None
         #: Apply steps that end before the next arrival without waiting (set by the
@@ -133,6 +140,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
     def _start(self) -> None:
         env = self.env
         self._active, self._active_since = 0, 0.0
+        self._started: float | None = None  # start of the last step (None: went idle)
         if len(self.streams) > 1:
             self.inboxes = [Inbox() for _ in self.stages]
             for i in range(len(self.stages)):
@@ -184,6 +192,8 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
     def submit(self, req: Request) -> None:
         """Queue a request on the stream with the fewest outstanding requests."""
         req.replica = self.index
+        # Queued now; a request pulled ahead of the clock (``pull``) at its arrival.
+        req.queued_s = req.arrival_s if self.pull is not None else self.env.now
         self.outstanding += 1
         streams = self.streams
         s = 0 if len(streams) == 1 else min(range(len(streams)),
@@ -236,8 +246,14 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                 self.pull(now)
             if stream.arrived:  # disaggregated: decoders whose KV has arrived join
                 stream.join_prefilled()
+            if self.lag:  # step n + 1 was scheduled when step n started
+                stream.admit_by = now if self._started is None else self._started
             batch = stream.schedule(now)
+            if batch is None and self.lag and stream.waiting and stream.admit_by < now:
+                stream.admit_by = now  # the step scheduled in advance is empty: at once
+                batch = stream.schedule(now)
             if batch is None:
+                self._started = None
                 if self.pull is not None:  # nothing to do until the next arrival
                     t = self.next_arrival()
                     if t == float("inf"):
@@ -251,6 +267,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                     return
                 now = env.now
                 continue
+            self._started = now
             if single:
                 extra = (stream.decode_run(self._run_len[s]) if self.fast and not batch.chunks
                          else 0)

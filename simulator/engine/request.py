@@ -19,7 +19,7 @@ class Request:
                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status",
                  "client", "last_token_s", "retries", "reason", "hashes", "session",
                  "units", "shared", "next_unit", "cached_tokens", "spec_steps", "spec_accepted",
-                 "requeued")
+                 "requeued", "queued_s")
 
     def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, client: int = -1):
         self.id, self.arrival_s, self.prompt, self.output = rid, arrival_s, prompt, output
@@ -58,3 +58,5 @@ class Request:
         # Rerouted after a failure: [failed at, admitted again at (NaN: not yet)] per
         # reroute of a request that had been admitted (None: never).
         self.requeued: list[list[float]] | None = None
+        # When it last joined a replica's queue (async admission gates on it).
+        self.queued_s = arrival_s

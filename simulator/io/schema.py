@@ -173,6 +173,10 @@ class OutputKeys:
     window_s: float = _f(1.0, gt=0.0)  # timeseries.csv window
     format: str = _f("csv", choices=("csv", "parquet"))  # the four tables' file format
     trace_gzip: bool = _f(True)  # trace.json.gz (about 8x smaller) rather than trace.json
+    # Energy, power and the MoE summary without step records (steps = false): folded from
+    # the steps as the run goes, at about 1.6x the run time on decode-heavy runs. With step
+    # records they come from the records at no cost, whatever this key says.
+    energy: bool = _f(False)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ replicas (some stage computing or communicating) over replicas x span; transfer 
 decode-admission waits are percentiles over the requests whose KV moved; goodput per GPU
 divides the goodput by every GPU of every pool; the cost of a million output tokens is
 ``sum(gpus x gpu_hour_usd) x span / 3600 / (output tokens / 1e6)``, NaN unless every pool
-has a price.
+has a price. Power and energy per pool: :func:`pool_energy`.
 """
 
 from __future__ import annotations
@@ -13,24 +13,37 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from simulator.hardware.specs import GPUSpec
+from simulator.metrics.power import (
+    StepFold,
+    add_power,
+    energy_summary,
+    pool_energy_summary,
+    pool_power,
+)
+from simulator.metrics.utilization import StageHardware, gpu_windows
+
 #: summary.json keys of a run with pools (sweeps over a pools scenario add them as columns,
 #: tables as JSON cells, then one ``pool_utilization_<pool>`` column per pool).
 POOL_SUMMARY_KEYS = [
     "pool_utilization", "pool_gpus", "kv_transfers", "kv_transfer_mean_s",
     "kv_transfer_p50_s", "kv_transfer_p99_s", "kv_bytes_moved", "decode_wait_mean_s",
     "decode_wait_p99_s", "goodput_req_per_s_per_gpu", "cost_per_million_tokens_usd",
+    "pool_energy_j", "pool_power_mean_w",  # pool_energy
 ]
 
 
 def pool_columns(names: list[str]) -> list[str]:
     """Flat per-pool columns of a sweep over pools named ``names``."""
-    return [f"pool_utilization_{n}" for n in names]
+    return [f"pool_utilization_{n}" for n in names] + [f"pool_power_mean_w_{n}"
+                                                        for n in names]
 
 
 def flat_pool_metrics(summary: dict) -> dict:
-    """``pool_utilization_<pool>`` of a summary with pools (empty without)."""
-    return {f"pool_utilization_{k}": v
-            for k, v in (summary.get("pool_utilization") or {}).items()}
+    """``pool_utilization_<pool>`` and ``pool_power_mean_w_<pool>`` of a summary with
+    pools (empty without)."""
+    return {f"{key}_{k}": v for key in ("pool_utilization", "pool_power_mean_w")
+            for k, v in (summary.get(key) or {}).items()}
 
 
 def _pct(x: pd.Series, p: float) -> float:
@@ -79,3 +92,56 @@ def pool_summary(requests: pd.DataFrame, pools: pd.DataFrame, summary: dict) -> 
     else:
         out["cost_per_million_tokens_usd"] = float("nan")
     return out
+
+
+def pool_energy(steps: pd.DataFrame | StepFold | None, pools: list[tuple[str, list[StageHardware],
+                                                          GPUSpec]],
+                node_of: dict[int, int], edges: np.ndarray, requests: pd.DataFrame
+                ) -> tuple[pd.DataFrame, dict[str, np.ndarray], dict]:
+    """Power and energy of a run with pools (docs/metrics.md, "Power, energy and cost").
+
+    Parameters
+    ----------
+    steps : DataFrame, StepFold or None
+        The step records, or their work folded per window when they are not kept (None:
+        neither, as when nothing ran; every energy key is then NaN).
+    pools : list of (name, stage hardware, GPU spec)
+        Per pool, in file order: its replicas' stages (for
+        :func:`simulator.metrics.utilization.gpu_windows`) and its GPU (``idle_w``, ``tdp_w``).
+    node_of : dict
+        GPU index -> node of the joined graph (every GPU, used or not).
+    edges : ndarray
+        Window edges of the time series (s).
+    requests : DataFrame
+        requests.csv (completed requests and their output tokens).
+
+    Returns
+    -------
+    (DataFrame, dict, dict)
+        Per GPU and window the utilizations, ``power_w`` and ``pool``; the time-series
+        columns ``power_w`` (cluster) and ``power_w_<pool>`` (W); the summary keys of
+        :func:`simulator.metrics.power.energy_summary` and
+        :func:`simulator.metrics.power.pool_energy_summary`.
+    """
+    names = [name for name, _, _ in pools]
+    window_s = float(edges[1] - edges[0]) if len(edges) > 1 else 1.0
+    if steps is None or any(g.tdp_w is None or g.idle_w is None for _, _, g in pools):
+        return pd.DataFrame(), {}, {**energy_summary(np.zeros(0), window_s, requests),
+                                    **pool_energy_summary({k: np.zeros(0) for k in names},
+                                                          window_s)}
+    def windows(stages):
+        if isinstance(steps, StepFold):
+            return steps.gpu_windows(stages, edges)
+        return gpu_windows(steps, stages, edges)
+
+    gpu_ts = pd.concat([add_power(windows(stages), g.idle_w, g.tdp_w).assign(pool=name)
+                        for name, stages, g in pools],
+                       ignore_index=True).sort_values(["window_start_s", "gpu"],
+                                                      ignore_index=True)
+    idle = {node_of[int(gpu.removeprefix("gpu"))]: g.idle_w
+            for _, stages, g in pools for st in stages for gpu in st.gpus}
+    power = pool_power(gpu_ts, edges, names, node_of,
+                       pd.Series(node_of).value_counts().to_dict(), idle)
+    total = np.sum(list(power.values()), axis=0)
+    return gpu_ts, {"power_w": total, **{f"power_w_{k}": v for k, v in power.items()}}, {
+        **energy_summary(total, window_s, requests), **pool_energy_summary(power, window_s)}

@@ -40,13 +40,19 @@ class Recorder:
         Keep per-step rows (``step`` is None otherwise: the engine then skips building them).
     chunk : int
         Request rows per packed chunk.
+    fold : object, optional
+        Without ``keep_steps``: takes the step records instead (``fold.append(row)``,
+        ``fold.bulk(columns)``; :class:`simulator.metrics.power.StepFold`), which sums
+        them as they come.
     """
 
     def __init__(self, keep_steps: bool = True, chunk: int = 65536,
-                 speculative: bool = False) -> None:
+                 speculative: bool = False, fold=None) -> None:
         self.steps: list[tuple] = []
         self.step = self.steps.append if keep_steps else None
         self._bulk: list[dict] = []  # decode runs' records, as columns
+        if not keep_steps and fold is not None:
+            self.step, self.step_bulk = fold.append, fold.bulk
         self._rows: list[tuple] = []
         self._chunks: list[pd.DataFrame] = []
         self._chunk = chunk

@@ -85,20 +85,36 @@ def stage_work(st: StageHardware, g: pd.DataFrame) -> tuple[np.ndarray, ...]:
 def gpu_windows(steps: pd.DataFrame, stages: list[StageHardware],
                 edges: np.ndarray) -> pd.DataFrame:
     """One row per window and GPU with the four utilizations (see the module docstring)."""
+    n = len(edges) - 1
+    totals = []
+    for st in stages:
+        g = steps[(steps["replica"] == st.replica) & (steps["stage"] == st.stage)]
+        totals.append(window_work(st, g, edges, n))
+    return windows_frame(stages, totals, edges)
+
+
+def window_work(st: StageHardware, g: pd.DataFrame, edges: np.ndarray,
+                n: int) -> list[np.ndarray]:
+    """FLOPs, HBM bytes, NVLink bytes and NIC bytes per GPU of stage ``st`` summed per
+    window over its steps ``g`` (a step in the window of its midpoint; windows ``edges``,
+    those past window ``n - 1`` counted in it)."""
+    mid = ((g["start_s"] + g["end_s"]) / 2).to_numpy()
+    idx = np.clip(np.searchsorted(edges, mid, side="right") - 1, 0, n - 1)
+    return [np.bincount(idx, weights=v, minlength=n) if len(g) else np.zeros(n)
+            for v in stage_work(st, g)]
+
+
+def windows_frame(stages: list[StageHardware], totals: list[list[np.ndarray]],
+                  edges: np.ndarray) -> pd.DataFrame:
+    """:func:`gpu_windows`' table from each stage's per-window work (:func:`window_work`)."""
     w = edges[1] - edges[0]
     n = len(edges) - 1
     frames = []
-    for st in stages:
-        g = steps[(steps["replica"] == st.replica) & (steps["stage"] == st.stage)]
-        mid = ((g["start_s"] + g["end_s"]) / 2).to_numpy()
-        idx = np.clip(np.searchsorted(edges, mid, side="right") - 1, 0, n - 1)
-        cols = {}
-        for name, values, cap in zip(("compute_util", "hbm_util", "nvlink_util", "nic_util"),
-                                     stage_work(st, g),
-                                     (st.peak_flops, st.hbm_Bps, st.nvlink_Bps, st.nic_Bps),
-                                     strict=True):
-            total = np.bincount(idx, weights=values, minlength=n) if len(g) else np.zeros(n)
-            cols[name] = total / (cap * w) if cap > 0 else np.zeros(n)
+    for st, work in zip(stages, totals, strict=True):
+        cols = {name: total[:n] / (cap * w) if cap > 0 else np.zeros(n)
+                for name, total, cap in zip(
+                    ("compute_util", "hbm_util", "nvlink_util", "nic_util"), work,
+                    (st.peak_flops, st.hbm_Bps, st.nvlink_Bps, st.nic_Bps), strict=True)}
         for gpu in st.gpus:
             frames.append(pd.DataFrame({"window_start_s": edges[:-1],
                                         "gpu": int(gpu.removeprefix("gpu")),

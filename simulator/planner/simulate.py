@@ -141,8 +141,8 @@ def simulate(resolved: dict, quantile: float = 0.99) -> dict:
     """
     try:
         # Step records only when the plan asks for energy (tokens_per_joule).
-        result = run(load_scenario(resolved),
-                     keep_steps=bool(resolved.get("output", {}).get("steps", False)))
+        wants = bool(resolved.get("output", {}).get("steps", False))
+        result = run(load_scenario(resolved), keep_steps=wants, energy=wants)
     except ScenarioError as exc:
         return {"status": "error", "error": exc.render().replace("\n", "; ")}
     s, req = result.summary, result.requests
