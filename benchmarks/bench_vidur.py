@@ -9,7 +9,11 @@ Warm cache, as Vidur was measured: the package's byte code is compiled first (a 
 install does it; an editable install under PYTHONDONTWRITEBYTECODE=1, as in this sandbox,
 would otherwise recompile every module at each start, ~0.5 s).
 
-Run: python benchmarks/bench_vidur.py [--repeat N]
+Run: python benchmarks/bench_vidur.py [--repeat N] [--phases]
+
+``--phases`` also times, in fresh processes (best of N), the CPU seconds of the imports,
+``simulator.run`` with and without step records and ``write_result``: figures that a busy
+shared box disturbs less than wall time (docs/performance.md, "Issue 21").
 """
 
 from __future__ import annotations
@@ -46,9 +50,38 @@ output_tokens = 128
 """
 
 
+#: One fresh process: CPU seconds of the imports, run() keeping steps, write_result (both
+#: threads), run() without steps.
+PHASES = """
+import sys, tempfile, time
+t = time.process_time()
+import simulator, simulator.cli
+from simulator.io.writers import write_result
+out = [time.process_time() - t]
+s = simulator.load_scenario(sys.argv[1])
+t = time.process_time(); res = simulator.run(s); out.append(time.process_time() - t)
+t = time.process_time(); write_result(res, tempfile.mkdtemp() + "/o")
+out.append(time.process_time() - t)
+del res
+t = time.process_time(); simulator.run(s, keep_steps=False); out.append(time.process_time() - t)
+print(" ".join(f"{x:.3f}" for x in out))
+"""
+
+
+def phases(scenario: Path, repeat: int) -> None:
+    """Best of ``repeat`` fresh processes for each phase (CPU seconds)."""
+    rows = [[float(x) for x in subprocess.run(
+        [sys.executable, "-c", PHASES, str(scenario)], check=True, capture_output=True,
+        text=True).stdout.split()] for _ in range(repeat)]
+    best = [min(col) for col in zip(*rows, strict=True)]
+    print(f"CPU by phase (min of {repeat}): imports {best[0]:.2f} s, run() {best[1]:.2f} s, "
+          f"write_result {best[2]:.2f} s; run(keep_steps=False) {best[3]:.2f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--phases", action="store_true", help="also time the phases in-process")
     args = ap.parse_args()
     package = Path(simulator.__file__).parent
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True)
@@ -66,6 +99,8 @@ def main() -> None:
             # CPU seconds (user + system, both threads): less sensitive than the wall time
             # to other work on a shared box.
             cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        if args.phases:
+            phases(scenario, args.repeat)
         s = json.loads((Path(tmp) / "out" / "summary.json").read_text())
         steps_rows = sum(1 for _ in open(Path(tmp) / "out" / "steps.csv")) - 1
     best = min(walls)

@@ -75,7 +75,8 @@ def splitwise_table() -> str:
              "|---|---|---|---|"]
     for topo, phases in SPLITWISE.items():
         # 2023 vLLM: no custom all-reduce.
-        stage, overhead = _stage(topo, "llama-2-70b", 8, custom_allreduce=False)
+        stage, overhead = _stage(topo, "llama-2-70b", 8, profile="none",
+                                 custom_allreduce=False)
         for (b, s), ms in phases["prefill"].items():
             t = sum(stage.step(b * s, b * s * (s + 1) / 2, 0, 0, b)) + overhead
             lines.append(_row(f"{topo} prefill {b} x {s}", t * 1e3, ms))
@@ -106,7 +107,7 @@ def apex_table(profile: str | None = None) -> str:
                   "cluster": {"topology": "dgx-h100"}, "parallel": {"tp": tp},
                   "engine": ({"profile": profile, "max_model_len": 8192,
                               "custom_allreduce": False} if profile else
-                             {"scheduler": "vllm_v0", "max_model_len": 8192,
+                             {"profile": "none", "scheduler": "vllm_v0", "max_model_len": 8192,
                               "max_num_batched_tokens": 8192, "custom_allreduce": False}),
                   "workload": {"arrival": "trace", "trace": str(path), "rate_per_s": None,
                                "num_requests": None},

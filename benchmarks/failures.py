@@ -115,6 +115,14 @@ placement = "spread"       # spread replicas over nodes (failure domains) | pack
 - `summary.json` adds `availability_mean` / `availability_min` (fraction of the run each
   replica was up), `requests_dropped`, `requests_failed`, `retries_total`; the SLO impact
   shows in `slo_attainment`, `goodput_req_per_s` and the latency percentiles.
+  `downtime_spans` lists each outage as `[replica, down_s, up_s, fault target]`, and the
+  `run` printout says it in words (`replica 0 down  at 100.0 s (node:0 failed), up again
+  at 250.0 s`), with the dropped and failed counts and their commonest reason.
+- In `timeseries.csv`, `replicas_down` counts the replicas down at each window's end (the
+  plot shades those windows) and a down replica's `kv_util_r{{R}}` is 0. Nothing completes
+  on a down replica, so the latency alert rules stay silent until the backlog drains; the
+  `waiting_ttft_above` rule (`[alerts] waiting_ttft_s`, default 5 s) fires as soon as a
+  waiting request has waited that long (docs/observability.md).
 
 ## Worked example: one node fails for a minute
 

@@ -427,9 +427,10 @@ def test_failures_of_either_pool_follow_the_recovery_rules(target, retry):
 
 def test_second_token_waits_for_the_transfer_and_a_decode_step():
     # TTFT ends on the prefill replica; the decode replica starts its step when the KV has
-    # arrived and its CPU overhead (3 ms) has passed; that step makes the second token.
+    # arrived and its CPU overhead (3 ms, in line with the GPU step: profile "none") has
+    # passed; that step makes the second token.
     r = run(pools_scenario({"nodes": 1, "tp": 4}, {"same_nodes_as": "p", "tp": 4},
-                           workload={"output_tokens": 2}))
+                           workload={"output_tokens": 2}, engine={"profile": "none"}))
     q = r.requests.iloc[0]
     decode = r.steps[r.steps["replica"] == 1]
     assert len(decode) == 1 and decode["decode_tokens"].iloc[0] == 1

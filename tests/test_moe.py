@@ -202,8 +202,14 @@ def test_moe_run_records_columns_and_summary():
 
 
 def test_dense_default_scenario_summary_unchanged():
-    """Summary of the default scenario before MoE support (commit a270df2)."""
-    s = run(dict(DEFAULT_SCENARIO)).summary
+    """Summary of the default scenario before MoE support (commit a270df2), with
+    ``profile = "none"``: the engine the default scenario ran on before vllm-v1 became the
+    default profile. The p99 figures come from ``python -m simulator run`` (no argument)
+    at commit ff5a9c1, the last one before the flip; the others were already asserted."""
+    sc = {**DEFAULT_SCENARIO, "engine": {**DEFAULT_SCENARIO["engine"], "profile": "none"}}
+    s = run(sc).summary
+    assert s["ttft_p99_s"] == 0.2444335765764117
+    assert s["tpot_p99_s"] == 0.024421923513356078
     assert s["steps_total"] == 92731
     assert s["simpy_events"] == 622781
     assert s["kv_blocks_per_replica"] == 87240

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import simulator
+from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.engine.profiles import (
     PROFILES,
     capture_sizes,
@@ -19,6 +21,7 @@ from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_gpu, load_node
 from simulator.io import schema
 from simulator.io.schema import EngineKeys
+from simulator.io.writers import write_result
 from simulator.model.cost import StageCost
 from simulator.model.spec import load_model
 from simulator.parallel.collective import allreduce
@@ -119,12 +122,13 @@ def test_cpu_overlap_floors_the_step_at_the_cpu_time():
 # -- profiles in the scenario ----------------------------------------------------------
 def test_schema_lists_every_profile_and_rule():
     assert set(schema.PROFILES) == set(PROFILES)
-    assert set(schema.CUDA_GRAPHS) == {"none", *(p["cuda_graphs"] for p in PROFILES.values())}
+    assert set(schema.CUDA_GRAPHS) == {"none", *(p.get("cuda_graphs", "none")
+                                                 for p in PROFILES.values())}
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
 def test_a_profile_changes_only_what_it_declares(name):
-    base = simulator.load_scenario(_scenario()).engine
+    base = simulator.load_scenario(_scenario(profile="none")).engine
     eng = simulator.load_scenario(_scenario(profile=name)).engine
     changed = {f.name for f in dataclasses.fields(EngineKeys)
                if getattr(eng, f.name) != getattr(base, f.name)}
@@ -137,16 +141,33 @@ def test_a_profile_changes_only_what_it_declares(name):
     assert (eng.max_num_seqs, eng.cuda_graphs, eng.cpu_overlap) == (7, "none", False)
 
 
-def test_no_profile_keeps_the_previous_defaults():
-    eng = simulator.load_scenario(_scenario()).engine
-    assert eng.profile is None and eng.cuda_graphs == "none" and not eng.cpu_overlap
+def test_profile_none_keeps_the_engine_keys_defaults():
+    eng = simulator.load_scenario(_scenario(profile="none")).engine
+    assert eng.profile == "none" and eng.cuda_graphs == "none" and not eng.cpu_overlap
     assert eng.token_delay_s == 0.0 and eng.step_overhead_s == 0.003
     assert eng.max_num_seqs == 256 and eng.max_num_batched_tokens == 8192
+    assert eng.scheduler == "vllm"
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineKeys)}
+    assert dataclasses.asdict(eng) == defaults | {"profile": "none"}
+
+
+def test_a_scenario_without_profile_gets_vllm_v1():
+    eng = simulator.load_scenario(_scenario()).engine
+    assert eng.profile == "vllm-v1"
+    for key, value in PROFILES["vllm-v1"].items():
+        assert getattr(eng, key) == value
+    # Explicit keys still win over the default profile.
+    eng = simulator.load_scenario(_scenario(max_num_seqs=7, cpu_overlap=False)).engine
+    assert (eng.profile, eng.max_num_seqs, eng.cpu_overlap) == ("vllm-v1", 7, False)
 
 
 def test_unknown_profile_is_one_clear_error():
     with pytest.raises(ScenarioError, match=r"engine.profile: 'vllm-v2' is not allowed"):
         simulator.load_scenario(_scenario(profile="vllm-v2"))
+    # A name close to none lists every allowed one, "none" included.
+    with pytest.raises(ScenarioError, match=r"engine.profile: 'tgi' is not allowed \(allowed: "
+                       r"vllm-v0.6, vllm-v1, sglang, trtllm, none\)"):
+        simulator.load_scenario(_scenario(profile="tgi"))
 
 
 def test_profile_survives_a_round_trip_of_the_resolved_scenario():
@@ -168,7 +189,7 @@ def test_cpu_overlap_hides_the_step_overhead_behind_the_gpu_step():
     # max(3 ms, GPU compute + communication) with it.
     one = {"arrival": "constant", "rate_per_s": 1.0, "num_requests": 1,
            "prompt_tokens": 64, "output_tokens": 33}
-    sc = _scenario(step_overhead_s=0.003)
+    sc = _scenario(profile="none", step_overhead_s=0.003)  # overlap off, then on
     sc["workload"] = one
     serial = simulator.run(sc).requests.iloc[0]
     sc["engine"]["cpu_overlap"] = True
@@ -181,11 +202,50 @@ def test_cpu_overlap_hides_the_step_overhead_behind_the_gpu_step():
 
 def test_default_profile_switch_applies_to_scenarios_that_name_none(monkeypatch):
     from simulator.engine import profiles
-    monkeypatch.setattr(profiles, "DEFAULT_PROFILE", "vllm-v1")
+    monkeypatch.setattr(profiles, "DEFAULT_PROFILE", "sglang")
     eng = simulator.load_scenario(_scenario()).engine
-    assert eng.profile == "vllm-v1" and eng.cpu_overlap and eng.max_num_seqs == 1024
-    eng = simulator.load_scenario(_scenario(profile="sglang")).engine
     assert eng.profile == "sglang" and eng.cuda_graphs == "sglang"
+    eng = simulator.load_scenario(_scenario(profile="vllm-v1")).engine
+    assert eng.profile == "vllm-v1" and eng.cpu_overlap and eng.max_num_seqs == 1024
+
+
+# -- the default profile: outputs ----------------------------------------------------------
+def _files(sc: dict, out) -> dict[str, bytes]:
+    """Every output file of a run of ``sc`` (summary.json without its wall time)."""
+    res = simulator.run(sc)
+    res.summary.pop("wall_time_s")
+    write_result(res, out)
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def test_no_profile_writes_the_same_files_as_vllm_v1(tmp_path):
+    sc = _scenario()
+    sc["workload"] = {**sc["workload"], "rate_per_s": 40.0, "num_requests": 40}
+    sc["output"] = {"steps": True, "trace_gzip": False}
+    implicit = _files(sc, tmp_path / "implicit")
+    sc["engine"] = {"profile": "vllm-v1"}
+    named = _files(sc, tmp_path / "named")
+    assert {"requests.csv", "steps.csv", "trace.json", "summary.json",
+            "scenario.toml"} <= set(implicit)
+    assert implicit == named
+
+
+def test_the_default_moves_from_none_by_exactly_what_vllm_v1_declares():
+    # The default scenario (its first 400 requests) with no profile, and with "none" plus
+    # the vllm-v1 keys it does not set itself (it sets max_num_seqs 256 and the 8192
+    # budget): the same run, step for step.
+    base = {**DEFAULT_SCENARIO, "workload": {**DEFAULT_SCENARIO["workload"],
+                                             "num_requests": 400}}
+    default = simulator.run(base)
+    keys = {**PROFILES["vllm-v1"], **base["engine"], "profile": "none"}
+    spelled = simulator.run({**base, "engine": keys})
+    pd.testing.assert_frame_equal(default.requests, spelled.requests)
+    pd.testing.assert_frame_equal(default.steps, spelled.steps)
+    none = simulator.run({**base, "engine": {**base["engine"], "profile": "none"}})
+    # Async scheduling hides the 3 ms CPU step behind every GPU step longer than it (a
+    # 70B TP4 stage: all of them), so each token comes sooner; padding adds a little back.
+    assert default.summary["tpot_mean_s"] < none.summary["tpot_mean_s"] - 0.002
+    assert (default.steps["compute_s"] > 0.003).all()
 
 
 def test_cpu_overlap_floors_moe_steps_too():

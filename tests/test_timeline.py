@@ -10,6 +10,7 @@ The arithmetic below is written out from those sizes, independently of the cost 
 from __future__ import annotations
 
 import pytest
+from conftest import toy_scenario
 
 import simulator
 from simulator.engine.clock import TICK
@@ -39,6 +40,18 @@ def hand_step(tokens: int, pairs: float, decode_kv: int, sampled: int, cached: i
     head += sampled * 2 * 2048 / BW  # final norm
     head = head if sampled else 0.0  # a step that samples nothing skips the LM head
     return OVERHEAD + 2 * layer + embed + head
+
+
+@pytest.fixture
+def toy():
+    """The toy scenario with ``profile = "none"``: these timelines are of the mechanism, with
+    the CPU step in line with the GPU step and no graph padding (vllm-v1, the default,
+    hides the 1 ms behind GPU steps longer than it and pads to captured sizes)."""
+    def make(**sections):
+        sc = toy_scenario(**sections)
+        sc["engine"] = {"profile": "none", **sc["engine"]}
+        return sc
+    return make
 
 
 def test_one_request_on_one_gpu(toy):

@@ -76,7 +76,7 @@ class StagePipeline:
             self.stage_busy_s[i] += compute + comm
             if self._active == 0:
                 self.union_s += env.now - self._active_since
-            if i == 0:
+            if last:  # a step counts once its micro-batch is through every stage
                 self.steps += 1
                 self.step_tokens += b.tokens
             if self.record_step is not None:

@@ -7,8 +7,10 @@ graph capture sizes, the custom all-reduce, and the delay before a produced toke
 the client. Explicit ``[engine]`` keys always win. Every value, with the engine source it
 comes from, is listed in docs/cost-model.md ("Engine profiles").
 
-No profile (the default, ``profile`` unset) keeps the engine keys' own defaults, which are
-the simulator's results before profiles existed.
+A scenario that names no profile gets :data:`DEFAULT_PROFILE` (``vllm-v1``, the newest
+public vLLM). ``profile = "none"`` sets nothing: the engine keys' own defaults, which are
+the simulator's results before profiles existed (CPU step in line with the GPU step, no
+graph padding, 256 sequences).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     "trtllm": {"scheduler": "vllm", "max_num_batched_tokens": 8192,
                "cuda_graphs": "trtllm", "cuda_graph_max_batch": 128,
                "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0},
+    # No profile: the [engine] keys' own defaults (the results before profiles existed).
+    "none": {},
 }
 
 #: Capture rules: name -> (sizes from the bound, whether graphs cover mixed steps, the
@@ -113,9 +117,8 @@ def capture_sizes(rule: str, max_num_seqs: int, max_batch: int | None = None,
     return tuple(sizes_of(top)), mixed
 
 
-#: The profile of a scenario that names none. None keeps the engine keys' own defaults
-#: (every earlier result); "vllm-v1" would make the newest vLLM the default, which changes
-#: the results of every scenario without a profile (see docs/cost-model.md).
+#: The profile of a scenario that names none: the newest vLLM (issue 17). ``"none"`` keeps
+#: the engine keys' own defaults (every result before the flip; see docs/cost-model.md).
 DEFAULT_PROFILE: str | None = "vllm-v1"
 
 

@@ -23,7 +23,7 @@ SCHEDULER_PARAMS = {"vllm": (), "vllm_v0": (), "sarathi": ("chunk_size",),
 PREEMPTION = ("recompute", "swap")
 LENGTH_DISTS = ("constant", "uniform", "normal", "lognormal", "exponential")
 #: Engine profiles (simulator/engine/profiles.py) and CUDA-graph capture rules.
-PROFILES = ("vllm-v0.6", "vllm-v1", "sglang", "trtllm")
+PROFILES = ("vllm-v0.6", "vllm-v1", "sglang", "trtllm", "none")
 CUDA_GRAPHS = ("none", "vllm-v0.6", "vllm-v1", "sglang", "trtllm")
 SPEC_METHODS = ("draft_model", "eagle", "mtp", "ngram")
 
@@ -110,7 +110,7 @@ class EngineKeys:
     # 0 with CUDA graphs. A stage takes at least layers x this.
     layer_launch_s: float = _f(0.0, min=0.0)
     # A named bundle of the keys below and above (docs/cost-model.md, "Engine profiles");
-    # keys set here override it. None: the defaults above.
+    # keys set here override it. "none": the defaults above; unset: vllm-v1.
     profile: str | None = _f(None, choices=PROFILES, optional=True)
     # CUDA graphs: the capture-size rule of an engine ("none": not modelled) and its largest
     # captured batch (None: the rule's default). Covered steps run padded to a captured

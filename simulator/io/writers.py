@@ -22,7 +22,6 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 import tomli_w
 
 from simulator.errors import ScenarioError
@@ -180,6 +179,7 @@ def default_out(name: str, overrides: list[str] | None = None,
 
 def write_parquet(df: pd.DataFrame, path: Path) -> None:
     """A DataFrame as Parquet (``[output] format = "parquet"``): typed columns, compressed."""
+    import pyarrow.parquet as pq  # noqa: PLC0415 - on use: every CSV run would import it
     pq.write_table(pa.Table.from_pandas(df, preserve_index=False), str(path))
 
 

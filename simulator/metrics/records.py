@@ -126,13 +126,33 @@ class Recorder:
         self._bulk.append(columns)
 
     def steps_frame(self) -> pd.DataFrame:
+        """Per-step table ordered by (start_s, replica, stage), ties in record order."""
         # A structured array reads the tuples in one C loop: half the time of from_records,
         # which goes through object columns (a second per 200k steps).
         packed = np.array(self.steps, dtype=STEP_DTYPE)
-        parts = [pd.DataFrame({c: packed[c] for c in STEP_COLUMNS})]
+        cols = {c: packed[c] for c in STEP_COLUMNS}
         if self._bulk:
-            parts.append(pd.DataFrame({c: np.concatenate([b[c] for b in self._bulk])
-                                       for c in STEP_COLUMNS}))
-        df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-        return df.sort_values(["start_s", "replica", "stage"], kind="stable",
-                              ignore_index=True)
+            cols = {c: np.concatenate([cols[c], *(b[c] for b in self._bulk)])
+                    for c in STEP_COLUMNS}
+        order = _stable_order(cols["start_s"], cols["replica"], cols["stage"])
+        # Each column its own contiguous array, and the frame built around them without
+        # pandas copying them again into 2-D blocks.
+        cols = {c: (np.ascontiguousarray(v) if order is None else v[order])
+                for c, v in cols.items()}
+        return pd.DataFrame(cols, copy=False)
+
+
+def _stable_order(*keys: np.ndarray) -> np.ndarray | None:
+    """The stable lexicographic order of rows by ``keys`` (first key most significant), the
+    order ``DataFrame.sort_values(kind="stable")`` gives; None when the rows already are in
+    it (most runs record their steps in time order)."""
+    n = len(keys[0])
+    if n < 2:
+        return None
+    tied = np.ones(n - 1, dtype=bool)  # rows i and i + 1 equal on the keys so far
+    for k in keys:
+        d = np.diff(k)
+        if (tied & ~(d >= 0)).any():  # out of order (or NaN, which sorts last)
+            return np.lexsort(keys[::-1])
+        tied &= d == 0
+    return None
