@@ -6,7 +6,7 @@ and :class:`ScenarioError`.
 """
 
 from simulator.cluster.build import ClusterPlan, build_plan
-from simulator.cluster.simulation import Result, check, run
+from simulator.cluster.running import Result, check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from simulator.cluster.pools import describe_pools
-from simulator.cluster.simulation import check, run
+from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario

@@ -42,7 +42,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from simulator.cluster.simulation import run
+from simulator.cluster.running import run
 from simulator.errors import ScenarioError
 from simulator.io.scenario import _did_you_mean, load_scenario, read_toml
 from simulator.io.schema import SECTIONS, TOP_LEVEL, EngineKeys, PoolKeys
@@ -249,10 +249,15 @@ def _ray(jobs: Iterable[tuple[str, dict]], address: str | None) -> Iterator[tupl
             for ref in done:
                 yield pending.pop(ref), ray.get(ref)
     finally:
-        for ref in pending:  # Ctrl-C: stop the tasks still queued or running
-            ray.cancel(ref, force=True)
+        # Ctrl-C: stop the tasks still queued or running. A local cluster this sweep started
+        # goes down with them (shutdown); cancelling first races with replies in flight and
+        # trips a fatal check in Ray 2.60's task manager ("Tried to complete task that was
+        # not pending"), which ends the driver with status 1.
         if started:
             ray.shutdown()
+        else:
+            for ref in pending:
+                ray.cancel(ref)
 
 
 # -- the sweep ---------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from simulator import DEFAULT_SCENARIO, ScenarioError, load_scenario, run, write
 from simulator.cli import main
 from simulator.cluster.disagg import POOL_COLUMNS
 from simulator.cluster.pools import build_pools
-from simulator.cluster.simulation import PooledCluster, _rngs, check, open_loop_workload
+from simulator.cluster.running import PooledCluster, check
+from simulator.cluster.simulation import _rngs, open_loop_workload
 from simulator.cluster.transfer import KVTransfers, kv_flows
 from simulator.engine.clock import TICK
 from simulator.io.chrome_trace import TRANSFER_PID

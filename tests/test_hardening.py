@@ -22,7 +22,7 @@ from test_bad_input_corpus import NUMERIC
 import simulator
 import simulator.io.writers as writers
 from simulator.cli import main
-from simulator.cluster.simulation import MAX_WINDOWS
+from simulator.cluster.outcome import MAX_WINDOWS
 from simulator.io.scenario import key_bounds
 from simulator.io.schema import MAX_TOKENS
 from simulator.workload.lengths import sample_lengths

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from simulator import ScenarioError, run
-from simulator.cluster.simulation import stage_hardware
+from simulator.cluster.outcome import stage_hardware
 from simulator.hardware.prices import GPU_HOUR_USD
 from simulator.metrics.power import NODE_OVERHEAD_W, StepFold, gpu_power_w, pool_power
 from simulator.metrics.records import STEP_COLUMNS

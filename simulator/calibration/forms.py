@@ -11,6 +11,7 @@ seconds; see docs/cost-model.md for the formulas.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -71,6 +72,15 @@ def gemm_time(m, n, k, p: GemmParams, peak: float, bandwidth: float, sm_count: i
     and writes ``b_in`` per element plus a per-row cost: ``T_q = m q_row / SMs +
     mk (2 + b_in) / (BW * eta_q)``.
     """
+    if np.ndim(m) == 0 and np.ndim(n) == 0 and np.ndim(k) == 0:
+        return _gemm_scalar(float(m), float(n), float(k), p, peak, bandwidth, sm_count,
+                            w_bytes, in_bytes, quantize)
+    return _gemm(m, n, k, p, peak, bandwidth, sm_count, w_bytes, in_bytes, quantize)
+
+
+def _gemm(m, n, k, p: GemmParams, peak: float, bandwidth: float, sm_count: int,
+          w_bytes: float, in_bytes: float, quantize: bool):
+    """:func:`gemm_time` itself (arrays or scalars)."""
     m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
     tm = np.where(m <= 2 * SMALL_TILE, min(p.tile_m, SMALL_TILE), p.tile_m)
     tn = np.where(m <= SMALL_TILE, min(p.tile_n, SMALL_TILE), p.tile_n)
@@ -86,6 +96,12 @@ def gemm_time(m, n, k, p: GemmParams, peak: float, bandwidth: float, sm_count: i
         t = t + m * p.quant_row_sm_s / sm_count + m * k * (ACT_BYTES + in_bytes) / (
             bandwidth * p.quant_bandwidth_eff)
     return t
+
+
+#: :func:`gemm_time` of one shape (scalar m, n, k), memoized: the step cost models price
+#: the same few projection shapes at every step and for every candidate of a plan. The
+#: cached value is the np.float64 that ``_gemm`` returns for those numbers (immutable).
+_gemm_scalar = lru_cache(maxsize=1 << 16)(_gemm)
 
 
 class AttentionShape:

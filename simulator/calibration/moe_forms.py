@@ -206,15 +206,40 @@ def mla_absorbed_time(gpu: GPUSpec, heads_per_gpu, tokens, pairs, kv_read, seqs,
     """
     n, T = np.asarray(heads_per_gpu, float), np.asarray(tokens, float)
     c, r = kv_lora_rank, qk_rope
-    proj = (_gemm(gpu, gemm_dtype, T, q_lora_rank + c + r, hidden)
-            + _gemm(gpu, gemm_dtype, T, n * (qk_nope + r), q_lora_rank)
-            + _gemm(gpu, "bf16", T, n * c, qk_nope) + _gemm(gpu, "bf16", T, n * v_head, c)
-            + _gemm(gpu, gemm_dtype, T, hidden, n * v_head))
+    dims = (hidden, q_lora_rank, c, r, qk_nope, v_head)
+    if n.ndim == 0 and T.ndim == 0:  # one shape: memoized (decode steps and runs)
+        key = (id(gpu), gemm_dtype, float(T), float(n), dims)
+        hit = _ABSORBED_PROJ.get(key)
+        if hit is None or hit[0] is not gpu:
+            if len(_ABSORBED_PROJ) >= PROJ_CACHE:
+                _ABSORBED_PROJ.clear()
+            hit = _ABSORBED_PROJ[key] = (gpu, _absorbed_proj(gpu, gemm_dtype, T, n, *dims))
+        proj = hit[1]
+    else:
+        proj = _absorbed_proj(gpu, gemm_dtype, T, n, *dims)
     p = gpu.calibration.mla_for("decode", kv_dtype)
     nbytes = (np.asarray(kv_read, float) + T) * (c + r) * _kv_bytes(kv_dtype) \
         + T * n * (c + r + c) * ACT
     return proj + _mla_core(gpu, p, n, T, np.asarray(pairs, float), np.asarray(seqs, float),
                             nbytes, 2.0 * (c + r) + 2.0 * c)
+
+
+#: Shapes of :data:`_ABSORBED_PROJ` kept before it starts over.
+PROJ_CACHE = 1 << 16
+#: ``(id(gpu), gemm dtype, T, n, dims) -> (gpu, seconds)``: the projections of
+#: :func:`mla_absorbed_time` per scalar shape. The entry holds the GPU itself, so its id
+#: cannot be reused by another object while the entry lives (GPUSpec holds dicts: it is
+#: not hashable).
+_ABSORBED_PROJ: dict[tuple, tuple[GPUSpec, float]] = {}
+
+
+def _absorbed_proj(gpu: GPUSpec, gemm_dtype: str, T, n, hidden, q_lora_rank, c, r, qk_nope,
+                   v_head):
+    """The five projection GEMMs of :func:`mla_absorbed_time`, seconds."""
+    return (_gemm(gpu, gemm_dtype, T, q_lora_rank + c + r, hidden)
+            + _gemm(gpu, gemm_dtype, T, n * (qk_nope + r), q_lora_rank)
+            + _gemm(gpu, "bf16", T, n * c, qk_nope) + _gemm(gpu, "bf16", T, n * v_head, c)
+            + _gemm(gpu, gemm_dtype, T, hidden, n * v_head))
 
 
 def mla_prefill_time(gpu: GPUSpec, heads_per_gpu, tokens, pairs, ctx, seqs, kv_dtype: str,

@@ -57,7 +57,7 @@ class PoolCluster:
     """Live replicas of every pool, the front router (prefill or mixed pools), the decode
     router and admission queue, and the KV transfers, on one environment.
 
-    A mixin: :class:`simulator.cluster.simulation.PooledCluster` adds the workload
+    A mixin: :class:`simulator.cluster.running.PooledCluster` adds the workload
     processes (arrivals, closed-loop clients) and completion bookkeeping of ``Cluster``.
     """
 

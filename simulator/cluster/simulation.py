@@ -1,29 +1,24 @@
-"""Run a scenario: arrivals -> router -> replicas on one SimPy environment -> records.
+"""The live cluster on one SimPy environment: arrivals -> router -> replicas, failures and
+restarts, closed-loop clients (:class:`Cluster`); and the workload a run starts from
+(:func:`open_loop_workload`, :func:`workload_requests`, the random streams of :func:`_rngs`).
 
-:func:`run` is a pure function of the scenario (and its seed): it writes nothing to disk and
-keeps no global state. Random streams are spawned from one ``SeedSequence(seed)``: arrival
-gaps, prompt lengths, output lengths, router.
+:func:`simulator.cluster.running.run` drives it and :mod:`simulator.cluster.outcome` turns
+its records into the run's tables. Random streams are spawned from one
+``SeedSequence(seed)``: arrival gaps, prompt lengths, output lengths, router.
 """
 
 from __future__ import annotations
 
-import gc
-import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import simpy
-from simpy.core import EmptySchedule
-from tqdm import tqdm
 
-from simulator.cluster.build import ClusterPlan, build_plan, prefix_unit, replica_costs
+from simulator.cluster.build import ClusterPlan, prefix_unit, replica_costs
 from simulator.cluster.contention import shared_sends
-from simulator.cluster.disagg import PoolCluster
 from simulator.cluster.faults import (
     FaultState,
     random_faults,
@@ -31,8 +26,6 @@ from simulator.cluster.faults import (
     resolve_target,
     scheduled_faults,
 )
-from simulator.cluster.pools import PooledPlan, build_pools
-from simulator.cluster.router import make_router
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import SCALE, TICK, ticks
 from simulator.engine.kvcache import KVCache
@@ -41,21 +34,10 @@ from simulator.engine.request import WAITING, Request
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.engine.speculative import SpecStats, SpeculativeBatcher
 from simulator.errors import ScenarioError
-from simulator.hardware.prices import gpu_hour_usd
-from simulator.io.scenario import load_scenario, resolve_path
+from simulator.io.scenario import resolve_path
 from simulator.io.schema import Scenario
-from simulator.metrics.alerts import THRESHOLD_KEYS as ALERT_KEYS
-from simulator.metrics.alerts import alerts
 from simulator.metrics.gaps import GapHistogram
-from simulator.metrics.links import link_utilization, link_windows
-from simulator.metrics.moe import add_moe_columns, moe_summary
-from simulator.metrics.pools import pool_energy, pool_summary
-from simulator.metrics.power import StepFold, add_power, cluster_power, cost_summary, energy_summary
 from simulator.metrics.records import Recorder
-from simulator.metrics.speculative import speculative_summary
-from simulator.metrics.summary import summarize
-from simulator.metrics.timeseries import batch_fill_mean, mark_down, timeseries, window_edges
-from simulator.metrics.utilization import StageHardware, gpu_windows
 from simulator.paths import ROOT
 from simulator.topology.graph import Paths
 from simulator.workload.arrivals import arrival_times, trace_window
@@ -63,23 +45,6 @@ from simulator.workload.lengths import LengthStream, sample_lengths
 from simulator.workload.mooncake import load_mooncake
 from simulator.workload.sessions import session_requests
 from simulator.workload.trace import load_trace
-
-
-@dataclass
-class Result:
-    """What a run produced: the summary, the per-request and per-step tables, the windowed
-    time series and alert events, the scenario and its cluster plan."""
-
-    summary: dict
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    scenario: Scenario
-    plan: ClusterPlan = field(repr=False)
-    timeseries: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
-    alerts: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
-    gpu_timeseries: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
-    #: What the run could not do as asked, one sentence each (the CLI prints them).
-    warnings: list[str] = field(default_factory=list)
 
 
 def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.DataFrame:
@@ -445,354 +410,3 @@ def workload_requests(s: Scenario) -> pd.DataFrame | None:
     if s.workload.arrival == "closed_loop":
         return None
     return open_loop_workload(s, _rngs(s.seed))
-
-
-def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | None]:
-    """Validate everything a run needs without running: the cluster plan and, for open-loop
-    workloads, the requests (a trace file is read and checked here).
-
-    Returns
-    -------
-    (ClusterPlan, DataFrame or None)
-        The plan, and the open-loop requests (None for closed loop).
-    """
-    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    plan = build_pools(s) if s.pools else build_plan(s)
-    _check_faults(s, plan)
-    return plan, workload_requests(s)
-
-
-def run(scenario: Scenario | dict | str, *, progress: bool = False,
-        keep_steps: bool = True, energy: bool | None = None) -> Result:
-    """Simulate a scenario and return its :class:`Result`; writes nothing to disk.
-
-    Parameters
-    ----------
-    scenario : Scenario, dict or path
-        Validated with :func:`simulator.load_scenario` when not already a Scenario.
-    progress : bool
-        Show a progress bar (completed requests) on stderr.
-    keep_steps : bool
-        Keep one record per stage step (``Result.steps``); also off when the scenario's
-        ``output.steps`` is false. Summaries do not need them.
-    energy : bool or None
-        When step records are not kept, still fold their work per window as the run goes
-        (:class:`simulator.metrics.power.StepFold`) for energy, power and the MoE summary.
-        It costs about half a run's time again on decode-heavy runs (the engine builds
-        the records); False skips it and leaves those keys NaN. None: the scenario's
-        ``output.energy`` (default False).
-    """
-    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    energy = s.output.energy if energy is None else energy
-    with _young_collections_rarer():
-        if s.pools:
-            return _run_pools(s, progress, keep_steps, energy)
-        return _run(s, progress, keep_steps, energy)
-
-
-
-def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
-           rngs: dict[str, np.random.Generator]) -> int | None:
-    """Start the workload's processes (closed-loop clients or the open-loop arrivals) and
-    the faults; returns the number of requests the run expects (None: until time ends)."""
-    w = s.workload
-    if w.arrival == "closed_loop":
-        counter = [0]
-        prompts = LengthStream(w.prompt_tokens, rngs["prompts"])
-        outputs = LengthStream(w.output_tokens, rngs["outputs"])
-        for c in range(w.concurrency):
-            env.process(cluster.client(c, counter, prompts, outputs))
-        total = w.num_requests
-    else:
-        df = open_loop_workload(s, rngs)
-        if df.empty:
-            raise ScenarioError("workload: no request arrives (check num_requests, duration_s, "
-                                "start_s against the trace)", source=s.source)
-        env.process(cluster.arrive(df))
-        total = len(df)
-    cluster.expected = total
-    _start_faults(env, cluster, s, rngs["faults"])
-    return total
-
-
-def _availability(cluster: Cluster) -> dict:
-    """Availability over the workload (mean and worst replica) and the retries."""
-    avail = cluster.availability(cluster.last_event_s)
-    return {"availability_mean": float(np.mean(avail)),
-            "availability_min": float(np.min(avail)), "retries_total": cluster.retries}
-
-
-def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> Result:
-    wall0 = time.perf_counter()
-    plan = build_plan(s)
-    rngs = _rngs(s.seed)
-    env = simpy.Environment()
-    fold = (_fold(plan, stage_hardware(plan))
-            if energy and not (s.output.steps and keep_steps) else None)
-    recorder = Recorder(keep_steps=s.output.steps and keep_steps,
-                        speculative=s.speculative is not None, fold=fold)
-    cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"],
-                                             load_weight=s.router.load_weight), recorder)
-    events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
-    cluster.close()
-    requests = recorder.requests_frame()
-    steps = recorder.steps_frame()
-    engine = {k: sum(getattr(r, k) for r in cluster.replicas)
-              for k in ("steps", "step_tokens", "union_s")}
-    engine["stage_busy_s"] = [sum(r.stage_busy_s[i] for r in cluster.replicas)
-                              for i in range(s.parallel.pp)]
-    engine["gaps"] = cluster.gaps
-    summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
-                        max_num_batched_tokens=s.engine.max_num_batched_tokens,
-                        pp=s.parallel.pp)
-    if plan.speculative is not None:
-        summary.update(speculative_summary(requests, cluster.spec_stats.draft_s,
-                                           sum(engine["stage_busy_s"]),
-                                           cluster.spec_stats.spec_steps,
-                                           cluster.spec_stats.plain_steps))
-    summary["kv_blocks_per_replica"] = plan.memory.kv_blocks
-    summary["kv_tokens_per_replica"] = plan.memory.kv_tokens
-    summary["max_model_len"] = plan.max_model_len
-    summary["gpus"] = plan.gpus_used
-    summary["simpy_events"] = events
-    summary.update(_availability(cluster))
-    if plan.model.moe is not None:
-        steps = add_moe_columns(steps, [rp.stages for rp in plan.replicas])
-        summary.update(moe_summary(steps) if fold is None else fold.moe_summary())
-    summary.update(link_utilization(plan, [r.step_tokens for r in cluster.replicas],
-                                    [r.steps for r in cluster.replicas],
-                                    summary["simulated_time_s"]))
-    kept = steps if not steps.empty else None
-    kv_capacity = {r: plan.memory.kv_blocks for r in range(s.parallel.dp)}
-    ts, events_df, window_s, warnings = _observe(
-        s, requests, kept, cluster, summary, kv_capacity,
-        plan.memory.kv_blocks // plan.streams_per_replica)
-    gpu_ts = pd.DataFrame()
-    if kept is not None:
-        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-        gpu_ts = gpu_windows(steps, stage_hardware(plan), edges)
-        links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
-                             [r.steps for r in cluster.replicas], steps, edges)
-        ts = pd.concat([ts, links], axis=1)  # the same windows
-    elif fold is not None:  # steps not kept: their work folded per window as they came
-        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-        gpu_ts = fold.gpu_windows(fold.stages, edges)
-    gpu_ts, ts = _power(s, plan, requests, summary, gpu_ts, ts, window_s)
-    summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
-
-
-def _power(s: Scenario, plan: ClusterPlan, requests: pd.DataFrame, summary: dict,
-           gpu_ts: pd.DataFrame, ts: pd.DataFrame, window_s: float):
-    """Power per GPU and window, cluster power per window (``power_w`` columns), energy and
-    cost keys in ``summary`` (simulator/metrics/power.py; NaN energy without a GPU's
-    ``tdp_w``/``idle_w``)."""
-    gpu = plan.node.gpu
-    power = np.zeros(0)
-    if len(gpu_ts) and gpu.tdp_w is not None and gpu.idle_w is not None:
-        gpu_ts = add_power(gpu_ts, gpu.idle_w, gpu.tdp_w)
-        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-        power = cluster_power(gpu_ts, edges, gpus_per_node=plan.node.gpus_per_node,
-                              idle_w=gpu.idle_w)
-        ts = ts.assign(power_w=power)
-    summary.update(energy_summary(power, window_s, requests))
-    summary.update(cost_summary(requests, plan.gpus_used,
-                                gpu_hour_usd(gpu.name, s.cluster.gpu_hour_usd)))
-    return gpu_ts, ts
-
-
-
-def _observe(s: Scenario, requests: pd.DataFrame, kept: pd.DataFrame | None,
-             cluster: Cluster, summary: dict, kv_capacity: dict[int, int],
-             stream_blocks: int) -> tuple[pd.DataFrame, pd.DataFrame, float, list[str]]:
-    """The time series, alert events, window and warnings of a run; adds the downtime
-    spans to ``summary`` and, with steps kept, the binding-resource batch efficiency."""
-    eng = s.engine
-    window_s, warnings = _window(requests, s.output.window_s)
-    warnings += _outcome_warnings(requests, cluster)
-    ts = timeseries(requests, kept, window_s=window_s, budget=eng.max_num_batched_tokens,
-                    kv_capacity=kv_capacity, max_num_seqs=eng.max_num_seqs,
-                    stream_blocks=stream_blocks, requeues=cluster.recorder.requeues_frame())
-    ts = mark_down(ts, cluster.downtime, window_edges(float(ts["window_end_s"].iloc[-1]),
-                                                      window_s))
-    thresholds = {k: getattr(s.alerts, k) for k in ALERT_KEYS}
-    events_df = alerts(requests, kept, ts, thresholds, window_s=window_s,
-                       budget=eng.max_num_batched_tokens, max_num_seqs=eng.max_num_seqs,
-                       stream_blocks=stream_blocks)
-    # [replica, down at (s), up again at (s) or None if never, the fault that took it down]
-    if kept is not None:  # the binding resource's fill, as the time series and alert
-        summary["batch_efficiency_mean"] = batch_fill_mean(
-            kept, eng.max_num_batched_tokens, eng.max_num_seqs, stream_blocks)
-    summary["downtime_spans"] = [[i, a, b if np.isfinite(b) else None, cause]
-                                 for i, (spans, causes) in enumerate(zip(
-                                     cluster.downtime, cluster.down_causes, strict=True))
-                                 for (a, b), cause in zip(spans, causes, strict=True)]
-    return ts, events_df, window_s, warnings
-
-
-#: Most windows of a run's time series: memory must not grow with simulated time / window.
-MAX_WINDOWS = 100_000
-
-
-def _window(requests: pd.DataFrame, window_s: float) -> tuple[float, list[str]]:
-    """The time-series window: ``output.window_s``, widened so the run spans at most
-    :data:`MAX_WINDOWS` windows (with a warning saying so)."""
-    times = requests[["arrival_s", "finish_s"]].to_numpy(float)
-    end = float(np.nanmax(times)) if np.isfinite(times).any() else 0.0
-    if end / window_s <= MAX_WINDOWS:
-        return window_s, []
-    wide = end / MAX_WINDOWS
-    return wide, [f"output.window_s = {window_s:g} s would cut the {end:.6g} s run into "
-                  f"{end / window_s:.3g} windows; timeseries.csv and the alerts use "
-                  f"{wide:.6g} s windows instead (at most {MAX_WINDOWS})"]
-
-
-def _outcome_warnings(requests: pd.DataFrame, cluster: Cluster) -> list[str]:
-    """Sentences about a run that served nothing, or whose cluster can never serve again."""
-    out = []
-    if cluster.hopeless is not None:
-        t, targets = cluster.hopeless
-        out.append(f"no replica can ever serve again after t = {t:.6g} s (faults without "
-                   f"a duration: {targets}); the requests waiting then and arriving later "
-                   f"were dropped (when their clients gave up, else at the end of the "
-                   f"workload)")
-    status = requests["status"]
-    if len(requests) and not (status == "completed").any():
-        counts = status.value_counts()
-        what = ", ".join(f"{int(n)} {k}" for k, n in counts.items())
-        why = (f" (prompt + output tokens > max_model_len {cluster.max_len})"
-               if (status == "rejected").all() else "")
-        out.append(f"no request completed: {what}{why}")
-    return out
-
-
-def stage_hardware(plan: ClusterPlan) -> list[StageHardware]:
-    """Capacities of every replica stage's GPUs, for utilization."""
-    g, node = plan.graph, plan.node
-    paths = Paths(g)
-    gpu = node.gpu
-    out = []
-    for rp in plan.replicas:
-        stages = rp.placement.stages
-        for i, group in enumerate(stages):
-            last = i == len(stages) - 1
-            path = () if last else paths.path(group[0], stages[i + 1][0])
-            over_nic = any(g.edges[a, b]["kind"] == "network"
-                           for a, b in zip(path, path[1:], strict=False))
-            out.append(StageHardware(rp.placement.replica, i, group, rp.stages[i],
-                                     gpu.peak(plan.scenario.model.weight_dtype),
-                                     gpu.hbm_bandwidth_Bps, node.scale_up.bandwidth_Bps,
-                                     node.nic.bandwidth_Bps, over_nic, last))
-    return out
-
-
-@contextmanager
-def _young_collections_rarer(threshold: int = 100_000):
-    """Run the cyclic garbage collector's youngest generation every ``threshold``
-    allocations instead of every 700, restored afterwards. A run allocates millions of
-    short-lived acyclic objects (events, step records) in which the collector finds next to
-    nothing (measured: ~1,000 objects freed in 600 collections on the Vidur workload) while
-    costing ~5% of the run; reference counting frees them anyway."""
-    old = gc.get_threshold()
-    gc.set_threshold(max(old[0], threshold), *old[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-
-
-def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress: bool) -> int:
-    """Process every event; returns how many. Shows a progress bar when asked."""
-    step, events = env.step, 0
-    bar = tqdm(total=total, unit="req", desc="simulating", leave=False) if progress else None
-    try:
-        if bar is None:
-            while True:
-                step()
-                events += 1
-        while True:
-            for _ in range(20_000):
-                step()
-            events += 20_000
-            bar.update(cluster.completed - bar.n)
-            bar.set_postfix_str(f"t={env.now:.0f}s")
-    except EmptySchedule:
-        pass
-    finally:
-        if bar is not None:
-            bar.close()
-    return events
-
-
-class PooledCluster(PoolCluster, Cluster):
-    """A cluster of pools (:mod:`simulator.cluster.disagg`) with Cluster's workload
-    processes."""
-
-
-def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True
-               ) -> Result:
-    """:func:`run` for a scenario with ``[[pools]]`` (docs/disaggregation.md): time series
-    and alerts as without pools (batch efficiency against ``[engine]``'s token budget);
-    link and per-GPU utilization are not computed for pools yet."""
-    wall0 = time.perf_counter()
-    plan = build_pools(s)
-    rngs = _rngs(s.seed)
-    env = simpy.Environment()
-    fold = (_fold(plan, [h for p in plan.pools for h in stage_hardware(p.plan)])
-            if energy and not (s.output.steps and keep_steps) else None)
-    recorder = Recorder(keep_steps=s.output.steps and keep_steps, fold=fold)
-    cluster = PooledCluster(env, plan, recorder, rngs)
-    events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
-    cluster.close()
-    requests = cluster.request_columns(recorder.requests_frame())
-    steps = recorder.steps_frame()
-    engine = cluster.engine_totals()
-    summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
-                        max_num_batched_tokens=s.engine.max_num_batched_tokens,
-                        pp=len(engine["stage_busy_s"]))
-    summary["kv_blocks_per_replica"] = [p.plan.memory.kv_blocks for p in plan.pools]
-    summary["kv_tokens_per_replica"] = [p.plan.memory.kv_tokens for p in plan.pools]
-    summary["max_model_len"] = plan.max_model_len
-    summary["gpus"] = plan.gpus_used
-    summary["simpy_events"] = events
-    summary.update(_availability(cluster))
-    summary.update(pool_summary(requests, cluster.pool_table(), summary))
-    kept = steps if not steps.empty else None
-    kv_capacity = {rp.placement.replica: p.plan.memory.kv_blocks
-                   for p in plan.pools for rp in p.plan.replicas}
-    stream_blocks = min(p.plan.memory.kv_blocks // p.plan.streams_per_replica
-                        for p in plan.pools)
-    ts, events_df, window_s, warnings = _observe(s, requests, kept, cluster, summary,
-                                                 kv_capacity, stream_blocks)
-    if plan.model.moe is not None:
-        steps = add_moe_columns(steps, [rp.stages for rp in plan.replicas])
-        summary.update(moe_summary(steps) if fold is None else fold.moe_summary())
-    gpu_ts, ts = _pool_power(plan, steps if kept is not None else fold, requests, summary,
-                             ts, window_s)
-    usd = sum(p.gpus * gpu_hour_usd(p.plan.node.gpu.name, p.spec.gpu_hour_usd)
-              for p in plan.pools)  # the GPU-weighted price, each pool's own or its default
-    summary.update(cost_summary(requests, plan.gpus_used, usd / max(plan.gpus_used, 1)))
-    summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
-
-
-def _fold(plan: ClusterPlan | PooledPlan, stages: list[StageHardware]) -> StepFold:
-    """The fold of a run that does not keep its step records: the work of ``stages`` per
-    ``output.window_s`` window, and the MoE sums of a MoE model."""
-    moe = [rp.stages for rp in plan.replicas] if plan.model.moe is not None else None
-    return StepFold(stages, plan.scenario.output.window_s, moe)
-
-
-def _pool_power(plan: PooledPlan, steps: pd.DataFrame | StepFold | None,
-                requests: pd.DataFrame,
-                summary: dict, ts: pd.DataFrame, window_s: float):
-    """:func:`simulator.metrics.pools.pool_energy` of a pooled run: per-GPU power, the
-    ``power_w`` and ``power_w_<pool>`` columns of the time series, the energy keys."""
-    edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-    node_of = {d["index"]: d["node"] for _, d in plan.graph.nodes(data=True)
-               if d["kind"] == "gpu"}
-    gpu_ts, power, keys = pool_energy(
-        steps, [(p.spec.name, stage_hardware(p.plan), p.plan.node.gpu) for p in plan.pools],
-        node_of, edges, requests)
-    summary.update(keys)
-    return gpu_ts, ts.assign(**power) if power else ts

@@ -49,6 +49,32 @@ class MoETable:
     imbalance: np.ndarray
 
 
+#: Shared tables kept before the cache starts over.
+SHARED_TABLES = 256
+#: Table sets of :class:`MoEStageCost` shared by the stages whose routing rows are the
+#: same numbers (:func:`_shared_tables`): key -> (objects the key names by id, tables).
+_SHARED: dict[tuple, tuple[tuple, dict]] = {}
+
+
+def _shared_tables(c: MoEStageCost) -> dict[tuple[int, str], MoETable]:
+    """The ``(tokens, mode) -> MoETable`` dict of stage cost ``c``, shared with every stage
+    built before whose :meth:`MoEStageCost._rows` is the same function: the same routing,
+    model and GPU objects, expert layout, attention DP, all-to-all paths and dispatch
+    bytes, and (MoE-TP) TP size. A plan builds thousands of stages over a few such sets;
+    rows are computed independently of each other, so a row is the same bits whichever
+    stage filled it. The entry holds the objects keyed by id, so no id is reused while it
+    lives (ModelSpec and GPUSpec hold dicts: they are not hashable)."""
+    refs = (c.routing, c.model, c.gpu)
+    key = (tuple(id(x) for x in refs), c.layout, c.n_moe > 0, c.dp, c.paths,
+           c.dispatch_bytes, c.shapes.tp if c.layout.ep <= 1 else 0)
+    hit = _SHARED.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], refs, strict=True)):
+        if len(_SHARED) >= SHARED_TABLES:
+            _SHARED.clear()
+        hit = _SHARED[key] = (refs, {})
+    return hit[1]
+
+
 class MoEStageCost(StageCost):
     """:class:`~simulator.model.cost.StageCost` of a MoE and/or MLA stage, on its slowest
     rank. Same interface (``step``, ``decode_run``, ``decode_steps``); ``decode_run`` and
@@ -129,7 +155,7 @@ class MoEStageCost(StageCost):
         self.elem_bytes_moe = ACT_BYTES * (3 * shared + 2 * h)
         self.dispatch_bytes = 1 if self.shapes.quantized else ACT_BYTES
         self.attn_param_bytes = attention_params_per_gpu(model, attn_tp)
-        self._tables: dict[tuple[int, str], MoETable] = {}
+        self._tables: dict[tuple[int, str], MoETable] = _shared_tables(self)
 
     # -- token-count dependent parts ------------------------------------------------------
     def _rank_tokens(self, tokens: int) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -131,8 +131,8 @@ class Routing:
     @classmethod
     def build(cls, p: np.ndarray, ranks: int, redundant: int, top_k: int,
               seed: int) -> Routing:
-        z = np.random.default_rng([seed, 14]).standard_normal((DRAWS, p.size))
-        return cls(p, placement(p, ranks, redundant), z, top_k)
+        p = np.asarray(p)
+        return _built(cls, p.tobytes(), p.dtype.str, p.shape, ranks, redundant, top_k, seed)
 
     def expert_loads(self, tokens: int, rows=None) -> np.ndarray:
         """Tokens routed to each expert in every pre-drawn state (or the states ``rows``),
@@ -214,6 +214,21 @@ class Routing:
         share of them (a replicated expert's rows split evenly), zero in unused slots."""
         ids, weight = self.slots
         return self.expert_counts(tokens, rows)[:, ids] * weight
+
+
+@lru_cache(maxsize=256)
+def _built(cls: type, p_bytes: bytes, dtype: str, shape: tuple, ranks: int, redundant: int,
+           top_k: int, seed: int) -> Routing:
+    """:meth:`Routing.build`, memoized on its arguments (the popularity by value): a plan
+    builds the same routing for many candidates, and one instance keeps its cached
+    tables (:attr:`Routing.slots`, :attr:`Routing.u`). Its arrays are read-only, so the
+    instances can be shared."""
+    p = np.frombuffer(p_bytes, dtype=dtype).reshape(shape).copy()
+    z = np.random.default_rng([seed, 14]).standard_normal((DRAWS, p.size))
+    share = placement(p, ranks, redundant)
+    for a in (p, z, share):
+        a.flags.writeable = False
+    return cls(p, share, z, top_k)
 
 
 def imbalance(rank_loads: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.cluster.build import ClusterPlan
-from simulator.cluster.simulation import run
+from simulator.cluster.running import run
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, to_dict
 from simulator.planner.objectives import sim_values
