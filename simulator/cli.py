@@ -231,18 +231,8 @@ def cmd_collective(args) -> int:
 
 def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
-    from simulator.planner.pools import format_pools_plan, plan_pools  # noqa: PLC0415
     from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
 
-    if args.disagg and not args.nodes:  # colocated vs disaggregated (docs/disaggregation.md)
-        res = plan_pools(args.scenario, requests=args.requests,
-                         slo_quantile=args.slo_quantile, overrides=args.set)
-        out = Path(args.out) if args.out else Path("runs") / f"{res.scenario.name}-plan"
-        out.mkdir(parents=True, exist_ok=True)
-        res.table.to_csv(out / "plan_pools.csv", index=False)
-        print(format_pools_plan(res))
-        print(f"  outputs in {out}/ (plan_pools.csv)")
-        return 0
     if args.nodes:  # several node kinds (simulator/planner/kinds.py)
         from simulator.planner.kinds import plan_kinds  # noqa: PLC0415 - on use
 
@@ -255,7 +245,7 @@ def cmd_plan(args) -> int:
     else:
         result = plan(args.scenario, gpus=args.gpus, objective=args.objective, top=args.top,
                       requests=args.requests, jobs=args.jobs, slo_quantile=args.slo_quantile,
-                      overrides=args.set)
+                      overrides=args.set, disagg=args.disagg)
     out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-plan"
     files = write_plan(result, out, figure=not args.no_plot)
     print(format_plan(result))
@@ -381,8 +371,8 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--nodes", help="node kinds to search, comma-separated (e.g. "
                                    "dgx-h100,hgx-h200), each on the nodes --gpus needs")
     n.add_argument("--disagg", action="store_true",
-                   help="compare colocated and disaggregated prefill/decode layouts on the "
-                        "scenario's nodes (docs/disaggregation.md)")
+                   help="also rank disaggregated prefill + decode pool layouts on the "
+                        "scenario's nodes, with the colocated ones (docs/planner.md)")
     n.add_argument("--objective", default="goodput_per_gpu",
                    help="goodput_per_gpu (default), goodput_per_usd, tokens_per_joule, "
                         "min_ttft or min_tpot")

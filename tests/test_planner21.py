@@ -243,11 +243,11 @@ def test_deepseek_plan_finds_an_expert_parallel_layout_that_fits():
 def test_disaggregated_candidates_appear_with_disagg(kinds_scenario, tmp_path):
     r = plan_kinds(kinds_scenario, ["dgx-h100"], gpus=2, top=2, requests=None, jobs=1,
                    disagg=True)
-    p = r.pools
-    assert set(p["kind"]) == {"colocated", "disaggregated"}
-    dis = p[(p["kind"] == "disaggregated") & (p["status"] == "ok")]
+    c = r.candidates
+    assert set(c["kind"]) == {"colocated", "disaggregated"}
+    dis = c[(c["kind"] == "disaggregated") & (c["status"] == "feasible")]
     assert len(dis) and (dis["node"] == "dgx-h100").all()
-    assert "best disaggregated" in r.pools_text and "against the pick" in r.pools_text
     files = write_plan(r, tmp_path, figure=False)
-    assert tmp_path / "plan_pools.csv" in files
-    assert "disagg" in format_plan(r)
+    assert tmp_path / "plan.csv" in files
+    assert "disaggregated" in set(r.table["kind"])
+    assert "prefill TP1 PP1 DP1 + decode" in format_plan(r)

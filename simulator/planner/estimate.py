@@ -8,6 +8,7 @@ what it does not is listed in docs/planner.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from simulator.cluster.build import ClusterPlan
@@ -109,7 +110,8 @@ def _mix(batch: float, prefill: float, prompt: float, output: float) -> tuple:
 
 
 def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadStats,
-             ttft_slo_s: float, tpot_slo_s: float) -> Estimate:
+             ttft_slo_s: float, tpot_slo_s: float, spec: SpecStep | None = None
+             ) -> Estimate:
     """Estimate one candidate at the workload's offered load.
 
     Parameters
@@ -124,6 +126,9 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
         Offered rate (or closed-loop concurrency) and mean lengths.
     ttft_slo_s, tpot_slo_s : float
         SLO targets (an estimate that misses them has no goodput).
+    spec : SpecStep, optional
+        Speculative decoding: every decode step drafts and verifies ``k + 1`` tokens per
+        sequence and yields ``1 + a`` tokens (:class:`SpecStep`).
 
     Notes
     -----
@@ -147,33 +152,48 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
     budget = limits.budget
 
+    def drafts(batch: float) -> int:
+        """Drafts per sequence of a step of ``batch`` decoders: 0 where the engine decodes
+        plainly (``disable_by_batch_size``, or ``batch (k + 1)`` over the budget)."""
+        if spec is None or batch * (spec.k + 1) > budget or (
+                spec.disable_by_batch_size is not None
+                and batch >= spec.disable_by_batch_size):
+            return 0
+        return spec.k
+
+    def gain(batch: float) -> float:
+        """Output tokens per sequence and step: 1 + E[accepted drafts] when speculating."""
+        return 1.0 + spec.accepted if drafts(batch) else 1.0
+
     def cycle(batch: float, prefill: float) -> float:
+        if drafts(batch):
+            return spec_step(model, spec, batch, prefill, p, o)
         return model.cycle(*_mix(batch, prefill, p, o))
 
     def steady(batch: float) -> tuple[float, float]:
         """Mean prefill tokens per step and mean cycle: prefill comes in chunks (a prompt,
         up to the room left in the budget), so a fraction x / chunk of the steps carry
         one and the rest decode only."""
-        room = max(budget - batch, 1.0)
-        prefill = min(batch * p / o, room)
+        room = max(budget - batch * (drafts(batch) + 1), 1.0)
+        prefill = min(batch * p * gain(batch) / o, room)
         chunk = min(max(p, prefill), room)
         base = cycle(batch, 0.0)
         return prefill, base + prefill / chunk * (cycle(batch, chunk) - base)
 
     b_max = max(1.0, min(limits.max_num_seqs, kv_tokens / streams / (p + o / 2)))
     _, c_max = steady(b_max)
-    per_step = min(b_max / o, max(budget - b_max, 0.0) / p)
+    per_step = min(b_max * gain(b_max) / o, max(budget - b_max * (drafts(b_max) + 1), 0.0) / p)
     capacity = lanes * per_step / c_max
 
     if stats.rate_per_s is None:  # closed loop: the clients fix the batch
         batch = min(b_max, max(1.0, (stats.concurrency or 1) / lanes))
         _, c = steady(batch)
-        rate = lanes * batch / (o * c)
+        rate = lanes * batch * gain(batch) / (o * c)
     else:
         rate = stats.rate_per_s
         batch = 1.0
         for _ in range(ITERATIONS):
-            new = min(b_max, max(1.0, rate / lanes * o * steady(batch)[1]))
+            new = min(b_max, max(1.0, rate / lanes * o / gain(batch) * steady(batch)[1]))
             if abs(new - batch) < 1e-3:
                 break
             batch = 0.5 * (batch + new)
@@ -181,7 +201,7 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
     rho = rate / capacity if capacity > 0 else math.inf
 
     def prefill_time(prompt: float) -> float:
-        room = max(budget - batch, 1.0)
+        room = max(budget - batch * (drafts(batch) + 1), 1.0)
         chunk = min(prompt, room)
         return math.ceil(prompt / room) * model.cycle(*_mix(batch, chunk, prompt, o))
 
@@ -192,8 +212,44 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
         wait = 0.0 if stats.rate_per_s is None else math.inf
     ttft = pre + c / 2 + wait
     ttft_p99 = pre_p99 + c + 4.6 * wait
-    ok = rho < 1 and ttft_p99 <= ttft_slo_s and c <= tpot_slo_s
+    tpot = c / gain(batch)
+    ok = rho < 1 and ttft_p99 <= ttft_slo_s and tpot <= tpot_slo_s
     if stats.rate_per_s is None:
-        ok = ttft_p99 <= ttft_slo_s and c <= tpot_slo_s
+        ok = ttft_p99 <= ttft_slo_s and tpot <= tpot_slo_s
     goodput = min(rate, capacity) if ok else 0.0
-    return Estimate(capacity, rho, batch, c, pre, ttft, ttft_p99, c, goodput)
+    return Estimate(capacity, rho, batch, c, pre, ttft, ttft_p99, tpot, goodput)
+
+
+@dataclass(frozen=True)
+class SpecStep:
+    """What the estimate needs of speculative decoding: ``k`` drafts per sequence and step,
+    ``accepted`` the mean drafts accepted (E[A] of the acceptance model), ``draft(n,
+    sum_kv, k)`` the drafting seconds (:class:`simulator.model.speculative.DraftCost`) and
+    the batch from which the engine stops speculating."""
+
+    k: int
+    accepted: float
+    draft: Callable[[int, int, int], float]
+    disable_by_batch_size: int | None = None
+
+
+def spec_step(model: StepModel, spec: SpecStep, batch: float, prefill: float,
+              prompt: float, output: float) -> float:
+    """Seconds of one speculative stream step: drafting, then one forward verifying ``k + 1``
+    positions of each of ``batch`` sequences (a prefill-like shape after their KV) plus
+    ``prefill`` prompt tokens, as :class:`simulator.engine.speculative.SpeculativeBatcher`
+    builds it.
+
+    Notes
+    -----
+    With ``kv = batch (P + O/2)`` the decoders' KV: tokens ``batch (k + 1) + x``, causal
+    pairs ``pairs(x) + (k + 1) kv + batch (k + 1)(k + 2) / 2``, cached ``cached(x) + kv``,
+    sampled ``batch (k + 1) + x / P``; draft time ``draft(batch, kv, k)``.
+    """
+    k = spec.k
+    tokens, pairs, cached, kv, sampled = _mix(batch, prefill, prompt, output)
+    tokens += batch * k
+    pairs += (k + 1) * kv + batch * (k + 1) * (k + 2) / 2
+    n = max(1, round(batch))
+    return (model.cycle(tokens, pairs, cached + kv, 0.0, sampled + batch * k)
+            + spec.draft(n, round(kv), k))

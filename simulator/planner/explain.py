@@ -187,3 +187,33 @@ def compare(best: pd.Series | None, rule_row: pd.Series | None, rule: Layout | N
                 f"(ranked {int(rule_row['rank'])} on the tie-breakers)")
     return (f"the pick beats the rule of thumb {label(rule_row)} by {gain:.0%} on {what} "
             f"({a:.3g} vs {b:.3g})")
+
+
+def _group(r: pd.Series) -> str:
+    kind = r.get("kind") if isinstance(r.get("kind"), str) else "colocated"
+    k = r.get("spec_k")
+    return kind + (" with speculation" if k is not None and k == k and int(k) > 0 else "")
+
+
+def versus_groups(best: pd.Series, table: pd.DataFrame, objective: str) -> str:
+    """By how much the pick beats the best SLO-meeting point of every other group
+    (colocated, colocated with speculation, disaggregated), on the objective."""
+    col, what = GAIN.get(objective, ("goodput_req_per_s_per_gpu", "goodput per GPU"))
+    mine = _group(best)
+    groups = table.apply(_group, axis=1)
+    parts = []
+    for g in sorted(set(groups)):
+        if g == mine:
+            continue
+        met = table[(groups == g) & table["slo_met"]]
+        if met.empty:
+            parts.append(f"no {g} layout meets the SLOs")
+            continue
+        other = met.iloc[0]
+        a, b = best[col], other[col]
+        gain = a / b - 1 if b > 0 else math.inf
+        tie = " (a tie on the objective; the pick wins on TPOT, TTFT)" if sig(a) == sig(
+            b) else ""
+        parts.append(f"the pick ({mine}) {gain:+.0%} {what} over the best {g}, "
+                     f"{label(other)} ({a:.3g} vs {b:.3g}){tie}")
+    return "; ".join(parts)

@@ -18,9 +18,16 @@ import pandas as pd
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
-from simulator.planner.explain import GAIN, compare, label, no_slo, reason
-from simulator.planner.plan import RULE, PlanResult, _rank_key, plan, rank_correlation
-from simulator.planner.pools import plan_pools
+from simulator.planner.explain import GAIN, compare, label, no_slo, reason, versus_groups
+from simulator.planner.nearmiss import group_of
+from simulator.planner.plan import (
+    RULE,
+    PlanResult,
+    _rank_key,
+    group_correlations,
+    plan,
+    rank_correlation,
+)
 
 
 def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
@@ -29,8 +36,8 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
     """Search every node kind in ``nodes`` with at most ``gpus`` GPUs (default: the
     scenario's cluster size) and merge the results (parameters of
     :func:`~simulator.planner.plan.plan` pass through ``kwargs``). With ``disagg``, each
-    kind's colocated and disaggregated pool layouts on those nodes are simulated too
-    (:func:`~simulator.planner.pools.plan_pools`, pp = 1) and compared with the pick.
+    kind's search also ranks prefill + decode pool layouts on its nodes
+    (:mod:`simulator.planner.disagg`).
 
     Raises
     ------
@@ -50,46 +57,12 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
         try:
             results[kind] = plan(scenario, gpus=min(gpus, count * node.gpus_per_node),
                                  objective=objective, overrides=[*(overrides or []), *extra],
-                                 **kwargs)
+                                 disagg=disagg, **kwargs)
         except ScenarioError as exc:
             errors.append(f"{kind}: {exc.problems[0]}")
     if not results:
         raise ScenarioError("--nodes: no node kind fits: " + "; ".join(errors))
-    out = merge(results, objective, errors)
-    if disagg:
-        out.pools, out.pools_text = pools_by_kind(scenario, results, overrides, out.best,
-                                                  kwargs.get("requests"),
-                                                  kwargs.get("slo_quantile", 0.99))
-    return out
-
-
-def pools_by_kind(scenario, results: dict[str, PlanResult], overrides: list[str] | None,
-                  best: pd.Series | None, requests: int | None, q: float
-                  ) -> tuple[pd.DataFrame, str]:
-    """plan_pools on each kind's nodes: the table (``node`` column) and a sentence per kind
-    on its best disaggregated layout against the best colocated pick (goodput per GPU)."""
-    tables, parts = [], []
-    for kind, r in results.items():
-        extra = [f"cluster.topology={kind}", f"cluster.nodes={r.scenario.cluster.nodes}"]
-        try:
-            res = plan_pools(scenario, requests=requests, slo_quantile=q,
-                             overrides=[*(overrides or []), *extra])
-        except ScenarioError as exc:
-            parts.append(f"{kind}: disaggregated search out ({exc.problems[0]})")
-            continue
-        tables.append(_tag(res.table, kind))
-        dis = res.best_disaggregated
-        if dis is None or not dis["slo_met"]:
-            parts.append(f"{kind}: no disaggregated layout meets the SLOs")
-            continue
-        text = (f"{kind}: best disaggregated {dis['config']} "
-                f"{dis['goodput_req_per_s_per_gpu']:.3g} req/s per GPU")
-        if best is not None:
-            gain = dis["goodput_req_per_s_per_gpu"] / best["goodput_req_per_s_per_gpu"] - 1
-            text += f", {gain:+.0%} goodput per GPU against the pick"
-        parts.append(text)
-    table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
-    return table, "; ".join(parts)
+    return merge(results, objective, errors)
 
 
 def _tag(df: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -118,6 +91,8 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> 
     comparison = compare(best, rule_row, results[rule_kind].rule, objective, slo, q)
     if best is not None:
         comparison += "; " + versus_kinds(best, table, objective)
+        if table.apply(group_of, axis=1).nunique() > 1:  # disaggregated or speculative
+            comparison += "; " + versus_groups(best, table, objective)
     if errors:
         comparison += "; out of the search: " + "; ".join(errors)
     error = None if best is not None else no_slo(table, slo, q, own.stats)
@@ -126,7 +101,9 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> 
                       best, why, comparison, error,
                       sum(r.wall_time_s for r in results.values()),
                       sum(r.simulated_s for r in results.values()),
-                      rank_correlation(table, objective))
+                      rank_correlation(table, objective),
+                      rank_correlations=group_correlations(table, objective),
+                      margins=first.margins)
 
 
 def versus_kinds(best: pd.Series, table: pd.DataFrame, objective: str) -> str:

@@ -25,15 +25,41 @@ from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario, SloKeys
 from simulator.model.spec import load_model
-from simulator.planner.candidates import _memory, _point, layout_rows  # noqa: F401
-from simulator.planner.explain import binds, compare, misses, no_fit, no_slo, reason, sig
-from simulator.planner.objectives import SIM_COLUMN, est_value, spearman
+from simulator.planner.candidates import _memory, _point, layout_rows, without_spec  # noqa: F401
+from simulator.planner.disagg import disagg_rows, pools_of
+from simulator.planner.explain import (
+    binds,
+    compare,
+    misses,
+    no_fit,
+    no_slo,
+    reason,
+    versus_groups,
+)
+from simulator.planner.nearmiss import (
+    est_slo,
+    group_of,
+    margins,
+    objective_values,
+)
+from simulator.planner.nearmiss import order as est_order
+from simulator.planner.pools import without_pools
+from simulator.planner.ranking import (  # noqa: F401 - _rank_key, rank_correlation: API
+    PREFILL_COLUMNS,
+    _layout,
+    _rank_key,
+    _sim_frame,
+    _stable,
+    group_correlations,
+    rank_correlation,
+)
 from simulator.planner.simulate import base_scenario, simulate_many
 from simulator.planner.space import (
     Layout,
     Limits,
     WorkloadStats,
     engine_limits,
+    layout_label,
     layouts,
     rule_of_thumb,
     useful_kv_tokens,
@@ -64,12 +90,14 @@ PLAN_COLUMNS = [
     "pp_bubble_fraction", "preemptions_total", "est_capacity_req_per_s", "est_ttft_p99_s",
     "est_tpot_s", "placement", "note", "est_objective", "gpu_hour_usd",
     "cost_per_million_output_tokens_usd", "goodput_req_per_usd", "power_mean_w",
-    "energy_per_output_token_j", "tokens_per_joule", "binds", "status", "error"]
+    "energy_per_output_token_j", "tokens_per_joule", "binds", "status", "error", "kind",
+    "spec_k", "pools", "est_slo"]
 CANDIDATE_COLUMNS = [
     "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
     "status", "reason", "kv_tokens_per_replica", "est_capacity_req_per_s", "est_utilization",
     "est_batch", "est_cycle_s", "est_prefill_s", "est_ttft_s", "est_ttft_p99_s", "est_tpot_s",
-    "est_goodput_req_per_s", "est_rank", "simulated", "est_objective"]
+    "est_goodput_req_per_s", "est_rank", "simulated", "est_objective", "kind", "spec_k",
+    "est_slo"]
 
 
 @dataclass
@@ -96,39 +124,20 @@ class PlanResult:
     # Spearman's rho between the estimate's and the simulation's objective on the simulated
     # points (simulator.planner.objectives.spearman; NaN with fewer than 3).
     rank_correlation: float = math.nan
-    # With --disagg and --nodes: every colocated and disaggregated pool layout simulated
-    # per kind (simulator.planner.pools; plan_pools.csv), and how the best compare.
-    pools: pd.DataFrame | None = None
-    pools_text: str = ""
+    # Spearman's rho per simulation group (colocated, colocated+spec, disaggregated) and
+    # the near-miss ratios (estimate / simulation) the plan ended with.
+    rank_correlations: dict | None = None
+    margins: dict | None = None
 
 
-def _key(lay: Layout, lim: Limits) -> str:
-    chunk = f"-c{lim.chunk_size}" if lim.chunk_size is not None else ""
-    moe = (f"-ep{lay.ep}" if lay.ep > 1 else "") + ("-adp" if lay.attention_dp else "")
-    return (f"tp{lay.tp}-pp{lay.pp}-dp{lay.dp}{moe}-s{lim.max_num_seqs}"
-            f"-b{lim.max_num_batched_tokens}{chunk}")
-
-
-def _stable(row) -> tuple:
-    chunk = row["chunk_size"]
-    return (row["gpus"], row["tp"], row["pp"], row["dp"], row["max_num_seqs"],
-            row["max_num_batched_tokens"], -1 if pd.isna(chunk) else chunk,
-            *_moe_of(row))
-
-
-def _moe_of(row) -> tuple[int, bool]:
-    """(ep, attention_dp) of a candidate row (dense models have no such columns)."""
-    ep = row["ep"] if "ep" in row else 1
-    adp = row["attention_dp"] if "attention_dp" in row else False
-    return int(ep), bool(adp)
-
-
-def _layout(row) -> Layout:
-    return Layout(int(row["tp"]), int(row["pp"]), int(row["dp"]), *_moe_of(row))
-
-
-def _columns(columns: list[str], model) -> list[str]:
-    """``columns`` with ``ep`` and ``attention_dp`` after ``dp`` for a MoE model."""
+def _columns(columns: list[str], model, disagg: bool = False) -> list[str]:
+    """``columns`` with ``ep`` and ``attention_dp`` after ``dp`` for a MoE model, and the
+    prefill pool's columns after ``kind`` with disaggregated candidates."""
+    if disagg:
+        i = columns.index("kind") + 1
+        pre = [c for c in PREFILL_COLUMNS if model.moe is not None or "_ep" not in c
+               and "attention" not in c]
+        columns = [*columns[:i], *pre, *columns[i:]]
     if model.moe is None:
         return columns
     i = columns.index("dp") + 1
@@ -143,11 +152,15 @@ def _meets(sim: dict, slo: SloKeys) -> bool:
 
 
 def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStats,
-                         objective: str, jobs: int | None = 1) -> pd.DataFrame:
+                         objective: str, jobs: int | None = 1, disagg: bool = False
+                         ) -> pd.DataFrame:
     """Every layout of at most ``gpus`` GPUs x every engine limit: built (placement, fit),
     checked for a useful KV cache and estimated; ``status`` is ``feasible`` or
     ``excluded`` with the ``reason``. Sorted by the estimate (``est_rank``). Layouts are
-    estimated in ``jobs`` processes (None: the CPUs); the table does not depend on it."""
+    estimated in ``jobs`` processes (None: the CPUs); the table does not depend on it.
+    With ``disagg``, every prefill + decode pool pair joins them
+    (:func:`simulator.planner.disagg.disagg_rows`); with a ``[speculative]`` section,
+    every layout with and without speculation (``spec_k``)."""
     model = load_model(s.model.name, s.base_dir)
     limits = engine_limits(s)
     probe = min(limits, key=lambda lim: (lim.budget, lim.max_num_seqs))
@@ -161,57 +174,38 @@ def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStat
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             rows = [row for part in pool.map(layout_rows, work, chunksize=4) for row in part]
+    if disagg:
+        rows += disagg_rows(base, s, model, gpus, stats, need, s.slo.ttft_s, s.slo.tpot_s)
     df = pd.DataFrame(rows)
-    columns = _columns(CANDIDATE_COLUMNS, model)
+    columns = _columns(CANDIDATE_COLUMNS, model, disagg)
     for c in columns:
         if c not in df:
             df[c] = math.nan
     df["chunk_size"] = df["chunk_size"].astype("Int64")
-
-    def score(r) -> tuple:
-        if r["status"] != "feasible":
-            return (2, 0.0, _stable(r))
-        ok = r["est_goodput_req_per_s"] > 0
-        obj = {"min_ttft": r["est_ttft_p99_s"], "min_tpot": r["est_tpot_s"]}.get(
-            objective, -r["est_objective"])
-        return (0 if ok else 1, sig(obj), _stable(r))
-
-    feasible = df["status"] == "feasible"
-    node = load_node(s.cluster.topology, s.base_dir)
-    price = gpu_hour_usd(node.gpu.name, s.cluster.gpu_hour_usd)
-    df["est_objective"] = [
-        {"min_ttft": r["est_ttft_p99_s"], "min_tpot": r["est_tpot_s"]}.get(
-            objective, est_value(r, objective, price, node, stats.output_mean))
-        if f else math.nan for f, (_, r) in zip(feasible, df.iterrows(), strict=True)]
-
-    order = sorted(range(len(df)), key=lambda i: score(df.iloc[i]))
-    df = df.iloc[order].reset_index(drop=True)
+    df = rerank(df, s, stats, objective, margins(None)).reset_index(drop=True)
     feasible = df["status"] == "feasible"
     df["est_rank"] = pd.Series(range(1, len(df) + 1)).where(feasible).astype("Int64")
     return df[columns]
 
 
-def _rank_key(objective: str):
-    def key(r) -> tuple:
-        if r["status"] != "ok":
-            return (2, 0.0, 0.0, 0.0, _stable(r))
-        if objective in SIM_COLUMN:
-            return (0 if r["slo_met"] else 1, -sig(r[SIM_COLUMN[objective]]),
-                    r["tpot_slo_q_s"], r["ttft_slo_q_s"], _stable(r))
-        primary = {"goodput_per_gpu": (-sig(r["goodput_req_per_s_per_gpu"]),
-                                       r["tpot_slo_q_s"], r["ttft_slo_q_s"]),
-                   "min_ttft": (sig(r["ttft_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
-                                r["tpot_slo_q_s"]),
-                   "min_tpot": (sig(r["tpot_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
-                                r["ttft_slo_q_s"])}[objective]
-        return (0 if r["slo_met"] else 1, *primary, _stable(r))
-    return key
+def rerank(df: pd.DataFrame, s: Scenario, stats: WorkloadStats, objective: str,
+           m: dict[str, float]) -> pd.DataFrame:
+    """``df`` with ``est_slo`` and ``est_objective`` at the near-miss ratios ``m``
+    (:mod:`simulator.planner.nearmiss`), sorted in ranking order (index kept)."""
+    node = load_node(s.cluster.topology, s.base_dir)
+    price = gpu_hour_usd(node.gpu.name, s.cluster.gpu_hour_usd)
+    df = df.copy()
+    df["est_slo"] = est_slo(df, s.slo, m)
+    df["est_objective"] = objective_values(df, objective, price, node, stats.output_mean,
+                                           stats.rate_per_s)
+    return df.loc[est_order(df, objective, _stable)]
 
 
 def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
          objective: str = "goodput_per_gpu", top: int = DEFAULT_TOP,
          requests: int | None = DEFAULT_REQUESTS, jobs: int | None = None,
-         slo_quantile: float = 0.99, overrides: list[str] | None = None) -> PlanResult:
+         slo_quantile: float = 0.99, overrides: list[str] | None = None,
+         disagg: bool = False) -> PlanResult:
     """Search layouts and engine limits for a scenario; simulate the best and recommend one.
 
     Parameters
@@ -236,6 +230,9 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         Quantile of TTFT and TPOT that must meet the SLO targets.
     overrides : list of str, optional
         ``section.key=value`` overrides of the scenario.
+    disagg : bool
+        Also search prefill + decode pool layouts (:mod:`simulator.planner.disagg`), in
+        the same ranking; the best few of each group are simulated.
 
     Raises
     ------
@@ -250,7 +247,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         raise ScenarioError(f"--top: must be >= 1, got {top}")
     if not 0 < slo_quantile <= 1:
         raise ScenarioError(f"--slo-quantile: must be in (0, 1], got {slo_quantile}")
-    base = base_scenario(scenario, overrides, requests)
+    base = without_pools(base_scenario(scenario, overrides, requests))
     s = load_scenario(base)
     node = load_node(s.cluster.topology, s.base_dir)
     model = load_model(s.model.name, s.base_dir)
@@ -261,7 +258,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     cap = gpus or total
     reqs = workload_requests(s)
     stats = workload_stats(s, reqs)
-    cands = enumerate_candidates(base, s, cap, stats, objective, jobs)
+    cands = enumerate_candidates(base, s, cap, stats, objective, jobs, disagg)
     feasible = cands[cands["status"] == "feasible"]
     if feasible.empty:
         raise ScenarioError(no_fit(cands, model.name, s.model.weight_dtype, cap))
@@ -279,6 +276,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     rule_idx = None
     if rule is not None:
         match = cands[(cands["tp"] == rule.tp) & (cands["pp"] == rule.pp)
+                      & (cands["kind"] == "colocated") & (cands["spec_k"] == 0)
                       & (cands["dp"] == rule.dp) & (cands["max_num_seqs"] == own.max_num_seqs)
                       & (cands["max_num_batched_tokens"] == own.max_num_batched_tokens)]
         if own.chunk_size is not None:
@@ -293,35 +291,49 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         r = cands.loc[i]
         lim = Limits(int(r["max_num_seqs"]), int(r["max_num_batched_tokens"]),
                      None if pd.isna(r["chunk_size"]) else int(r["chunk_size"]))
-        lay = _layout(r)
+        lay = _layout(r)[0]
         point = resolve_point(base, _point(lay, lim, model.moe is not None), s.seed)
+        if "speculative" in point:  # the searched k, or none
+            point = (without_spec(point) if int(r["spec_k"]) == 0 else resolve_point(
+                point, {"speculative.num_speculative_tokens": int(r["spec_k"])}, s.seed))
+        if r["kind"] == "disaggregated":
+            point["pools"] = pools_of(r, s.cluster.nodes, s)
         if objective == "tokens_per_joule":  # energy needs the step records
             point["output"] = {**point.get("output", {}), "steps": True}
         return point
 
-    # Rounds: the next `top` by the estimate (at most PER_LAYOUT per layout), until a
-    # simulated candidate other than the rule of thumb meets the SLOs (the estimate can be
-    # wrong) or MAX_ROUNDS are spent.
-    order, pos = list(feasible.index), 0
+    # Rounds: per group (colocated, colocated+spec, disaggregated) the next by the
+    # estimate (at most PER_LAYOUT per layout), `top` in all, until a simulated candidate
+    # other than the rule of thumb meets the SLOs (the estimate can be wrong) or
+    # MAX_ROUNDS are spent. Between rounds the near-miss ratios are measured on the
+    # simulated points and the rest re-ranked (simulator.planner.nearmiss).
+    groups = cands.apply(group_of, axis=1)
+    per_group = max(2, math.ceil(top / groups[cands["status"] == "feasible"].nunique()))
     picked: list[int] = []
     per: dict[tuple, int] = {}
     sims: dict[int, dict] = {}
+    m = margins(None)
     for round_ in range(MAX_ROUNDS):
-        batch = []
-        while pos < len(order) and len(batch) < top:
-            i, pos = order[pos], pos + 1
-            lay = _layout(cands.loc[i])
-            if per.get(lay, 0) < PER_LAYOUT:
+        batch, taken = [], dict.fromkeys(groups.unique(), 0)
+        ranked = rerank(cands, s, stats, objective, m)
+        for i, r in ranked.iterrows():
+            lay, g = _layout(r), groups[i]
+            if (r["status"] == "feasible" and i not in picked and taken[g] < per_group
+                    and per.get(lay, 0) < PER_LAYOUT):
                 per[lay] = per.get(lay, 0) + 1
+                taken[g] += 1
                 batch.append(i)
         if round_ == 0 and rule_idx is not None and rule_idx not in batch:
             batch.append(rule_idx)
         sims.update(simulate_many({i: job(i) for i in batch if i not in sims}, slo_quantile,
                                   jobs))
         picked += [i for i in batch if i not in picked]
-        if pos >= len(order) or any(_meets(sims[i], s.slo) for i in picked if i != rule_idx):
+        m = margins(_sim_frame(cands, picked, sims))
+        if not batch or any(_meets(sims[i], s.slo) for i in picked if i != rule_idx):
             break
     cands.loc[picked, "simulated"] = True
+    ranked = rerank(cands, s, stats, objective, m)
+    cands["est_slo"], cands["est_objective"] = ranked["est_slo"], ranked["est_objective"]
 
     rows, wall = [], 0.0
     for i in picked:
@@ -329,6 +341,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         sim = sims[i]
         row = {k: c[k] for k in ("tp", "pp", "dp", *(("ep", "attention_dp") if "ep" in c
                                                      else ()),
+                                 "kind", "spec_k", "est_slo",
+                                 *(x for x in PREFILL_COLUMNS if x in c),
                                  "max_num_seqs", "max_num_batched_tokens",
                                  "chunk_size", "gpus", "est_capacity_req_per_s",
                                  "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica",
@@ -341,7 +355,9 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         row["_rule"] = i == rule_idx
         rows.append(row)
     table = pd.DataFrame(rows)
-    for c in [*_columns(PLAN_COLUMNS, model), "status", "error"]:
+    table["pools"] = [layout_label(r) if r["kind"] == "disaggregated" else ""
+                      for _, r in table.iterrows()]
+    for c in [*_columns(PLAN_COLUMNS, model, disagg), "status", "error"]:
         if c not in table:
             table[c] = math.nan
     slo = s.slo
@@ -371,19 +387,11 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
            if best is not None else "")
     comparison = compare(best, rule_row.iloc[0] if not rule_row.empty else None, rule,
                           objective, slo, slo_quantile)
-    columns = _columns(PLAN_COLUMNS, model)
+    if best is not None and table.apply(group_of, axis=1).nunique() > 1:
+        comparison += "; " + versus_groups(best, table, objective)
+    columns = _columns(PLAN_COLUMNS, model, disagg)
     return PlanResult(s, objective, slo_quantile, cap, total, stats,
                       cands.reset_index(drop=True), table[columns].copy(), rule,
                       rule_why, best, why, comparison, error, time.perf_counter() - t0,
-                      wall, rank_correlation(table, objective))
-
-
-def rank_correlation(table: pd.DataFrame, objective: str) -> float:
-    """Spearman's rho of the estimate's objective against the simulated one over the
-    simulated rows (for min_ttft / min_tpot: the estimated p99 TTFT / TPOT against the
-    simulated quantile)."""
-    sim = {"min_ttft": "ttft_slo_q_s", "min_tpot": "tpot_slo_q_s", **SIM_COLUMN}[objective]
-    ok = table[table["status"] == "ok"]
-    return spearman(ok["est_objective"], ok[sim])
-
-
+                      wall, rank_correlation(table, objective),
+                      rank_correlations=group_correlations(table, objective), margins=m)

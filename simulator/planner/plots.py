@@ -56,6 +56,12 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
         drawn: set[str] = set()
         for (_, r), xi, yi in zip(ok.iterrows(), x, y, strict=True):
             text = f"{int(r['tp'])}/{int(r['pp'])}/{int(r['dp'])}"
+            if r.get("kind") == "disaggregated":  # prefill pool + decode pool
+                text = (f"P{int(r['prefill_tp'])}/{int(r['prefill_pp'])}/"
+                        f"{int(r['prefill_dp'])}+D{text}")
+            k = r.get("spec_k")
+            if k is not None and k == k and int(k) > 0:
+                text += f" k{int(k)}"
             if isinstance(r.get("node"), str):
                 text = f"{r['node']} {text}"
             if r["rank"] == 1 and r["slo_met"]:
@@ -67,7 +73,8 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
             drawn.add(text)
             ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 3),
                         fontsize=7)
-        ax.set_xlabel("tokens/s per user (1 / TPOT p50); labels: TP/PP/DP")
+        ax.set_xlabel("tokens/s per user (1 / TPOT p50); labels: TP/PP/DP "
+                      "(P.../D...: prefill/decode pools, k: drafts)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

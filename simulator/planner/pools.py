@@ -83,6 +83,28 @@ def candidates(s: Scenario) -> list[tuple[str, str, list[dict]]]:
     return out
 
 
+def without_pools(base: dict) -> dict:
+    """A scenario dict without its ``[[pools]]``: the search's budget is the nodes of its
+    pools (those not sharing another's) as ``[cluster]`` topology and nodes.
+
+    Raises
+    ------
+    ScenarioError
+        The pools use several node presets (the search takes one).
+    """
+    pools = base.pop("pools", None)
+    if pools:
+        tops = {p.get("topology", base["cluster"]["topology"]) for p in pools}
+        if len(tops) > 1:
+            raise ScenarioError(f"plan: the pools use several node presets "
+                                f"({', '.join(sorted(tops))}); the search takes one "
+                                f"(set [cluster] topology and nodes, without pools)")
+        base["cluster"] = {**base["cluster"], "topology": tops.pop(),
+                           "nodes": sum(p.get("nodes", 1) for p in pools
+                                        if "same_nodes_as" not in p)}
+    return base
+
+
 def plan_pools(scenario: str | dict | Scenario, *, requests: int | None = 300,
                slo_quantile: float = 0.99, overrides: list[str] | None = None
                ) -> PoolPlanResult:
@@ -98,17 +120,7 @@ def plan_pools(scenario: str | dict | Scenario, *, requests: int | None = 300,
     slo_quantile : float
         A candidate meets the SLOs when TTFT and TPOT at this quantile do.
     """
-    base = base_scenario(scenario, overrides, requests)
-    pools = base.pop("pools", None)
-    if pools:  # the budget: the nodes of its pools (those not sharing another's)
-        tops = {p.get("topology", base["cluster"]["topology"]) for p in pools}
-        if len(tops) > 1:
-            raise ScenarioError(f"plan --disagg: the pools use several node presets "
-                                f"({', '.join(sorted(tops))}); the search takes one "
-                                f"(set [cluster] topology and nodes, without pools)")
-        base["cluster"] = {**base["cluster"], "topology": tops.pop(),
-                           "nodes": sum(p.get("nodes", 1) for p in pools
-                                        if "same_nodes_as" not in p)}
+    base = without_pools(base_scenario(scenario, overrides, requests))
     s = load_scenario(base)
     rows = []
     for kind, label, pools in candidates(s):

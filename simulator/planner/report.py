@@ -16,6 +16,8 @@ import tomli_w
 
 from simulator.io.scenario import to_dict
 from simulator.planner.capacity import CapacityResult
+from simulator.planner.disagg import pools_of
+from simulator.planner.nearmiss import MARGIN_QUANTILE
 from simulator.planner.plan import PlanResult
 from simulator.planner.plots import capacity_plot, pareto_plot
 from simulator.planner.space import Limits, layout_label
@@ -53,6 +55,15 @@ def recommended_scenario(result: PlanResult) -> dict | None:
     data["parallel"] = {**data.get("parallel", {}), **lay}
     for key, value in lim.overrides().items():
         data["engine"][key.split(".", 1)[1]] = value
+    k = best.get("spec_k")
+    if "speculative" in data and k is not None and k == k:  # the searched k, or none
+        if int(k) > 0:
+            data["speculative"]["num_speculative_tokens"] = int(k)
+        else:
+            del data["speculative"]
+    if best.get("kind") == "disaggregated":
+        data["name"] = f"{s.name}-disagg"
+        data["pools"] = pools_of(best, s.cluster.nodes, s)
     return _absolute(data, Path(s.base_dir))
 
 
@@ -63,9 +74,6 @@ def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list
     files = [out / "plan.csv", out / "candidates.csv"]
     result.table.to_csv(files[0], index=False)
     result.candidates.to_csv(files[1], index=False)
-    if result.pools is not None and not result.pools.empty:
-        files.append(out / "plan_pools.csv")
-        result.pools.to_csv(files[-1], index=False)
     pick = recommended_scenario(result)
     if pick is not None:
         files.append(out / RECOMMENDED)
@@ -105,6 +113,15 @@ def format_plan(result: PlanResult) -> str:
     lines.append("  estimate   rank correlation with the simulation (Spearman, on the "
                  f"{int((result.table['status'] == 'ok').sum())} simulated points): "
                  + (f"{rho:.2f}" if rho == rho else "n/a (fewer than 3 distinct points)"))
+    groups = result.rank_correlations or {}
+    if len(groups) > 1:
+        lines.append("             per kind: " + ", ".join(
+            f"{g} {r:.2f}" if r == r else f"{g} n/a" for g, r in groups.items()))
+    if result.margins:
+        m = result.margins
+        lines.append(f"  near miss  simulated when the estimate is within x{m['ttft']:.2f} of "
+                     f"the TTFT target and x{m['tpot']:.2f} of the TPOT target (estimate / "
+                     f"simulation, p{MARGIN_QUANTILE * 100:g} over the simulated points)")
     if result.best is not None:
         lines.append(f"  recommend  {result.reason}")
     short = int(result.table["keep_up_ratio"].isna().sum())
@@ -112,8 +129,6 @@ def format_plan(result: PlanResult) -> str:
         lines.append(f"  note       {short} of {len(result.table)} runs too short to judge keeping "
                      f"up (warm-up under their median E2E): judged on TTFT and TPOT alone; "
                      f"raise --requests")
-    if result.pools_text:
-        lines.append(f"  disagg     {result.pools_text}")
     lines.append(f"  rule       {result.rule_why}")
     lines.append(f"             {result.comparison}")
     q = f"p{result.quantile * 100:g}"

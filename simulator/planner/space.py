@@ -55,11 +55,21 @@ def moe_label(ep, attention_dp) -> str:
 
 
 def layout_label(row) -> str:
-    """``TP8 PP1 DP1`` (plus the MoE part) of a candidate or plan row."""
+    """``TP8 PP1 DP1`` (plus the MoE part) of a candidate or plan row; a disaggregated one
+    is ``prefill TP4 PP1 DP1 + decode TP4 PP1 DP1``, a speculative one ends in ``spec
+    k=3``."""
     kind = row.get("node")  # multi-kind plans (simulator.planner.kinds)
-    return ((f"{kind} " if isinstance(kind, str) else "")
-            + f"TP{int(row['tp'])} PP{int(row['pp'])} DP{int(row['dp'])}"
-            + moe_label(row.get("ep"), row.get("attention_dp")))
+    own = (f"TP{int(row['tp'])} PP{int(row['pp'])} DP{int(row['dp'])}"
+           + moe_label(row.get("ep"), row.get("attention_dp")))
+    if row.get("kind") == "disaggregated":
+        own = (f"prefill TP{int(row['prefill_tp'])} PP{int(row['prefill_pp'])} "
+               f"DP{int(row['prefill_dp'])}"
+               + moe_label(row.get("prefill_ep"), row.get("prefill_attention_dp"))
+               + f" + decode {own}")
+    k = row.get("spec_k")
+    if k is not None and k == k and int(k) > 0:
+        own += f" spec k={int(k)}"
+    return (f"{kind} " if isinstance(kind, str) else "") + own
 
 
 @dataclass(frozen=True, order=True)

@@ -1,0 +1,312 @@
+"""Disaggregated candidates of a plan (``plan --disagg``): a prefill pool and a decode pool
+on the plan's nodes, each with its own TP, PP, DP (and EP / attention DP for a MoE model),
+priced by the fast estimate and ranked in one table with the colocated candidates.
+
+Where the pools sit: the prefill pool is declared on the plan's nodes and the decode pool
+shares them (``same_nodes_as``), both placed ``packed``: the prefill replicas take the first
+GPUs, the decode replicas the next free ones, so the prefill:decode ratio is free at GPU
+granularity (3 + 5 GPUs of one node, 12 + 4 of two), as the pools builder allows
+(:mod:`simulator.cluster.pools`). A pool replica has the fewest pipeline stages with which
+the model and a useful KV cache fit at its TP degree (pp > 1 only where the model needs it).
+
+The estimate of a pair (prefill pool p, decode pool d), at offered rate lambda, mean prompt
+P and output O (docs/planner.md, "Disaggregated layouts"):
+
+- prefill pool: a step of ``c = min(P, budget)`` tokens of one prompt takes ``s(c)``; a full
+  step of ``budget`` tokens holds ``budget / P`` prompts in ``s(budget)``, so the pool's
+  capacity is ``X_p = dp_p M_p (budget / P) / s(budget)``; TTFT = ``ceil(P / budget) s(c)``
+  plus the M/D/1 wait ``rho_p / (2 (1 - rho_p))`` of it, ``rho_p = lambda / X_p``; the p99
+  takes the p99 prompt and 4.6 x the wait;
+- decode pool: decode-only steps, ``cycle(B)`` for B sequences at context P + O/2; the batch
+  at the load solves ``B = lambda / (dp_d M_d) O cycle(B)`` (capped by max_num_seqs and the
+  KV cache), capacity ``X_d = dp_d M_d B_max / (O cycle(B_max))``, TPOT = ``cycle(B) +
+  t_kv / (O - 1)`` (the transfer lands between the first and second token);
+- KV transfer: P tokens of KV from a prefill replica to a decode replica, priced as
+  :mod:`simulator.cluster.transfer` prices it uncontended (the max-min fluid finish of the
+  per-GPU-pair flows of :func:`~simulator.cluster.transfer.kv_flows` over the graph, plus
+  the path latency);
+- the pair: capacity ``min(X_p, X_d)``; meets the SLOs by estimate when both pools keep up,
+  the prefill pool's p99 TTFT and the TPOT are within the targets.
+
+Pool figures are computed once per pool option; the pairs are combined with numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.cluster.transfer import kv_flows
+from simulator.errors import ScenarioError
+from simulator.io.scenario import load_scenario
+from simulator.io.schema import Scenario
+from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
+from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, Links
+from simulator.planner.candidates import _memory, _point
+from simulator.planner.estimate import ITERATIONS, StepModel, _mix
+from simulator.planner.space import (
+    MAX_NUM_SEQS,
+    TOKEN_BUDGETS,
+    Layout,
+    Limits,
+    WorkloadStats,
+    layouts,
+    moe_label,
+)
+from simulator.sweep import resolve_point
+from simulator.topology.flows import Flow, finish_times
+from simulator.topology.graph import Paths, gpu_name
+
+#: Token budget of prefill-pool steps (the largest searched: prefill-only steps batch
+#: whole prompts).
+PREFILL_BUDGET = max(TOKEN_BUDGETS)
+
+
+@dataclass(frozen=True)
+class PoolSide:
+    """One pool option: its replica shape (``lay`` with dp = 1), replicas, engine limits,
+    and the estimate's figures for it at the offered load."""
+
+    lay: Layout
+    dp: int
+    limits: Limits
+    kv_tokens: int
+    capacity: float  # req/s of the pool
+    ttft_s: float  # prefill: mean TTFT; decode: nan
+    ttft_p99_s: float
+    cycle_s: float  # decode step at the batch the pool carries (prefill: one prompt's step)
+    batch: float
+
+    @property
+    def gpus(self) -> int:
+        return self.lay.tp * self.lay.pp * self.dp
+
+
+def pool_label(tp, pp, dp, ep=1, adp=False) -> str:
+    """``TP4 PP1 DP2`` (plus `` EP4`` / `` DP-attn``) of one pool."""
+    return f"TP{int(tp)} PP{int(pp)} DP{int(dp)}" + moe_label(ep, adp)
+
+
+def shapes(base: dict, s: Scenario, model: ModelSpec, gpus: int, probe: Limits,
+           need: int) -> list[tuple[Layout, ClusterPlan]]:
+    """Per (tp, ep, attention_dp): the replica shape with the fewest pipeline stages that
+    builds, fits and keeps at least ``need`` KV tokens per stream at ``probe`` limits."""
+    out: dict[tuple, tuple[Layout, ClusterPlan]] = {}
+    moe = model.moe is not None
+    for lay in sorted((lay for lay in layouts(model, gpus) if lay.dp == 1),
+                      key=lambda x: (x.tp, x.ep, x.attention_dp, x.pp)):
+        key = (lay.tp, lay.ep, lay.attention_dp)
+        if key in out:
+            continue
+        try:
+            cp = build_plan(load_scenario(resolve_point(
+                {k: v for k, v in base.items() if k != "speculative"},
+                _point(lay, probe, moe), s.seed)))
+            mem = _memory(cp, probe)
+        except ScenarioError:
+            continue
+        if mem.kv_tokens // cp.streams_per_replica >= need:
+            out[key] = (lay, cp)
+    return sorted(out.values(), key=lambda x: (x[0].gpus, x[0].tp, x[0].ep,
+                                               x[0].attention_dp))
+
+
+def _model(cp: ClusterPlan) -> StepModel:
+    eng = cp.scenario.engine
+    return StepModel(cp, 0.0 if eng.cpu_overlap else eng.step_overhead_s,
+                     cp.streams_per_replica)
+
+
+def prefill_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
+                  limits: Limits) -> list[PoolSide]:
+    """The prefill pool of shape ``lay`` with every dp that leaves a GPU for decode."""
+    mem = _memory(cp, limits)
+    m, budget = _model(cp), limits.budget
+    p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
+    full = m.cycle(*_mix(0.0, float(budget), p, o))
+    per_replica = cp.streams_per_replica * (budget / p) / full
+
+    def service(prompt: float) -> float:
+        chunk = min(prompt, budget)
+        return math.ceil(prompt / budget) * m.cycle(*_mix(0.0, chunk, prompt, o))
+
+    s_mean, s_p99 = service(p), service(max(stats.prompt_p99, p))
+    out = []
+    for dp in range(1, (gpus - 1) // lay.gpus + 1):
+        cap = dp * per_replica
+        rho = (stats.rate_per_s or 0.0) / cap
+        wait = rho / (2 * (1 - rho)) * s_mean if rho < 1 else math.inf
+        out.append(PoolSide(lay, dp, limits, mem.kv_tokens, cap, s_mean + wait,
+                            s_p99 + 4.6 * wait, s_mean, 0.0))
+    return out
+
+
+def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
+                 limits: list[Limits], need: int) -> list[PoolSide]:
+    """The decode pool of shape ``lay`` with every dp and engine limit that leaves a GPU
+    for prefill (and keeps a useful KV cache)."""
+    m = _model(cp)
+    streams = cp.streams_per_replica
+    p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
+    out = []
+    for lim in limits:
+        try:
+            mem = _memory(cp, lim)
+        except ScenarioError:
+            continue
+        if mem.kv_tokens // streams < need:
+            continue
+
+        def cycle(b: float) -> float:
+            return m.cycle(*_mix(b, 0.0, p, o))
+
+        b_max = max(1.0, min(lim.max_num_seqs, mem.kv_tokens / streams / (p + o / 2)))
+        c_max = cycle(b_max)
+        for dp in range(1, (gpus - 1) // lay.gpus + 1):
+            lanes = dp * streams
+            rate = stats.rate_per_s if stats.rate_per_s is not None else math.nan
+            if stats.rate_per_s is None:  # closed loop: the clients fix the batch
+                batch = min(b_max, max(1.0, (stats.concurrency or 1) / lanes))
+            else:
+                batch = 1.0
+                for _ in range(ITERATIONS):
+                    new = min(b_max, max(1.0, rate / lanes * o * cycle(batch)))
+                    if abs(new - batch) < 1e-3:
+                        break
+                    batch = 0.5 * (batch + new)
+            out.append(PoolSide(lay, dp, lim, mem.kv_tokens, lanes * b_max / (o * c_max),
+                                math.nan, math.nan, cycle(batch), batch))
+    return out
+
+
+class KVPrice:
+    """Uncontended seconds per token (and the latency) of a prompt's KV from prefill
+    replica 0 to decode replica 0 as the packed placement puts them, over the plan's
+    graph (cached per shape pair and decode offset)."""
+
+    def __init__(self, cp: ClusterPlan, model: ModelSpec, kv_dtype: str):
+        self.g, self.model = cp.graph, model
+        self.per_node = cp.node.gpus_per_node
+        self.total = sum(1 for _, d in self.g.nodes(data=True) if d.get("kind") == "gpu")
+        self.paths = Paths(self.g)
+        self.links = Links(self.paths)
+        self.capacity = {(a, b): d["bandwidth_Bps"] * BANDWIDTH_EFFICIENCY
+                         for a, b, d in self.g.edges(data=True)}
+        self.kv_bytes = BYTES_PER_DTYPE[kv_dtype]
+        self._cache: dict[tuple, tuple[float, float]] = {}
+
+    def __call__(self, pre: Layout, dec: Layout, first: int) -> tuple[float, float]:
+        """``(seconds_per_token, latency_s)``; nan when the decode replica has no room."""
+        start = first
+        if dec.tp <= self.per_node and start % self.per_node + dec.tp > self.per_node:
+            start = -(-start // self.per_node) * self.per_node  # a TP group stays in a node
+        key = (pre.tp, pre.pp, pre.attention_dp, dec.tp, dec.pp, dec.attention_dp, start)
+        if key not in self._cache:
+            if start + dec.tp * dec.pp > self.total:
+                self._cache[key] = (math.nan, math.nan)
+            else:
+                src = [[gpu_name(j * pre.tp + i) for i in range(pre.tp)]
+                       for j in range(pre.pp)]
+                dst = [[gpu_name(start + j * dec.tp + i) for i in range(dec.tp)]
+                       for j in range(dec.pp)]
+                flows = kv_flows(self.model, self.kv_bytes, src, dst,
+                                 0 if pre.attention_dp else None,
+                                 0 if dec.attention_dp else None)
+                alone = finish_times([Flow(self.links(a, b), x) for a, b, x in flows],
+                                     self.capacity)
+                self._cache[key] = (float(np.max(alone)),
+                                    max(self.paths.latency(a, b) for a, b, _ in flows))
+        return self._cache[key]
+
+
+def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: WorkloadStats,
+                need: int, ttft_slo_s: float, tpot_slo_s: float) -> list[dict]:
+    """Candidate rows (candidates.csv) of every prefill + decode pool pair of at most
+    ``gpus`` GPUs, estimated (module docstring); ``kind = "disaggregated"``, the decode
+    pool in ``tp, pp, dp, ep, attention_dp``, the prefill pool in ``prefill_*``."""
+    e = s.engine
+    budget = max(e.max_num_batched_tokens, *TOKEN_BUDGETS)
+    pre_lim = Limits(e.max_num_seqs, max(PREFILL_BUDGET, e.max_num_batched_tokens))
+    dec_lims = [Limits(n, max(n, e.max_num_batched_tokens))
+                for n in sorted({*MAX_NUM_SEQS, e.max_num_seqs})]
+    probe = Limits(max(lim.max_num_seqs for lim in dec_lims), budget)
+    need_p = min(stats.longest, e.max_model_len or model.max_position_embeddings)
+    pres, decs, price = [], [], None
+    for lay, cp in shapes(base, s, model, gpus - 1, probe, min(need, need_p)):
+        price = price or KVPrice(cp, model, s.model.kv_dtype)
+        pres += prefill_sides(lay, cp, stats, gpus, pre_lim)
+        decs += decode_sides(lay, cp, stats, gpus, dec_lims, need)
+    if not pres or not decs:
+        return []
+    gp = np.array([x.gpus for x in pres])
+    gd = np.array([x.gpus for x in decs])
+    i, j = np.nonzero(gp[:, None] + gd[None, :] <= gpus)
+    if len(i) == 0:
+        return []
+    o = max(stats.output_mean, 1.0)
+    p = max(stats.prompt_mean, 1.0)
+    kv = np.array([price(pres[a].lay, decs[b].lay, int(gp[a])) for a, b in zip(i, j,
+                                                                             strict=True)])
+    t_kv = p * kv[:, 0] + kv[:, 1]
+    cap = np.minimum([pres[a].capacity for a in i], [decs[b].capacity for b in j])
+    rate = stats.rate_per_s
+    rho = rate / cap if rate is not None else np.zeros(len(i))
+    ttft_p99 = np.array([pres[a].ttft_p99_s for a in i])
+    ttft = np.array([pres[a].ttft_s for a in i])
+    tpot = np.array([decs[b].cycle_s for b in j]) + t_kv / max(o - 1, 1.0)
+    ok = (rho < 1) & (ttft_p99 <= ttft_slo_s) & (tpot <= tpot_slo_s) & np.isfinite(t_kv)
+    served = np.minimum(rate, cap) if rate is not None else cap
+    rows = []
+    for n, (a, b) in enumerate(zip(i, j, strict=True)):
+        pr, de = pres[a], decs[b]
+        row = {"tp": de.lay.tp, "pp": de.lay.pp, "dp": de.dp, "ep": de.lay.ep,
+               "attention_dp": de.lay.attention_dp,
+               "max_num_seqs": de.limits.max_num_seqs,
+               "max_num_batched_tokens": de.limits.max_num_batched_tokens,
+               "chunk_size": None, "gpus": pr.gpus + de.gpus, "simulated": False,
+               "kind": "disaggregated", "spec_k": 0,
+               "prefill_tp": pr.lay.tp, "prefill_pp": pr.lay.pp, "prefill_dp": pr.dp,
+               "prefill_ep": pr.lay.ep, "prefill_attention_dp": pr.lay.attention_dp,
+               "kv_tokens_per_replica": de.kv_tokens}
+        if not np.isfinite(t_kv[n]):
+            rows.append({**row, "status": "excluded", "reason": "the decode pool's TP group "
+                         "finds no room after the prefill pool (packed placement)"})
+            continue
+        rows.append({**row, "status": "feasible", "reason": "",
+                     "est_capacity_req_per_s": float(cap[n]),
+                     "est_utilization": float(rho[n]), "est_batch": de.batch,
+                     "est_cycle_s": de.cycle_s, "est_prefill_s": pr.cycle_s,
+                     "est_ttft_s": float(ttft[n]), "est_ttft_p99_s": float(ttft_p99[n]),
+                     "est_tpot_s": float(tpot[n]), "est_kv_transfer_s": float(t_kv[n]),
+                     "est_goodput_req_per_s": float(served[n]) if ok[n] else 0.0})
+    return rows
+
+
+def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
+    """The ``[[pools]]`` of a disaggregated candidate row: prefill on the plan's ``nodes``,
+    decode sharing them, both packed, each with its engine limits."""
+    e = s.engine
+
+    def pool(name: str, tp, pp, dp, ep, adp, engine: dict) -> dict:
+        out = {"name": name, "role": name, "tp": int(tp), "pp": int(pp), "dp": int(dp),
+               "placement": "packed", "engine": engine}
+        if ep is not None and ep == ep and int(ep) > 1:
+            out["ep"] = int(ep)
+        if adp is True or adp == 1.0:
+            out["attention_dp"] = True
+        return out
+
+    pre = pool("prefill", row["prefill_tp"], row["prefill_pp"], row["prefill_dp"],
+               row.get("prefill_ep"), row.get("prefill_attention_dp"),
+               {"max_num_seqs": e.max_num_seqs,
+                "max_num_batched_tokens": max(PREFILL_BUDGET, e.max_num_batched_tokens)})
+    pre["nodes"] = nodes
+    dec = pool("decode", row["tp"], row["pp"], row["dp"], row.get("ep"),
+               row.get("attention_dp"),
+               {"max_num_seqs": int(row["max_num_seqs"]),
+                "max_num_batched_tokens": int(row["max_num_batched_tokens"])})
+    dec["same_nodes_as"] = "prefill"
+    return [pre, dec]
