@@ -15,6 +15,7 @@ Run:
 from __future__ import annotations
 
 import argparse
+import ast
 import gzip
 import json
 import subprocess
@@ -23,25 +24,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 
-VIDUR = """
-name = "vidur"
-seed = 0
-[model]
-name = "llama-2-7b"
-weight_dtype = "fp16"
-kv_dtype = "fp16"
-[cluster]
-topology = "dgx-a100"
-[engine]
-max_num_seqs = 128
-max_num_batched_tokens = 4096
-[workload]
-arrival = "poisson"
-rate_per_s = 10.0
-num_requests = 50000
-prompt_tokens = 512
-output_tokens = 128
-"""
+# The Vidur workload of benchmarks/bench_vidur.py (read from its source: importing it would
+# import this checkout's simulator, not the one under test).
+VIDUR = ast.literal_eval(next(
+    n.value for n in ast.parse((HERE / "benchmarks" / "bench_vidur.py").read_text()).body
+    if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "SCENARIO"))
 
 FAULTED = """
 name = "faulted"

@@ -195,12 +195,13 @@ def _group(r: pd.Series) -> str:
     return kind + (" with speculation" if k is not None and k == k and int(k) > 0 else "")
 
 
-def versus_groups(best: pd.Series, table: pd.DataFrame, objective: str) -> str:
-    """By how much the pick beats the best SLO-meeting point of every other group
-    (colocated, colocated with speculation, disaggregated), on the objective."""
+def versus(best: pd.Series, table: pd.DataFrame, groups: pd.Series, mine: str,
+           objective: str, say) -> list[str]:
+    """One sentence per group other than ``mine`` (``groups``: a label per row of
+    ``table``, in sorted order): ``say(group, other, gain, a, b, what)`` about the group's
+    best SLO-meeting point ``other`` (objective ``a`` of the pick against ``b``, ``gain`` =
+    a / b - 1), or that none of its layouts meets the SLOs."""
     col, what = GAIN.get(objective, ("goodput_req_per_s_per_gpu", "goodput per GPU"))
-    mine = _group(best)
-    groups = table.apply(_group, axis=1)
     parts = []
     for g in sorted(set(groups)):
         if g == mine:
@@ -211,9 +212,19 @@ def versus_groups(best: pd.Series, table: pd.DataFrame, objective: str) -> str:
             continue
         other = met.iloc[0]
         a, b = best[col], other[col]
-        gain = a / b - 1 if b > 0 else math.inf
+        parts.append(say(g, other, a / b - 1 if b > 0 else math.inf, a, b, what))
+    return parts
+
+
+def versus_groups(best: pd.Series, table: pd.DataFrame, objective: str) -> str:
+    """By how much the pick beats the best SLO-meeting point of every other group
+    (colocated, colocated with speculation, disaggregated), on the objective."""
+    mine = _group(best)
+
+    def say(g, other, gain, a, b, what):
         tie = " (a tie on the objective; the pick wins on TPOT, TTFT)" if sig(a) == sig(
             b) else ""
-        parts.append(f"the pick ({mine}) {gain:+.0%} {what} over the best {g}, "
-                     f"{label(other)} ({a:.3g} vs {b:.3g}){tie}")
-    return "; ".join(parts)
+        return (f"the pick ({mine}) {gain:+.0%} {what} over the best {g}, "
+                f"{label(other)} ({a:.3g} vs {b:.3g}){tie}")
+
+    return "; ".join(versus(best, table, table.apply(_group, axis=1), mine, objective, say))

@@ -18,7 +18,14 @@ import pandas as pd
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
-from simulator.planner.explain import GAIN, compare, label, no_slo, reason, versus_groups
+from simulator.planner.explain import (
+    compare,
+    label,
+    no_slo,
+    reason,
+    versus,
+    versus_groups,
+)
 from simulator.planner.nearmiss import group_of
 from simulator.planner.plan import (
     RULE,
@@ -108,18 +115,8 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> 
 
 def versus_kinds(best: pd.Series, table: pd.DataFrame, objective: str) -> str:
     """By how much the pick beats the best SLO-meeting point of every other node kind."""
-    col, what = GAIN.get(objective, ("goodput_req_per_s_per_gpu", "goodput per GPU"))
-    parts = []
-    for kind, g in table.groupby("node", sort=True):
-        if kind == best["node"]:
-            continue
-        met = g[g["slo_met"]]
-        if met.empty:
-            parts.append(f"no {kind} layout meets the SLOs")
-            continue
-        other = met.iloc[0]
-        a, b = best[col], other[col]
-        gain = a / b - 1 if b > 0 else math.inf
-        parts.append(f"{gain:+.0%} {what} over the best {kind} layout, {label(other)} "
-                     f"({a:.3g} vs {b:.3g})")
+    parts = versus(best, table, table["node"], best["node"], objective,
+                   lambda kind, other, gain, a, b, what:
+                   f"{gain:+.0%} {what} over the best {kind} layout, {label(other)} "
+                   f"({a:.3g} vs {b:.3g})")
     return "; ".join(parts) if parts else "one node kind searched"
