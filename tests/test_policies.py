@@ -265,3 +265,15 @@ def test_chunking_shrinks_pipeline_bubbles_of_unequal_microbatches(tmp_path):
               "output": {"steps": False}}
         bubble[chunk] = simulator.run(sc).summary["pp_bubble_fraction"]
     assert bubble[256] < bubble[8192]
+
+
+def test_sarathi_budget_below_the_sequence_limit_is_said(toy):
+    """Sarathi's budget is max(chunk_size, max_num_seqs): a chunk below the sequence limit
+    is not the budget the user wrote, and the run says so (never a silent change)."""
+    sc = toy(engine={"scheduler": "sarathi", "scheduler_args": {"chunk_size": 32},
+                     "max_num_seqs": 64})
+    warned = simulator.run(sc).warnings
+    assert any("chunk_size = 32 is below engine.max_num_seqs = 64" in w for w in warned)
+    sc = toy(engine={"scheduler": "sarathi", "scheduler_args": {"chunk_size": 64},
+                     "max_num_seqs": 64})
+    assert not any("chunk_size" in w for w in simulator.run(sc).warnings)

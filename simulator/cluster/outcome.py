@@ -13,6 +13,7 @@ import pandas as pd
 
 from simulator.cluster.build import ClusterPlan
 from simulator.cluster.pools import PooledPlan
+from simulator.engine.schedulers import SCHEDULERS
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.io.schema import Scenario
 from simulator.metrics.alerts import THRESHOLD_KEYS as ALERT_KEYS
@@ -53,7 +54,7 @@ def observe(s: Scenario, requests: pd.DataFrame, kept: pd.DataFrame | None,
     spans to ``summary`` and, with steps kept, the binding-resource batch efficiency."""
     eng = s.engine
     window_s, warnings = series_window(requests, s.output.window_s)
-    warnings += outcome_warnings(requests, cluster)
+    warnings += outcome_warnings(requests, cluster) + engine_warnings(s)
     ts = timeseries(requests, kept, window_s=window_s, budget=eng.max_num_batched_tokens,
                     kv_capacity=kv_capacity, max_num_seqs=eng.max_num_seqs,
                     stream_blocks=stream_blocks, requeues=cluster.recorder.requeues_frame())
@@ -108,6 +109,23 @@ def outcome_warnings(requests: pd.DataFrame, cluster: Cluster) -> list[str]:
                if (status == "rejected").all() else "")
         out.append(f"no request completed: {what}{why}")
     return out
+
+
+def engine_warnings(s: Scenario) -> list[str]:
+    """Sentences about engine keys the run could not take as written: a ``sarathi`` chunk
+    smaller than ``max_num_seqs`` (its budget is max(chunk_size, max_num_seqs), so that
+    every running decode fits a step; simulator/engine/schedulers.py)."""
+    e = s.engine
+    if e.scheduler != "sarathi":
+        return []
+    chunk = (e.scheduler_args or {}).get("chunk_size",
+                                         SCHEDULERS["sarathi"].PARAMS["chunk_size"])
+    if chunk >= e.max_num_seqs:
+        return []
+    return [f"engine.scheduler_args.chunk_size = {chunk} is below engine.max_num_seqs = "
+            f"{e.max_num_seqs}: the sarathi token budget is max(chunk_size, max_num_seqs) "
+            f"= {e.max_num_seqs} so that every running decode fits a step; set "
+            f"max_num_seqs <= {chunk} for a {chunk}-token budget"]
 
 
 def stage_hardware(plan: ClusterPlan) -> list[StageHardware]:
