@@ -18,7 +18,7 @@ from simulator.cli import main
 from simulator.cluster.disagg import POOL_COLUMNS
 from simulator.cluster.pools import build_pools
 from simulator.cluster.running import PooledCluster, check
-from simulator.cluster.simulation import _rngs, open_loop_workload
+from simulator.cluster.simulation import open_loop_workload, run_rngs
 from simulator.cluster.transfer import KVTransfers, kv_flows
 from simulator.engine.clock import TICK
 from simulator.io.chrome_trace import TRANSFER_PID
@@ -330,7 +330,7 @@ def test_waiting_requests_hold_their_blocks_on_the_prefill_side():
                                      workload={"rate_per_s": 1e6, "num_requests": 6,
                                                "output_tokens": 200}))
     env = simpy.Environment()
-    rngs = _rngs(s.seed)
+    rngs = run_rngs(s.seed)
     cluster = PooledCluster(env, build_pools(s), Recorder(), rngs)
     cluster.expected = 6
     env.process(cluster.arrive(open_loop_workload(s, rngs)))

@@ -10,7 +10,7 @@ from conftest import with_kv_tokens
 from test_bad_input import TRACE, assert_rejected
 
 import simulator
-from simulator.cluster.simulation import _rngs, workload_requests
+from simulator.cluster.simulation import run_rngs, workload_requests
 from simulator.engine.prefix import hit_rate_ceiling, infinite_cache_tokens
 from simulator.errors import ScenarioError
 from simulator.paths import ROOT
@@ -214,7 +214,7 @@ def test_fast_forward_identical_with_prefix_caching():
 def test_sessions_conserve_every_turn():
     s = simulator.load_scenario(sessions())
     w = s.workload
-    df = session_requests(w, _rngs(s.seed))
+    df = session_requests(w, run_rngs(s.seed))
     starts = df.groupby("session")["turn"].agg(["count", "max"])
     assert (starts["max"] + 1 == starts["count"]).all()  # turns 0..T-1, none lost
     assert starts["count"].between(2, 8).all()

@@ -261,7 +261,7 @@ def _build(s: Scenario) -> ClusterPlan:
                         s.cluster.spines, s.cluster.rail_optimized, s.cluster.nodes_per_leaf)
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
-    draft, draft_bytes = _drafter(s, model, tp, node)
+    draft, draft_bytes = drafter_of(s, model, tp, node)
     if model.moe is not None or model.mla is not None:
         memory = plan_moe_memory(model, node.gpu.memory_bytes, tp, pp,
                                  expert_setup(s, model, node)[0], s.model.weight_dtype,
@@ -274,7 +274,7 @@ def _build(s: Scenario) -> ClusterPlan:
                              eng.max_num_batched_tokens, eng.max_num_seqs,
                              eng.runtime_reserve_gib * GIB + draft_bytes)
     if s.speculative is not None:
-        memory = _with_draft_kv(memory, draft_kv_bytes_per_token(
+        memory = with_draft_kv(memory, draft_kv_bytes_per_token(
             s.speculative.method, model, draft, tp, s.model.kv_dtype))
     streams = eng.max_inflight_microbatches or pp
     stream_tokens = (memory.kv_blocks // streams) * eng.block_size
@@ -316,7 +316,7 @@ def _build(s: Scenario) -> ClusterPlan:
                        offload, spec)
 
 
-def _with_draft_kv(memory: MemoryPlan, per_token: float) -> MemoryPlan:
+def with_draft_kv(memory: MemoryPlan, per_token: float) -> MemoryPlan:
     """The memory plan with the drafter's KV in every block (charged to every pipeline
     stage: conservative for pp > 1, where the drafter runs before the first)."""
     if not per_token:
@@ -355,8 +355,8 @@ def _spec_config(s: Scenario, model: ModelSpec, node: NodeSpec, draft: ModelSpec
                        sp.mean_accepted_tokens, sp.disable_by_batch_size, cost, s.seed)
 
 
-def _drafter(s: Scenario, model: ModelSpec, tp: int,
-             node: NodeSpec) -> tuple[ModelSpec | None, float]:
+def drafter_of(s: Scenario, model: ModelSpec, tp: int,
+               node: NodeSpec) -> tuple[ModelSpec | None, float]:
     """The draft model (method draft_model) and the drafter's weight bytes per GPU; checks
     the [speculative] section against the engine and the models."""
     sp = s.speculative

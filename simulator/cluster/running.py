@@ -31,10 +31,10 @@ from simulator.cluster.pools import build_pools
 from simulator.cluster.router import make_router
 from simulator.cluster.simulation import (
     Cluster,
-    _check_faults,
-    _rngs,
-    _start_faults,
+    check_faults,
     open_loop_workload,
+    run_rngs,
+    start_faults,
     workload_requests,
 )
 from simulator.errors import ScenarioError
@@ -81,7 +81,7 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     plan = build_pools(s) if s.pools else build_plan(s)
-    _check_faults(s, plan)
+    check_faults(s, plan)
     return plan, workload_requests(s)
 
 
@@ -133,7 +133,7 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
         env.process(cluster.arrive(df))
         total = len(df)
     cluster.expected = total
-    _start_faults(env, cluster, s, rngs["faults"])
+    start_faults(env, cluster, s, rngs["faults"])
     return total
 
 
@@ -147,7 +147,7 @@ def _availability(cluster: Cluster) -> dict:
 def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> Result:
     wall0 = time.perf_counter()
     plan = build_plan(s)
-    rngs = _rngs(s.seed)
+    rngs = run_rngs(s.seed)
     env = simpy.Environment()
     fold = (step_fold(plan, stage_hardware(plan))
             if energy and not (s.output.steps and keep_steps) else None)
@@ -254,7 +254,7 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
     link and per-GPU utilization are not computed for pools yet."""
     wall0 = time.perf_counter()
     plan = build_pools(s)
-    rngs = _rngs(s.seed)
+    rngs = run_rngs(s.seed)
     env = simpy.Environment()
     fold = (step_fold(plan, [h for p in plan.pools for h in stage_hardware(p.plan)])
             if energy and not (s.output.steps and keep_steps) else None)

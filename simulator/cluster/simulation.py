@@ -1,6 +1,6 @@
 """The live cluster on one SimPy environment: arrivals -> router -> replicas, failures and
 restarts, closed-loop clients (:class:`Cluster`); and the workload a run starts from
-(:func:`open_loop_workload`, :func:`workload_requests`, the random streams of :func:`_rngs`).
+(:func:`open_loop_workload`, :func:`workload_requests`, the random streams of :func:`run_rngs`).
 
 :func:`simulator.cluster.running.run` drives it and :mod:`simulator.cluster.outcome` turns
 its records into the run's tables. Random streams are spawned from one
@@ -377,7 +377,7 @@ class Cluster:
                 yield env.timeout(ticks(w.think_time_s))
 
 
-def _check_faults(s: Scenario, plan: ClusterPlan) -> None:
+def check_faults(s: Scenario, plan: ClusterPlan) -> None:
     """Every scheduled fault names a node, GPU or link of the cluster's graph."""
     try:
         for f in s.faults:
@@ -386,10 +386,10 @@ def _check_faults(s: Scenario, plan: ClusterPlan) -> None:
         raise exc.with_source(s.source) from None
 
 
-def _start_faults(env: simpy.Environment, cluster: Cluster, s: Scenario,
-                  rng: np.random.Generator) -> None:
+def start_faults(env: simpy.Environment, cluster: Cluster, s: Scenario,
+                 rng: np.random.Generator) -> None:
     """Scheduled and random fault processes (targets are checked first)."""
-    _check_faults(s, cluster.plan)
+    check_faults(s, cluster.plan)
     if s.faults:
         env.process(scheduled_faults(env, s.faults, cluster.act, cluster.act_permanent))
     if s.random_faults is not None:
@@ -398,7 +398,7 @@ def _start_faults(env: simpy.Environment, cluster: Cluster, s: Scenario,
                                   cluster.done, horizon))
 
 
-def _rngs(seed: int) -> dict[str, np.random.Generator]:
+def run_rngs(seed: int) -> dict[str, np.random.Generator]:
     names = ("arrivals", "prompts", "outputs", "router", "faults", "sessions")
     seqs = np.random.SeedSequence(seed).spawn(len(names))
     return {n: np.random.default_rng(q) for n, q in zip(names, seqs, strict=True)}
@@ -409,4 +409,4 @@ def workload_requests(s: Scenario) -> pd.DataFrame | None:
     for a closed loop; needs no cluster (a planner draws them once for many layouts)."""
     if s.workload.arrival == "closed_loop":
         return None
-    return open_loop_workload(s, _rngs(s.seed))
+    return open_loop_workload(s, run_rngs(s.seed))

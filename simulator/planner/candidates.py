@@ -10,10 +10,10 @@ import math
 
 from simulator.cluster.build import (
     ClusterPlan,
-    _drafter,
-    _with_draft_kv,
     build_plan,
+    drafter_of,
     expert_setup,
+    with_draft_kv,
 )
 from simulator.engine.speculative import Acceptance
 from simulator.errors import ScenarioError
@@ -53,7 +53,7 @@ def _memory(cp: ClusterPlan, lim: Limits, drafter: bool = False):
     and KV as the cluster build charges them."""
     s, m = cp.scenario, cp.model
     e = s.engine
-    draft, extra = _drafter(s, m, s.parallel.tp, cp.node) if drafter else (None, 0.0)
+    draft, extra = drafter_of(s, m, s.parallel.tp, cp.node) if drafter else (None, 0.0)
     reserve = e.runtime_reserve_gib * GIB + extra
     if m.moe is not None or m.mla is not None:
         mem = plan_moe_memory(m, cp.node.gpu.memory_bytes, s.parallel.tp, s.parallel.pp,
@@ -65,7 +65,7 @@ def _memory(cp: ClusterPlan, lim: Limits, drafter: bool = False):
                           s.model.weight_dtype, s.model.kv_dtype, e.block_size,
                           e.gpu_memory_utilization, lim.budget, lim.max_num_seqs, reserve)
     if drafter:
-        mem = _with_draft_kv(mem, draft_kv_bytes_per_token(
+        mem = with_draft_kv(mem, draft_kv_bytes_per_token(
             s.speculative.method, m, draft, s.parallel.tp, s.model.kv_dtype))
     return mem
 
