@@ -203,3 +203,33 @@ def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topolog
         raise ScenarioError(f"{key}: node file {str(path)!r}: gpus_per_node must be in "
                             f"[1, 1024], got {node.gpus_per_node}")
     return node
+
+
+def node_gpu_identity(name: str, base_dir: str | Path = ".",
+                      key: str = "cluster.topology") -> tuple[str, float]:
+    """Name and memory (bytes) of a node's GPU, without building the node: what an engine
+    profile's GPU-dependent defaults need at every scenario load (the planner loads
+    thousands). Each file is read once per version (path and modification time); a GPU
+    file's calibration table makes a full :func:`load_node` ~1.5 ms."""
+    path = _locate(name, TOPOLOGIES, key, base_dir)
+    gpu = Path(_node_gpu_path(str(path), path.stat().st_mtime_ns, key))
+    return _gpu_identity(str(gpu), gpu.stat().st_mtime_ns, key)
+
+
+@lru_cache(maxsize=64)
+def _node_gpu_path(path: str, mtime_ns: int, key: str) -> str:
+    """The GPU file a node file names (``mtime_ns`` keys the cache to the file's version)."""
+    data = _read(Path(path), key)
+    if not isinstance(data.get("gpu"), str):
+        raise ScenarioError(f"{key}: node file {path!r} is missing or has a bad field (gpu)")
+    return str(_locate(data["gpu"], GPUS, f"{key} (gpu)", Path(path).parent))
+
+
+@lru_cache(maxsize=64)
+def _gpu_identity(path: str, mtime_ns: int, key: str) -> tuple[str, float]:
+    data = _read(Path(path), key)
+    try:
+        return str(data["name"]), float(data["memory_bytes"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ScenarioError(f"{key}: GPU file {path!r} is missing or has a bad field "
+                            f"({exc})") from None
