@@ -27,7 +27,7 @@ from simulator.cluster.outcome import (
     stage_hardware,
     step_fold,
 )
-from simulator.cluster.pools import build_pools
+from simulator.cluster.pools import PooledPlan, build_pools
 from simulator.cluster.router import make_router
 from simulator.cluster.simulation import (
     Cluster,
@@ -44,12 +44,12 @@ from simulator.io.schema import Scenario
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
 from simulator.metrics.pools import pool_summary
-from simulator.metrics.power import cost_summary
+from simulator.metrics.power import StepFold, cost_summary
 from simulator.metrics.records import Recorder
 from simulator.metrics.speculative import speculative_summary
 from simulator.metrics.summary import summarize
 from simulator.metrics.timeseries import window_edges
-from simulator.metrics.utilization import gpu_windows
+from simulator.metrics.utilization import StageHardware, gpu_windows
 from simulator.workload.lengths import LengthStream
 
 
@@ -149,10 +149,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
     plan = build_plan(s)
     rngs = run_rngs(s.seed)
     env = simpy.Environment()
-    fold = (step_fold(plan, stage_hardware(plan))
-            if energy and not (s.output.steps and keep_steps) else None)
-    recorder = Recorder(keep_steps=s.output.steps and keep_steps,
-                        speculative=s.speculative is not None, fold=fold)
+    stages = stage_hardware(plan)
+    recorder, fold = _recording(s, keep_steps, energy, plan, stages)
     cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"],
                                              load_weight=s.router.load_weight), recorder)
     events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
@@ -192,7 +190,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
     gpu_ts = pd.DataFrame()
     if kept is not None:
         edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-        gpu_ts = gpu_windows(steps, stage_hardware(plan), edges)
+        gpu_ts = gpu_windows(steps, stages, edges)
         links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
                              [r.steps for r in cluster.replicas], steps, edges)
         ts = pd.concat([ts, links], axis=1)  # the same windows
@@ -202,6 +200,15 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
     gpu_ts, ts = run_power(s, plan, requests, summary, gpu_ts, ts, window_s)
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
+
+
+def _recording(s: Scenario, keep_steps: bool, energy: bool, plan: ClusterPlan | PooledPlan,
+               stages: list[StageHardware]) -> tuple[Recorder, StepFold | None]:
+    """The run's recorder, and the fold that takes its step records when they are not kept
+    but energy is asked for (``run(energy=...)``, ``output.energy``)."""
+    keep = s.output.steps and keep_steps
+    fold = step_fold(plan, stages) if energy and not keep else None
+    return Recorder(keep_steps=keep, speculative=s.speculative is not None, fold=fold), fold
 
 
 @contextmanager
@@ -256,9 +263,8 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
     plan = build_pools(s)
     rngs = run_rngs(s.seed)
     env = simpy.Environment()
-    fold = (step_fold(plan, [h for p in plan.pools for h in stage_hardware(p.plan)])
-            if energy and not (s.output.steps and keep_steps) else None)
-    recorder = Recorder(keep_steps=s.output.steps and keep_steps, fold=fold)
+    recorder, fold = _recording(s, keep_steps, energy, plan,
+                                [h for p in plan.pools for h in stage_hardware(p.plan)])
     cluster = PooledCluster(env, plan, recorder, rngs)
     events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
     cluster.close()
