@@ -27,6 +27,16 @@ def toy_scenario(**sections) -> dict:
     return s
 
 
+def rejecting_scenario() -> dict:
+    """The toy with max_model_len 300 and prompts of 100-400 tokens plus 20 outputs: the
+    requests whose prompt + output exceed 300 tokens are rejected at admission."""
+    return toy_scenario(
+        engine={"max_model_len": 300},
+        workload={"arrival": "constant", "rate_per_s": 4.0, "num_requests": 20,
+                  "prompt_tokens": {"dist": "uniform", "min": 100, "max": 400},
+                  "output_tokens": 20})
+
+
 def with_kv_tokens(scenario: dict, tokens: int) -> dict:
     """Set gpu_memory_utilization so that one replica's KV cache holds about ``tokens``."""
     import simulator

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import toy_scenario
+from conftest import rejecting_scenario, toy_scenario
 
 import simulator
 from simulator.cli import main
@@ -246,11 +246,7 @@ def test_e2e_rule_does_not_flap_on_one_or_two_completions():
 
 
 def test_rejected_requests_have_a_reason_and_count_against_the_slo():
-    res = simulator.run(toy_scenario(
-        engine={"max_model_len": 300},
-        workload={"arrival": "constant", "rate_per_s": 4.0, "num_requests": 20,
-                  "prompt_tokens": {"dist": "uniform", "min": 100, "max": 400},
-                  "output_tokens": 20}))
+    res = simulator.run(rejecting_scenario())
     req, s = res.requests, res.summary
     rej = req[req["status"] == "rejected"]
     assert len(rej) == s["requests_rejected"] > 0

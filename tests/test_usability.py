@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import json
 
-from conftest import DATA, toy_scenario
+from conftest import DATA, rejecting_scenario, toy_scenario
 
 import simulator
 from simulator.cli import format_summary, main
 
 
 def test_printout_counts_rejected_requests_with_their_reason_and_the_slo():
-    res = simulator.run(toy_scenario(
-        engine={"max_model_len": 300},
-        workload={"arrival": "constant", "rate_per_s": 4.0, "num_requests": 20,
-                  "prompt_tokens": {"dist": "uniform", "min": 100, "max": 400},
-                  "output_tokens": 20}))
+    res = simulator.run(rejecting_scenario())
     s = res.summary
     text = format_summary("toy", s, res.requests)
     assert f"requests completed / total     {s['requests_completed']} / 20" in text
