@@ -5,8 +5,12 @@ best rule-of-thumb layout.
 
 Each kind's search is :func:`simulator.planner.plan.plan` (estimate every candidate,
 simulate the best few and the kind's rule of thumb); the merged tables carry a ``node``
-column. Goodput per GPU does not see prices: use ``goodput_per_usd`` to weigh a cheaper
-kind against a faster one.
+column. With ``disagg`` and two kinds or more, each kind's search also ranks the pairs
+whose prefill pool is on its nodes and decode pool on another kind's
+(:mod:`simulator.planner.hetero`); the merged tables then carry ``decode_node`` (every
+disaggregated row: its decode pool's kind; ``node`` is its prefill pool's) and their
+``pools`` label names both kinds. Goodput per GPU does not see prices: use
+``goodput_per_usd`` to weigh a cheaper kind against a faster one.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from simulator.planner.explain import (
     versus,
     versus_groups,
 )
+from simulator.planner.hetero import CrossPairs
 from simulator.planner.nearmiss import group_of
 from simulator.planner.plan import (
     RULE,
@@ -35,6 +40,7 @@ from simulator.planner.plan import (
     plan,
     rank_correlation,
 )
+from simulator.planner.space import cross_kind, layout_label
 
 
 def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
@@ -44,7 +50,8 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
     scenario's cluster size) and merge the results (parameters of
     :func:`~simulator.planner.plan.plan` pass through ``kwargs``). With ``disagg``, each
     kind's search also ranks prefill + decode pool layouts on its nodes
-    (:mod:`simulator.planner.disagg`).
+    (:mod:`simulator.planner.disagg`) and, with several kinds, those with the decode pool
+    on another kind's nodes (:mod:`simulator.planner.hetero`).
 
     Raises
     ------
@@ -57,14 +64,16 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
     if gpus is None:
         gpus = s.cluster.nodes * load_node(s.cluster.topology, s.base_dir).gpus_per_node
     results, errors = {}, []
-    for kind in dict.fromkeys(nodes):
+    kinds = list(dict.fromkeys(nodes))
+    cross = CrossPairs(kinds) if disagg and len(kinds) > 1 else None
+    for kind in kinds:
         node = load_node(kind, s.base_dir, key="--nodes")
         count = math.ceil(gpus / node.gpus_per_node)
         extra = [f"cluster.topology={kind}", f"cluster.nodes={count}"]
         try:
             results[kind] = plan(scenario, gpus=min(gpus, count * node.gpus_per_node),
                                  objective=objective, overrides=[*(overrides or []), *extra],
-                                 disagg=disagg, **kwargs)
+                                 disagg=disagg, cross=cross, **kwargs)
         except ScenarioError as exc:
             errors.append(f"{kind}: {exc.problems[0]}")
     if not results:
@@ -73,7 +82,17 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
 
 
 def _tag(df: pd.DataFrame, kind: str) -> pd.DataFrame:
-    return df.assign(node=kind)[["node", *df.columns]]
+    """``df`` with a leading ``node`` column; with ``decode_node`` (cross-kind pairs
+    searched), that of every same-kind disaggregated row is ``kind`` too, and the
+    cross-kind rows' ``pools`` name both kinds."""
+    df = df.assign(node=kind)[["node", *df.columns]]
+    if "decode_node" in df:
+        same = (df["kind"] == "disaggregated") & df["decode_node"].isna()
+        df["decode_node"] = df["decode_node"].astype(object).where(~same, kind)
+        if "pools" in df:
+            df["pools"] = [layout_label(r) if cross_kind(r) else r["pools"]
+                           for _, r in df.iterrows()]
+    return df
 
 
 def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> PlanResult:
@@ -113,9 +132,16 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> 
                       margins=first.margins)
 
 
+def where(row) -> str:
+    """The node kind of a row, ``prefill kind -> decode kind`` for a cross-kind pair."""
+    dec = cross_kind(row)
+    return f"{row['node']} -> {dec}" if dec else row["node"]
+
+
 def versus_kinds(best: pd.Series, table: pd.DataFrame, objective: str) -> str:
-    """By how much the pick beats the best SLO-meeting point of every other node kind."""
-    parts = versus(best, table, table["node"], best["node"], objective,
+    """By how much the pick beats the best SLO-meeting point of every other node kind
+    (a cross-kind pair's kinds count as one: ``dgx-h100 -> hgx-h200``)."""
+    parts = versus(best, table, table.apply(where, axis=1), where(best), objective,
                    lambda kind, other, gain, a, b, what:
                    f"{gain:+.0%} {what} over the best {kind} layout, {label(other)} "
                    f"({a:.3g} vs {b:.3g})")
