@@ -19,6 +19,7 @@ import tomli_w
 from simulator.cluster.build import build_plan
 from simulator.cluster.pools import build_pools
 from simulator.cluster.simulation import workload_requests
+from simulator.errors import ScenarioError
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
@@ -28,7 +29,7 @@ from simulator.planner import plan
 from simulator.planner.disagg import PREFILL_BUDGET
 from simulator.planner.estimate import StepModel, _mix
 from simulator.planner.hetero import CrossPairs, cross_pools, pool_nodes
-from simulator.planner.kinds import plan_kinds
+from simulator.planner.kinds import budget, plan_kinds
 from simulator.planner.nearmiss import est_slo, margins
 from simulator.planner.objectives import est_power_w
 from simulator.planner.report import recommended_scenario
@@ -229,6 +230,21 @@ def test_cross_pools_price_override():
     pre, dec = cross_pools(pd.Series(row), s)
     assert (pre["nodes"], dec["nodes"]) == (1, 2)
     assert pre["gpu_hour_usd"] == dec["gpu_hour_usd"] == 3.0
+
+
+def test_pooled_scenario_with_nodes():
+    """A scenario with pools on two presets (Splitwise-like) plans with --nodes: its pools
+    size the default budget (one H100 + one A100 node: 16 GPUs), the search lays out its
+    own. Without --nodes the one-preset search refuses it, naming the presets."""
+    pooled = {**SC, "pools": [
+        {"name": "prefill", "role": "prefill", "nodes": 1, "tp": 1},
+        {"name": "decode", "role": "decode", "topology": "dgx-a100", "nodes": 1, "tp": 1}]}
+    assert budget(load_scenario(pooled)) == 16
+    assert budget(load_scenario(SC)) == 8
+    r = plan_kinds(pooled, KINDS, gpus=2, top=2, requests=40, jobs=1, disagg=True)
+    assert (r.table["decode_node"].notna() & (r.table["decode_node"] != r.table["node"])).any()
+    with pytest.raises(ScenarioError, match="dgx-a100, dgx-h100"):
+        plan(pooled, gpus=2, top=2, requests=40, jobs=1, disagg=True)
 
 
 if __name__ == "__main__":  # rewrite the golden files (only from main's code)

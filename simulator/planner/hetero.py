@@ -47,7 +47,7 @@ from simulator.planner.disagg import (
 )
 from simulator.planner.nearmiss import objective_values
 from simulator.planner.objectives import est_power_w
-from simulator.planner.space import WorkloadStats, cross_kind
+from simulator.planner.space import WorkloadStats
 from simulator.sweep import resolve_point
 
 
@@ -146,9 +146,13 @@ class CrossPairs:
         utilization.
         """
         out = df["est_objective"].copy()
-        cross = df[[cross_kind(r) is not None and r["status"] == "feasible"
-                    for _, r in df.iterrows()]]
-        if cross.empty or objective not in ("goodput_per_usd", "tokens_per_joule"):
+        if "decode_node" not in df or objective not in ("goodput_per_usd",
+                                                         "tokens_per_joule"):
+            return out
+        mine = df["node"] if "node" in df else s.cluster.topology
+        cross = df[df["decode_node"].notna() & (df["decode_node"] != mine)
+                   & (df["status"] == "feasible")]
+        if cross.empty:
             return out
         node_p = cluster_node(s)
         base = objective_values(cross, objective, 1.0, node_p, stats.output_mean,

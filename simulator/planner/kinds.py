@@ -16,12 +16,14 @@ disaggregated row: its decode pool's kind; ``node`` is its prefill pool's) and t
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
+from simulator.io.schema import Scenario
 from simulator.planner.explain import (
     compare,
     label,
@@ -47,11 +49,12 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
                objective: str = "goodput_per_gpu", overrides: list[str] | None = None,
                disagg: bool = False, **kwargs) -> PlanResult:
     """Search every node kind in ``nodes`` with at most ``gpus`` GPUs (default: the
-    scenario's cluster size) and merge the results (parameters of
+    scenario's, :func:`budget`) and merge the results (parameters of
     :func:`~simulator.planner.plan.plan` pass through ``kwargs``). With ``disagg``, each
     kind's search also ranks prefill + decode pool layouts on its nodes
     (:mod:`simulator.planner.disagg`) and, with several kinds, those with the decode pool
-    on another kind's nodes (:mod:`simulator.planner.hetero`).
+    on another kind's nodes (:mod:`simulator.planner.hetero`). A scenario's ``[[pools]]``
+    (of any presets) only size the default budget: ``nodes`` gives the kinds.
 
     Raises
     ------
@@ -62,7 +65,9 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
     if not nodes:
         raise ScenarioError("--nodes: give at least one node preset (e.g. dgx-h100,hgx-h200)")
     if gpus is None:
-        gpus = s.cluster.nodes * load_node(s.cluster.topology, s.base_dir).gpus_per_node
+        gpus = budget(s)
+    if s.pools:  # the search lays out its own pools on the kinds of `nodes`
+        scenario, overrides = replace(s, pools=()), None
     results, errors = {}, []
     kinds = list(dict.fromkeys(nodes))
     cross = CrossPairs(kinds) if disagg and len(kinds) > 1 else None
@@ -79,6 +84,15 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
     if not results:
         raise ScenarioError("--nodes: no node kind fits: " + "; ".join(errors))
     return merge(results, objective, errors)
+
+
+def budget(s: Scenario) -> int:
+    """GPUs of the scenario's nodes: ``[cluster]`` nodes, or with ``[[pools]]`` the nodes
+    of the pools that bring their own (each of its preset)."""
+    if not s.pools:
+        return s.cluster.nodes * load_node(s.cluster.topology, s.base_dir).gpus_per_node
+    return sum(p.nodes * load_node(p.topology or s.cluster.topology, s.base_dir).gpus_per_node
+               for p in s.pools if p.same_nodes_as is None)
 
 
 def _tag(df: pd.DataFrame, kind: str) -> pd.DataFrame:
