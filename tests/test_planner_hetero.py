@@ -28,7 +28,7 @@ from simulator.parallel.collective import BANDWIDTH_EFFICIENCY
 from simulator.planner import plan
 from simulator.planner.disagg import PREFILL_BUDGET
 from simulator.planner.estimate import StepModel, _mix
-from simulator.planner.hetero import CrossPairs, cross_pools, pool_nodes
+from simulator.planner.hetero import ONE_SWITCH, CrossPairs, cross_point, cross_pools, pool_nodes
 from simulator.planner.kinds import budget, plan_kinds
 from simulator.planner.nearmiss import est_slo, margins
 from simulator.planner.objectives import est_power_w
@@ -158,16 +158,26 @@ def test_pool_nodes():
     assert pool_nodes(16, 1, 1, 8) == 2
 
 
-def test_leaf_spine_cross_pairs_excluded_with_reason():
-    """leaf_spine joins one preset only: the cross-kind pairs are listed, excluded, with
-    the pools builder's reason."""
+def test_leaf_spine_cross_pairs_join_through_one_switch(tmp_path):
+    """leaf_spine cannot join two presets: a cross-kind pair is priced and run over one
+    switch (the same KV price as without leaf_spine), and the answer says so."""
     base, s, st = _setup()
-    base = resolve_point(base, {"cluster.fabric": "leaf_spine"}, s.seed)
-    s = load_scenario(base)
-    rows = CrossPairs(KINDS).rows(base, s, load_model("llama-3.1-8b"), 2, st, 1000, 1.0,
-                                  0.05)
-    assert rows and {r["status"] for r in rows} == {"excluded"}
-    assert all("leaf_spine" in r["reason"] for r in rows)
+    model = load_model("llama-3.1-8b")
+    plain = CrossPairs(KINDS).rows(base, s, model, 2, st, 1000, 1.0, 0.05)
+    ls_base = resolve_point(base, {"cluster.fabric": "leaf_spine"}, s.seed)
+    ls = load_scenario(ls_base)
+    rows = CrossPairs(KINDS).rows(ls_base, ls, model, 2, st, 1000, 1.0, 0.05)
+    assert {r["status"] for r in rows} == {"feasible"}
+    assert [r["est_kv_transfer_s"] for r in rows] == [r["est_kv_transfer_s"] for r in plain]
+    point = cross_point(copy.deepcopy(ls_base), pd.Series(rows[0]), ls)
+    assert point["cluster"]["fabric"] == "single_switch"
+    assert [p.plan.node.name for p in build_pools(load_scenario(point)).pools] == KINDS
+    r = plan_kinds({**SC, "cluster": {**SC["cluster"], "fabric": "leaf_spine"}}, KINDS,
+                   gpus=2, top=2, requests=40, jobs=1, disagg=True)
+    assert ONE_SWITCH in r.comparison
+    cross = r.table[r.table["decode_node"].notna()
+                    & (r.table["decode_node"] != r.table["node"])]
+    assert len(cross) and (cross["status"] == "ok").all()
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ Each kind's pool options are those of a same-kind search on that kind's nodes
 (:func:`simulator.planner.disagg.pool_options`: every replica shape, dp and decode
 engine limit), the pairs are estimated by :func:`simulator.planner.disagg.pair_rows`, and
 the KV transfer is priced by :class:`simulator.planner.disagg.KVPrice` on the graph the
-simulator builds for these pools (:func:`simulator.cluster.pools.fabric_graph`: the prefill
-pool's nodes, then the decode pool's, every NIC on one fabric switch), from the first
-prefill replica to the first decode replica as the ``packed`` placement puts them: GPU,
-NIC, switch, NIC, GPU. The estimate's cost and power take each pool's own node kind: the
+simulator builds for these pools (:func:`simulator.cluster.pools.joined_graph`: the
+prefill pool's nodes, then the decode pool's, every NIC on one fabric switch), from the
+first prefill replica to the first decode replica as the ``packed`` placement puts them:
+GPU, NIC, switch, NIC, GPU. The estimate's cost and power take each pool's own node kind: the
 pair's dollars per hour are ``g_p x price_p + g_d x price_d`` and its power the sum of each
 pool's nodes (:func:`simulator.planner.objectives.est_power_w`).
 
@@ -18,8 +18,8 @@ A cross-kind row carries ``decode_node`` (the decode pool's kind); the plan of t
 kind ranks it (:func:`simulator.planner.plan.plan` with ``cross``), in a simulation group of
 its own (``disaggregated+cross``); its ``[[pools]]`` (:func:`cross_pools`) give each pool
 its ``topology`` and whole nodes. ``[cluster] fabric = "leaf_spine"`` cannot join two
-presets (docs/disaggregation.md, "Limits"): the pairs are then listed as excluded with the
-reason.
+presets (docs/disaggregation.md, "Limits"): a cross-kind pair's pools join through one
+switch, the fabric that works (:func:`cross_point`), and the plan's answer says so.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from dataclasses import replace
 import pandas as pd
 
 from simulator.cluster.build import cluster_node
-from simulator.cluster.pools import fabric_graph
-from simulator.errors import ScenarioError
+from simulator.cluster.pools import joined_graph
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
@@ -93,7 +92,7 @@ class CrossPairs:
         """The KV price on the pooled graph of ``n_p`` prefill and ``n_d`` decode nodes."""
         key = (s_p.cluster.topology, n_p, s_d.cluster.topology, n_d)
         if key not in self._prices:
-            graph = fabric_graph(s_p, [cluster_node(s_p)] * n_p + [cluster_node(s_d)] * n_d)
+            graph = joined_graph([cluster_node(s_p)] * n_p + [cluster_node(s_d)] * n_d)
             self._prices[key] = KVPrice(replace(plan_p, graph=graph), model,
                                         s_p.model.kv_dtype)
         return self._prices[key]
@@ -120,15 +119,8 @@ class CrossPairs:
                 price = self._price(s_p, opt_p.plan, n_p, s_d, n_d, model)
                 return price(pr.lay, de.lay, n_p * per_p)  # decode starts on its own nodes
 
-            try:
-                found = pair_rows(opt_p.pres, opt_d.decs, kv_of, gpus, stats, ttft_slo_s,
-                                  tpot_slo_s)
-            except ScenarioError as exc:  # no graph joins the two kinds (leaf_spine)
-                found = [{**r, "status": "excluded", "reason": exc.problems[0]}
-                         for r in pair_rows(opt_p.pres, opt_d.decs,
-                                            lambda pr, de: (math.nan, math.nan), gpus, stats,
-                                            ttft_slo_s, tpot_slo_s)]
-            rows += [{**r, "decode_node": kind} for r in found]
+            rows += [{**r, "decode_node": kind} for r in pair_rows(
+                opt_p.pres, opt_d.decs, kv_of, gpus, stats, ttft_slo_s, tpot_slo_s)]
         return rows
 
     def values(self, df: pd.DataFrame, objective: str, s: Scenario, stats: WorkloadStats
@@ -189,3 +181,18 @@ def cross_pools(row, s: Scenario) -> list[dict]:
     if s.cluster.gpu_hour_usd is not None:
         pre["gpu_hour_usd"] = dec["gpu_hour_usd"] = s.cluster.gpu_hour_usd
     return [pre, dec]
+
+
+#: What the plan says when a cross-kind pair's fabric is not the scenario's.
+ONE_SWITCH = ("cross-kind pairs join through one switch ([cluster] fabric \"leaf_spine\" "
+              "wires one node preset's rails; docs/disaggregation.md, Limits)")
+
+
+def cross_point(data: dict, row, s: Scenario) -> dict:
+    """``data`` (a scenario dict) with the ``[[pools]]`` of a cross-kind row
+    (:func:`cross_pools`) and, where ``[cluster] fabric`` is ``leaf_spine`` (which cannot
+    join two presets), ``single_switch``: the graph the estimate priced."""
+    data["pools"] = cross_pools(row, s)
+    if data["cluster"].get("fabric") == "leaf_spine":
+        data["cluster"] = {**data["cluster"], "fabric": "single_switch"}
+    return data

@@ -36,7 +36,7 @@ from simulator.planner.explain import (
     reason,
     versus_groups,
 )
-from simulator.planner.hetero import CrossPairs, cross_pools
+from simulator.planner.hetero import CrossPairs, cross_point
 from simulator.planner.nearmiss import (
     est_slo,
     group_of,
@@ -311,8 +311,9 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
             point = (without_spec(point) if int(r["spec_k"]) == 0 else resolve_point(
                 point, {"speculative.num_speculative_tokens": int(r["spec_k"])}, s.seed))
         if r["kind"] == "disaggregated":
-            point["pools"] = (cross_pools(r, s) if cross_kind(r)
-                              else pools_of(r, s.cluster.nodes, s))
+            point["pools"] = pools_of(r, s.cluster.nodes, s)
+        if cross_kind(r):  # pools on two node kinds (simulator.planner.hetero)
+            point = cross_point(point, r, s)
         if objective == "tokens_per_joule":  # energy needs the step records
             point["output"] = {**point.get("output", {}), "steps": True}
         return point

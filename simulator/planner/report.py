@@ -17,7 +17,7 @@ import tomli_w
 from simulator.io.scenario import to_dict
 from simulator.planner.capacity import CapacityResult
 from simulator.planner.disagg import pools_of
-from simulator.planner.hetero import cross_pools
+from simulator.planner.hetero import cross_point
 from simulator.planner.nearmiss import MARGIN_QUANTILE
 from simulator.planner.plan import PlanResult
 from simulator.planner.plots import capacity_plot, pareto_plot
@@ -64,8 +64,9 @@ def recommended_scenario(result: PlanResult) -> dict | None:
             del data["speculative"]
     if best.get("kind") == "disaggregated":
         data["name"] = f"{s.name}-disagg"
-        data["pools"] = (cross_pools(best, s) if cross_kind(best)
-                         else pools_of(best, s.cluster.nodes, s))
+        data["pools"] = pools_of(best, s.cluster.nodes, s)
+    if cross_kind(best):  # pools on two node kinds (simulator.planner.hetero)
+        data = cross_point(data, best, s)
     return _absolute(data, Path(s.base_dir))
 
 
