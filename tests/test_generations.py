@@ -159,3 +159,20 @@ def test_vidur_summary_and_generation_ratio_on_hand_made_rows():
     assert ratio["signed_ratio_error_pct"] == pytest.approx(-10.0)
     # A shape timed on one GPU only pairs with nothing.
     assert vc.generation_ratio(report[report["gpu"] == "a100"]).empty
+
+
+def test_vidur_nccl_diagnostic_recovers_a_known_factor():
+    vc = _vidur_check()
+    a100 = load_gpu("a100_sxm")
+    rows = pd.DataFrame({"gpu": "a100", "num_gpus": [2, 4, 8, 8, 2, 4],
+                         "message_bytes": [2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20,
+                                           32 * 2**20, 8 * 2**20], "latency_us": 1.0})
+    # Rows "measured" on an A100 whose NCCL reaches 70% of the efficiencies we carry over.
+    slower = vc.with_nccl_factor(a100, 0.7)
+    assert slower.calibration.collectives.ring_eff == pytest.approx(
+        0.7 * a100.calibration.collectives.ring_eff)
+    rows["latency_us"] = vc.predict_all_reduce(slower, rows) * 1e6
+    assert vc.fit_nccl_factor(a100, rows) == pytest.approx(0.7)
+    split = vc.nccl_split_check(a100, rows)
+    assert split["factor"] == pytest.approx(0.7) and split["after_pct"] < 1e-9
+    assert split["before_pct"] > 10
