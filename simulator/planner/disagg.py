@@ -12,11 +12,17 @@ the model and a useful KV cache fit at its TP degree (pp > 1 only where the mode
 The estimate of a pair (prefill pool p, decode pool d), at offered rate lambda, mean prompt
 P and output O (docs/planner.md, "Disaggregated layouts"):
 
-- prefill pool: a step of ``c = min(P, budget)`` tokens of one prompt takes ``s(c)``; a full
-  step of ``budget`` tokens holds ``budget / P`` prompts in ``s(budget)``, so the pool's
-  capacity is ``X_p = dp_p M_p (budget / P) / s(budget)``; TTFT = ``ceil(P / budget) s(c)``
-  plus the M/D/1 wait ``rho_p / (2 (1 - rho_p))`` of it, ``rho_p = lambda / X_p``; the p99
-  takes the p99 prompt and 4.6 x the wait;
+- prefill pool, at each token budget searched (:data:`PREFILL_BUDGETS` and the
+  scenario's): a full step of ``F = min(budget, max_num_seqs P)`` tokens holds ``F / P``
+  prompts in ``s(F)``, so the pool's capacity is ``X_p = dp_p M_p (F / P) / s(F)``; the
+  step a prompt joins at the load holds its own ``c = min(P, budget)`` tokens and, when
+  the stream is busy (fraction ``u = a s(x) / x``, ``a = lambda P / (dp_p M_p)``), those
+  that arrived during the step in flight: ``x = min(F, c + u a s(x))``
+  (:func:`joined_step`); TTFT = ``ceil(P / budget) s(x)`` plus the M/D/1 wait
+  ``rho_p / (2 (1 - rho_p)) s(x) P / x`` (the work a prompt brings to that step),
+  ``rho_p = lambda / X_p``; the p99 takes the p99 prompt and 4.6 x the wait. A bigger
+  budget raises ``X_p`` but lets ``s(x)`` grow with the load; budgets another beats on
+  all three figures are dropped (:func:`pareto_budgets`);
 - decode pool: decode-only steps, ``cycle(B)`` for B sequences at context P + O/2; the batch
   at the load solves ``B = lambda / (dp_d M_d) O cycle(B)`` (capped by max_num_seqs and the
   KV cache), capacity ``X_d = dp_d M_d B_max / (O cycle(B_max))``, TPOT = ``cycle(B) +
@@ -47,6 +53,13 @@ from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, Links
 from simulator.planner.candidates import _memory, _point
 from simulator.planner.estimate import ITERATIONS, StepModel, _mix
+from simulator.planner.poolaxes import (
+    PREFILL_BUDGET,  # noqa: F401 (re-exported)
+    joined_step,
+    pareto_budgets,
+    prefill_engine,
+    prefill_limits,
+)
 from simulator.planner.space import (
     MAX_NUM_SEQS,
     TOKEN_BUDGETS,
@@ -59,10 +72,6 @@ from simulator.planner.space import (
 from simulator.sweep import resolve_point
 from simulator.topology.flows import Flow, finish_times
 from simulator.topology.graph import Paths, gpu_name
-
-#: Token budget of prefill-pool steps (the largest searched: prefill-only steps batch
-#: whole prompts).
-PREFILL_BUDGET = max(TOKEN_BUDGETS)
 
 
 @dataclass(frozen=True)
@@ -121,27 +130,50 @@ def _model(cp: ClusterPlan) -> StepModel:
 
 
 def prefill_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
-                  limits: Limits) -> list[PoolSide]:
-    """The prefill pool of shape ``lay`` with every dp that leaves a GPU for decode."""
-    mem = _memory(cp, limits)
-    m, budget = _model(cp), limits.budget
+                  limits: list[Limits]) -> list[PoolSide]:
+    """The prefill pool of shape ``lay`` with every dp that leaves a GPU for decode, at
+    every token budget of ``limits`` whose full step fits the KV cache (module docstring:
+    the step a prompt joins at the load, capacity, M/D/1 wait); an option that another
+    budget of the same replicas beats on capacity and both TTFTs is dropped
+    (:func:`pareto_budgets`)."""
+    m, streams = _model(cp), cp.streams_per_replica
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
-    full = m.cycle(*_mix(0.0, float(budget), p, o))
-    per_replica = cp.streams_per_replica * (budget / p) / full
+    p99 = max(stats.prompt_p99, p)
+    rate = stats.rate_per_s or 0.0
+    steps: dict[tuple[int, float], float] = {}
 
-    def service(prompt: float) -> float:
-        chunk = min(prompt, budget)
-        return math.ceil(prompt / budget) * m.cycle(*_mix(0.0, chunk, prompt, o))
+    def step(tokens: float, prompt: float) -> float:
+        """A prefill-only step of ``tokens`` tokens of ``prompt``-token prompts."""
+        key = (max(1, round(tokens)), prompt)
+        if key not in steps:
+            steps[key] = m.cycle(*_mix(0.0, float(key[0]), prompt, o))
+        return steps[key]
 
-    s_mean, s_p99 = service(p), service(max(stats.prompt_p99, p))
     out = []
-    for dp in range(1, (gpus - 1) // lay.gpus + 1):
-        cap = dp * per_replica
-        rho = (stats.rate_per_s or 0.0) / cap
-        wait = rho / (2 * (1 - rho)) * s_mean if rho < 1 else math.inf
-        out.append(PoolSide(lay, dp, limits, mem.kv_tokens, cap, s_mean + wait,
-                            s_p99 + 4.6 * wait, s_mean, 0.0))
-    return out
+    for lim in limits:
+        budget = lim.budget
+        try:
+            mem = _memory(cp, lim)
+        except ScenarioError:
+            continue
+        first = min(p, budget)  # a lone prompt's step (a chunk when P > budget)
+        full = max(first, min(budget, lim.max_num_seqs * p))
+        if mem.kv_tokens // streams < full:
+            continue
+        per_replica = streams * (full / p) / step(full, p)
+        alone99 = step(min(p99, budget), p99)
+        for dp in range(1, (gpus - 1) // lay.gpus + 1):
+            cap = dp * per_replica
+            rho = rate / cap
+            tokens = joined_step(lambda x: step(x, p), first, full, rate / (dp * streams) * p)
+            s_load = step(tokens, p)
+            # M/D/1 wait on the work a prompt brings to the step it joins, s(x) P / x.
+            wait = rho / (2 * (1 - rho)) * s_load * p / tokens if rho < 1 else math.inf
+            pre = math.ceil(p / budget) * s_load
+            out.append(PoolSide(lay, dp, lim, mem.kv_tokens, cap, pre + wait,
+                                math.ceil(p99 / budget) * max(alone99, s_load) + 4.6 * wait,
+                                pre, tokens / p))
+    return pareto_budgets(out)
 
 
 def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
@@ -229,7 +261,7 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
     pool in ``tp, pp, dp, ep, attention_dp``, the prefill pool in ``prefill_*``."""
     e = s.engine
     budget = max(e.max_num_batched_tokens, *TOKEN_BUDGETS)
-    pre_lim = Limits(e.max_num_seqs, max(PREFILL_BUDGET, e.max_num_batched_tokens))
+    pre_lims = prefill_limits(e)
     dec_lims = [Limits(n, max(n, e.max_num_batched_tokens))
                 for n in sorted({*MAX_NUM_SEQS, e.max_num_seqs})]
     probe = Limits(max(lim.max_num_seqs for lim in dec_lims), budget)
@@ -237,7 +269,7 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
     pres, decs, price = [], [], None
     for lay, cp in shapes(base, s, model, gpus - 1, probe, min(need, need_p)):
         price = price or KVPrice(cp, model, s.model.kv_dtype)
-        pres += prefill_sides(lay, cp, stats, gpus, pre_lim)
+        pres += prefill_sides(lay, cp, stats, gpus, pre_lims)
         decs += decode_sides(lay, cp, stats, gpus, dec_lims, need)
     if not pres or not decs:
         return []
@@ -270,7 +302,9 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
                "kind": "disaggregated", "spec_k": 0,
                "prefill_tp": pr.lay.tp, "prefill_pp": pr.lay.pp, "prefill_dp": pr.dp,
                "prefill_ep": pr.lay.ep, "prefill_attention_dp": pr.lay.attention_dp,
-               "kv_tokens_per_replica": de.kv_tokens}
+               "kv_tokens_per_replica": de.kv_tokens,
+               "prefill_max_num_seqs": pr.limits.max_num_seqs,
+               "prefill_max_num_batched_tokens": pr.limits.max_num_batched_tokens}
         if not np.isfinite(t_kv[n]):
             rows.append({**row, "status": "excluded", "reason": "the decode pool's TP group "
                          "finds no room after the prefill pool (packed placement)"})
@@ -301,8 +335,7 @@ def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
 
     pre = pool("prefill", row["prefill_tp"], row["prefill_pp"], row["prefill_dp"],
                row.get("prefill_ep"), row.get("prefill_attention_dp"),
-               {"max_num_seqs": e.max_num_seqs,
-                "max_num_batched_tokens": max(PREFILL_BUDGET, e.max_num_batched_tokens)})
+               prefill_engine(row, e))
     pre["nodes"] = nodes
     dec = pool("decode", row["tp"], row["pp"], row["dp"], row.get("ep"),
                row.get("attention_dp"),
@@ -310,3 +343,4 @@ def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
                 "max_num_batched_tokens": int(row["max_num_batched_tokens"])})
     dec["same_nodes_as"] = "prefill"
     return [pre, dec]
+

@@ -1,0 +1,149 @@
+"""Issue #21, the disaggregated pools' search axes: the prefill pool's token budget, the
+decode pool's speculation, and KV transfers contending on the links, each estimated by
+hand here; plans without these axes keep their plan.csv (golden files written by the
+code before the axes, tests/data/poolaxes)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_planner_search import CONST, SPEC, _setup
+
+from simulator.cluster.build import build_plan
+from simulator.io.scenario import load_scenario
+from simulator.model.spec import load_model
+from simulator.planner import plan
+from simulator.planner.disagg import pools_of, prefill_sides, shapes
+from simulator.planner.estimate import StepModel, _mix
+from simulator.planner.poolaxes import PREFILL_BUDGETS, joined_step, pareto_budgets
+from simulator.planner.report import recommended_scenario, write_plan
+from simulator.planner.space import Limits
+from simulator.sweep import resolve_point
+
+GOLDEN = Path(__file__).parent / "data" / "poolaxes"
+
+
+def _tp1(sc: dict = CONST):
+    """The TP1 pool shape of Llama-3.1-8B on a DGX H100, its stats and its step model."""
+    base, s, st = _setup(sc)
+    (lay, cp), *_ = shapes(base, s, load_model("llama-3.1-8b"), 2, Limits(64, 8192), 1000)
+    plain = build_plan(load_scenario(resolve_point(base, {"parallel.tp": 1}, s.seed)))
+    m = StepModel(plain, plain.scenario.engine.step_overhead_s
+                  if not plain.scenario.engine.cpu_overlap else 0.0, 1)
+    return lay, cp, st, m
+
+
+def test_prefill_budget_by_hand():
+    """Prompts of 1000 tokens at 30 req/s into one TP1 prefill replica, three budgets:
+    capacity from a full step, the joined step's fixed point, the M/D/1 wait, and a
+    512-token budget that splits every prompt into two chunks."""
+    lay, cp, st, m = _tp1()
+    st = dataclasses.replace(st, rate_per_s=30.0)
+
+    def s(x: float) -> float:
+        return m.cycle(*_mix(0.0, x, 1000.0, 101.0))
+
+    for budget in (512, 2048, 16384):
+        (side,) = [x for x in prefill_sides(lay, cp, st, 2, [Limits(64, budget)])
+                   if x.dp == 1]
+        full = min(budget, 64 * 1000)
+        cap = (full / 1000) / s(full)
+        assert side.capacity == pytest.approx(cap, rel=1e-9)
+        rho = 30.0 / cap
+        if budget == 512:  # two full chunk steps per prompt, the step stays at 512 tokens
+            x, own = 512, 2 * s(512)
+        else:  # x = 1000 + (a s(x) / x) a s(x), a = 30 x 1000 tokens/s: x^2 - 1000x - b^2
+            b = 30.0 * 1000 * (side.cycle_s)
+            x = (1000 + math.sqrt(1000**2 + 4 * b * b)) / 2
+            own = s(x)
+            assert 1000 < x < full
+        assert side.cycle_s == pytest.approx(own, rel=2e-3)
+        wait = rho / (2 * (1 - rho)) * own / math.ceil(1000 / budget) * 1000 / x
+        assert side.ttft_s == pytest.approx(side.cycle_s + wait, rel=1e-3)
+        assert side.ttft_p99_s == pytest.approx(side.cycle_s + 4.6 * wait, rel=1e-3)
+
+
+def test_joined_step_limits():
+    """Idle stream: a prompt runs alone; past saturation the step fills the budget; a step
+    of constant length d gives the closed form of x = c + (a d / x) a d."""
+    assert joined_step(lambda x: 0.01, 1000.0, 8192.0, 0.0) == 1000.0
+    assert joined_step(lambda x: 1e-4 * x, 1000.0, 8192.0, 20000.0) == 8192.0
+    x = joined_step(lambda x: 0.05, 1000.0, 8192.0, 30000.0)  # a d = 1500 tokens
+    assert x == pytest.approx((1000 + math.sqrt(1000**2 + 4 * 1500**2)) / 2, abs=0.5)
+
+
+def test_bigger_budget_trades_ttft_for_capacity():
+    """The trade-off the budget axis exists for: at 30 req/s a 16384-token budget has more
+    capacity than 1024 (fewer steps per prompt, their fixed costs shared) but its prompts
+    join longer steps, so TTFT is longer; both stay after the Pareto filter, the middle
+    budgets that neither beats on anything are dropped."""
+    lay, cp, st, _ = _tp1()
+    st = dataclasses.replace(st, rate_per_s=30.0)
+    lims = [Limits(64, b) for b in PREFILL_BUDGETS]
+    sides = [x for x in prefill_sides(lay, cp, st, 2, lims) if x.dp == 1]
+    by = {x.limits.max_num_batched_tokens: x for x in sides}
+    assert {1024, 16384} <= set(by)
+    small, big = by[1024], by[16384]
+    assert big.capacity > 1.1 * small.capacity
+    assert big.ttft_s > 1.1 * small.ttft_s
+    assert big.cycle_s > small.cycle_s  # the step at the load
+    # Every kept option is beaten by no other on all three figures.
+    for a in sides:
+        assert not any(b is not a and b.capacity >= a.capacity and b.ttft_s <= a.ttft_s
+                       and b.ttft_p99_s <= a.ttft_p99_s for b in sides)
+
+
+def test_pareto_keeps_the_first_of_equals():
+    lay, cp, st, _ = _tp1()
+    (one,) = [x for x in prefill_sides(lay, cp, st, 2, [Limits(64, 2048)]) if x.dp == 1]
+    twin = dataclasses.replace(one, limits=Limits(64, 4096))
+    worse = dataclasses.replace(one, limits=Limits(64, 8192), capacity=one.capacity / 2)
+    other_dp = dataclasses.replace(worse, dp=2)
+    assert pareto_budgets([one, twin, worse, other_dp]) == [one, other_dp]
+
+
+@pytest.fixture(scope="module")
+def disagg_plan():
+    sc = copy.deepcopy(CONST)
+    sc["workload"]["rate_per_s"] = 30.0
+    return plan(sc, gpus=3, top=4, requests=60, jobs=1, disagg=True)
+
+
+def test_plan_csv_and_recommendation_carry_the_prefill_limits(disagg_plan, tmp_path):
+    r = disagg_plan
+    c = r.candidates
+    dis = c[(c["kind"] == "disaggregated") & (c["status"] == "feasible")]
+    budgets = set(dis["prefill_max_num_batched_tokens"].astype(int))
+    assert {1024, 16384} <= budgets <= set(PREFILL_BUDGETS)  # the trade-off, in the plan
+    assert set(dis["prefill_max_num_seqs"].astype(int)) == {64}
+    write_plan(r, tmp_path, figure=False)
+    csv = pd.read_csv(tmp_path / "plan.csv")
+    rows = csv[csv["kind"] == "disaggregated"]
+    assert len(rows) and rows["prefill_max_num_batched_tokens"].notna().all()
+    # The recommended pools carry the row's prefill limits (the pick, or any pooled row).
+    row = rows.iloc[0]
+    pre = pools_of(row, 1, r.scenario)[0]
+    assert pre["engine"] == {"max_num_seqs": int(row["prefill_max_num_seqs"]),
+                             "max_num_batched_tokens":
+                                 int(row["prefill_max_num_batched_tokens"])}
+    if r.best is not None and r.best["kind"] == "disaggregated":
+        rec = recommended_scenario(r)
+        assert rec["pools"][0]["engine"]["max_num_batched_tokens"] == int(
+            r.best["prefill_max_num_batched_tokens"])
+
+
+@pytest.mark.parametrize("name, sc, gpus, requests", [("colocated_plan", CONST, 2, 40),
+                                                      ("spec_plan", SPEC, 1, 30)])
+def test_plans_without_the_pool_axes_are_unchanged(name, sc, gpus, requests):
+    """Plans without ``--disagg`` (colocated, and colocated with a speculation axis) give
+    the plan.csv the code before these axes gave (golden files)."""
+    got = plan(sc, gpus=gpus, top=4, requests=requests, jobs=1).table
+    want = pd.read_csv(GOLDEN / f"{name}.csv")
+    got = pd.read_csv(io.StringIO(got.to_csv(index=False)))
+    pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12)
