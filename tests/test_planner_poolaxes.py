@@ -15,13 +15,15 @@ import pandas as pd
 import pytest
 from test_planner_search import CONST, SPEC, _setup
 
+from simulator import run
 from simulator.cluster.build import build_plan
 from simulator.io.scenario import load_scenario
 from simulator.model.spec import load_model
 from simulator.planner import plan
-from simulator.planner.disagg import pools_of, prefill_sides, shapes
-from simulator.planner.estimate import StepModel, _mix
-from simulator.planner.poolaxes import PREFILL_BUDGETS, joined_step, pareto_budgets
+from simulator.planner.candidates import spec_options
+from simulator.planner.disagg import decode_sides, disagg_rows, pools_of, prefill_sides, shapes
+from simulator.planner.estimate import StepModel, _mix, spec_step
+from simulator.planner.poolaxes import PREFILL_BUDGETS, joined_step, pareto_budgets, spec_plan
 from simulator.planner.report import recommended_scenario, write_plan
 from simulator.planner.space import Limits
 from simulator.sweep import resolve_point
@@ -147,3 +149,116 @@ def test_plans_without_the_pool_axes_are_unchanged(name, sc, gpus, requests):
     want = pd.read_csv(GOLDEN / f"{name}.csv")
     got = pd.read_csv(io.StringIO(got.to_csv(index=False)))
     pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12)
+
+
+# -- 2. the decode pool speculates ---------------------------------------------------------
+
+def _spec_decode(rate: float):
+    """Decode sides of the TP1 shape for SPEC (EAGLE, k = 3, acceptance 0.7) at ``rate``,
+    plain and with speculation, and what the hand computation needs."""
+    base, s, st = _setup(SPEC)
+    st = dataclasses.replace(st, rate_per_s=rate)
+    model = load_model("llama-3.1-8b")
+    (lay, cp), *_ = shapes(base, s, model, 2, Limits(64, 2048), 1000)
+    spec_cp = spec_plan(base, s.seed, lay, Limits(64, 2048), False)
+    sides = decode_sides(lay, cp, st, 2, [Limits(64, 2048)], 1000, spec_cp)
+    return sides, cp, spec_cp, st
+
+
+def test_decode_speculation_by_hand():
+    """k = 3 drafts with a geometric acceptance of 0.7: 1 + E[A] = 1 + 0.7 + 0.49 + 0.343
+    tokens per step; the batch by Little's law over O / (1 + E[A]) steps; capacity from
+    the largest batch; the drafter's weights and KV come out of the KV cache."""
+    sides, cp, spec_cp, st = _spec_decode(20.0)
+    by = {x.spec_k: x for x in sides if x.dp == 1}
+    assert set(by) == {0, 1, 3, 5}
+    plain, k3 = by[0], by[3]
+    assert k3.gain == pytest.approx(1 + 0.7 + 0.49 + 0.343, rel=1e-9)
+    assert plain.gain == 1.0
+    assert k3.kv_tokens < plain.kv_tokens  # the EAGLE layer's KV and weights
+    m = StepModel(cp, cp.scenario.engine.step_overhead_s
+                  if not cp.scenario.engine.cpu_overlap else 0.0, 1)
+    (spec,) = [x for x in spec_options(spec_cp) if x.k == 3]
+    p, o = 256.0, 128.0
+
+    def cyc(b: float) -> float:
+        return spec_step(m, spec, b, 0.0, p, o)
+
+    b = k3.batch
+    assert k3.cycle_s == pytest.approx(cyc(b), rel=1e-9)
+    assert b == pytest.approx(20.0 * o / k3.gain * cyc(b), rel=2e-3)  # Little's law
+    b_max = 64  # max_num_seqs binds; 64 x 4 tokens fit the 2048-token budget
+    assert k3.capacity == pytest.approx(b_max * k3.gain / (o * cyc(b_max)), rel=1e-9)
+    # The TPOT the pair reports: a step per 1 + E[A] tokens (plus the KV transfer share).
+    assert k3.cycle_s / k3.gain < 0.7 * plain.cycle_s
+
+
+def test_decode_speculation_stops_where_the_engine_stops():
+    """Past ``disable_by_batch_size`` the pool decodes plainly: one token per step."""
+    sc = copy.deepcopy(SPEC)
+    sc["speculative"]["disable_by_batch_size"] = 4
+    base, s, st = _setup(sc)
+    st = dataclasses.replace(st, rate_per_s=100.0)
+    (lay, cp), *_ = shapes(base, s, load_model("llama-3.1-8b"), 2, Limits(64, 2048), 1000)
+    spec_cp = spec_plan(base, s.seed, lay, Limits(64, 2048), False)
+    sides = decode_sides(lay, cp, st, 2, [Limits(64, 2048)], 1000, spec_cp)
+    one = [x for x in sides if x.dp == 1]
+    assert all(x.batch >= 4 and x.gain == 1.0 for x in one)
+    plain = next(x for x in one if x.spec_k == 0)
+    assert all(x.cycle_s == pytest.approx(plain.cycle_s, rel=1e-9) for x in one)
+
+
+def test_plain_pool_rows_do_not_depend_on_the_speculative_section():
+    """A scenario's [speculative] section adds rows; the plain (spec_k = 0) rows are those
+    of the scenario without it."""
+    sc = copy.deepcopy(SPEC)
+    no = {k: v for k, v in sc.items() if k != "speculative"}
+    rows = {}
+    for name, scen in (("spec", sc), ("plain", no)):
+        base, s, st = _setup(scen)
+        rows[name] = disagg_rows(base, s, load_model("llama-3.1-8b"), 2, st, 1000, 1.0, 0.05)
+    assert {r["spec_k"] for r in rows["plain"]} == {0}
+    assert {r["spec_k"] for r in rows["spec"]} == {0, 1, 3, 5}
+    assert [r for r in rows["spec"] if r["spec_k"] == 0] == rows["plain"]
+
+
+def test_pooled_run_speculates_on_the_decode_pool():
+    """[speculative] with [[pools]]: the decode pool drafts (its KV cache pays for the
+    drafter), the prefill pool does not; TPOT at low load falls."""
+    base, s, _ = _setup(SPEC, 30)
+    row = {"prefill_tp": 1, "prefill_pp": 1, "prefill_dp": 1, "tp": 1, "pp": 1, "dp": 1,
+           "max_num_seqs": 64, "max_num_batched_tokens": 2048}
+    out = {}
+    for spec in (True, False):
+        data = copy.deepcopy(base)
+        if not spec:
+            del data["speculative"]
+        data["pools"] = pools_of(row, 1, s)
+        out[spec] = run(data)
+    on, off = out[True], out[False]
+    assert on.summary["kv_tokens_per_replica"][0] == off.summary["kv_tokens_per_replica"][0]
+    assert on.summary["kv_tokens_per_replica"][1] < off.summary["kv_tokens_per_replica"][1]
+    assert on.summary["acceptance_length_mean"] > 1.5
+    assert "acceptance_length_mean" not in off.summary
+    assert on.requests["tpot_s"].mean() < 0.7 * off.requests["tpot_s"].mean()
+    # The first token comes from the prefill pool, which does not speculate.
+    assert on.requests["ttft_s"].to_numpy() == pytest.approx(
+        off.requests["ttft_s"].to_numpy(), rel=1e-9)
+
+
+def test_disaggregated_speculative_pick_is_simulated_and_recommended(tmp_path):
+    """At 0.5 req/s the estimate ranks the speculating decode pool first among the pairs
+    by TPOT; it is simulated (status ok) and its simulated TPOT beats the plain pair's;
+    the recommended.toml of such a row carries the k and the pools, and loads."""
+    r = plan(SPEC, gpus=2, top=8, requests=30, jobs=1, disagg=True, objective="min_tpot")
+    t = r.table
+    dis = t[t["kind"] == "disaggregated"]
+    on, off = dis[dis["spec_k"] > 0], dis[dis["spec_k"] == 0]
+    assert len(on) and len(off) and (dis["status"] == "ok").all()
+    assert on["tpot_slo_q_s"].min() < 0.8 * off["tpot_slo_q_s"].min()
+    assert set(r.rank_correlations) >= {"disaggregated", "disaggregated+spec"}
+    best = on.iloc[0]
+    rec = recommended_scenario(dataclasses.replace(r, best=best))
+    assert rec["speculative"]["num_speculative_tokens"] == int(best["spec_k"])
+    assert [p["role"] for p in rec["pools"]] == ["prefill", "decode"]
+    load_scenario(rec)

@@ -51,14 +51,15 @@ from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, Links
-from simulator.planner.candidates import _memory, _point
-from simulator.planner.estimate import ITERATIONS, StepModel, _mix
+from simulator.planner.candidates import _memory, _point, spec_options
+from simulator.planner.estimate import ITERATIONS, StepModel, _mix, drafts_per_step, spec_step
 from simulator.planner.poolaxes import (
     PREFILL_BUDGET,  # noqa: F401 (re-exported)
     joined_step,
     pareto_budgets,
     prefill_engine,
     prefill_limits,
+    spec_plan,
 )
 from simulator.planner.space import (
     MAX_NUM_SEQS,
@@ -88,6 +89,8 @@ class PoolSide:
     ttft_p99_s: float
     cycle_s: float  # decode step at the batch the pool carries (prefill: one prompt's step)
     batch: float
+    gain: float = 1.0  # decode: output tokens per sequence and step (1 + E[A] speculating)
+    spec_k: int = 0  # decode: speculative tokens per step (0: off)
 
     @property
     def gpus(self) -> int:
@@ -177,40 +180,54 @@ def prefill_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
 
 
 def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
-                 limits: list[Limits], need: int) -> list[PoolSide]:
+                 limits: list[Limits], need: int, spec_cp: ClusterPlan | None = None
+                 ) -> list[PoolSide]:
     """The decode pool of shape ``lay`` with every dp and engine limit that leaves a GPU
-    for prefill (and keeps a useful KV cache)."""
+    for prefill (and keeps a useful KV cache); with ``spec_cp`` (the shape built with the
+    scenario's ``[speculative]`` section) also with every speculative k searched, the
+    drafter charged to memory (docs/planner.md, "Speculative decoding as an axis")."""
     m = _model(cp)
     streams = cp.streams_per_replica
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
+    specs = spec_options(spec_cp) if spec_cp is not None else []
     out = []
     for lim in limits:
-        try:
-            mem = _memory(cp, lim)
-        except ScenarioError:
-            continue
-        if mem.kv_tokens // streams < need:
-            continue
+        for spec in [None, *specs]:
+            try:
+                mem = _memory(spec_cp if spec else cp, lim, drafter=spec is not None)
+            except ScenarioError:
+                continue
+            if mem.kv_tokens // streams < need:
+                continue
 
-        def cycle(b: float) -> float:
-            return m.cycle(*_mix(b, 0.0, p, o))
+            def gain(b: float, spec=spec, budget=lim.budget) -> float:
+                """Output tokens per sequence and step (1 + E[A] while speculating)."""
+                return 1.0 + spec.accepted if drafts_per_step(spec, b, budget) else 1.0
 
-        b_max = max(1.0, min(lim.max_num_seqs, mem.kv_tokens / streams / (p + o / 2)))
-        c_max = cycle(b_max)
-        for dp in range(1, (gpus - 1) // lay.gpus + 1):
-            lanes = dp * streams
-            rate = stats.rate_per_s if stats.rate_per_s is not None else math.nan
-            if stats.rate_per_s is None:  # closed loop: the clients fix the batch
-                batch = min(b_max, max(1.0, (stats.concurrency or 1) / lanes))
-            else:
-                batch = 1.0
-                for _ in range(ITERATIONS):
-                    new = min(b_max, max(1.0, rate / lanes * o * cycle(batch)))
-                    if abs(new - batch) < 1e-3:
-                        break
-                    batch = 0.5 * (batch + new)
-            out.append(PoolSide(lay, dp, lim, mem.kv_tokens, lanes * b_max / (o * c_max),
-                                math.nan, math.nan, cycle(batch), batch))
+            def cycle(b: float, spec=spec, budget=lim.budget) -> float:
+                if drafts_per_step(spec, b, budget):
+                    return spec_step(m, spec, b, 0.0, p, o)
+                return m.cycle(*_mix(b, 0.0, p, o))
+
+            b_max = max(1.0, min(lim.max_num_seqs, mem.kv_tokens / streams / (p + o / 2)))
+            c_max = cycle(b_max)
+            for dp in range(1, (gpus - 1) // lay.gpus + 1):
+                lanes = dp * streams
+                rate = stats.rate_per_s if stats.rate_per_s is not None else math.nan
+                if stats.rate_per_s is None:  # closed loop: the clients fix the batch
+                    batch = min(b_max, max(1.0, (stats.concurrency or 1) / lanes))
+                else:  # Little's law: O / gain steps per request
+                    batch = 1.0
+                    for _ in range(ITERATIONS):
+                        new = min(b_max, max(1.0, rate / lanes * o / gain(batch)
+                                             * cycle(batch)))
+                        if abs(new - batch) < 1e-3:
+                            break
+                        batch = 0.5 * (batch + new)
+                out.append(PoolSide(lay, dp, lim, mem.kv_tokens,
+                                    lanes * b_max * gain(b_max) / (o * c_max), math.nan,
+                                    math.nan, cycle(batch), batch, gain(batch),
+                                    spec.k if spec else 0))
     return out
 
 
@@ -270,7 +287,8 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
     for lay, cp in shapes(base, s, model, gpus - 1, probe, min(need, need_p)):
         price = price or KVPrice(cp, model, s.model.kv_dtype)
         pres += prefill_sides(lay, cp, stats, gpus, pre_lims)
-        decs += decode_sides(lay, cp, stats, gpus, dec_lims, need)
+        decs += decode_sides(lay, cp, stats, gpus, dec_lims, need,
+                             spec_plan(base, s.seed, lay, probe, model.moe is not None))
     if not pres or not decs:
         return []
     gp = np.array([x.gpus for x in pres])
@@ -288,7 +306,7 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
     rho = rate / cap if rate is not None else np.zeros(len(i))
     ttft_p99 = np.array([pres[a].ttft_p99_s for a in i])
     ttft = np.array([pres[a].ttft_s for a in i])
-    tpot = np.array([decs[b].cycle_s for b in j]) + t_kv / max(o - 1, 1.0)
+    tpot = np.array([decs[b].cycle_s / decs[b].gain for b in j]) + t_kv / max(o - 1, 1.0)
     ok = (rho < 1) & (ttft_p99 <= ttft_slo_s) & (tpot <= tpot_slo_s) & np.isfinite(t_kv)
     served = np.minimum(rate, cap) if rate is not None else cap
     rows = []
@@ -299,7 +317,7 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
                "max_num_seqs": de.limits.max_num_seqs,
                "max_num_batched_tokens": de.limits.max_num_batched_tokens,
                "chunk_size": None, "gpus": pr.gpus + de.gpus, "simulated": False,
-               "kind": "disaggregated", "spec_k": 0,
+               "kind": "disaggregated", "spec_k": de.spec_k,
                "prefill_tp": pr.lay.tp, "prefill_pp": pr.lay.pp, "prefill_dp": pr.dp,
                "prefill_ep": pr.lay.ep, "prefill_attention_dp": pr.lay.attention_dp,
                "kv_tokens_per_replica": de.kv_tokens,

@@ -1,13 +1,18 @@
 """The disaggregated pools' search axes (docs/planner.md, "Disaggregated layouts"): the
 prefill pool's token budgets, the step a prompt joins at the load and the Pareto filter
-over budgets; used by :mod:`simulator.planner.disagg`.
+over budgets, the decode pool's speculation; used by :mod:`simulator.planner.disagg`.
 """
 
 from __future__ import annotations
 
+from simulator.cluster.build import ClusterPlan, build_plan
 from simulator.engine.schedulers import SCHEDULERS
+from simulator.errors import ScenarioError
+from simulator.io.scenario import load_scenario
+from simulator.planner.candidates import _point
 from simulator.planner.estimate import ITERATIONS
-from simulator.planner.space import TOKEN_BUDGETS, Limits
+from simulator.planner.space import TOKEN_BUDGETS, Layout, Limits
+from simulator.sweep import resolve_point
 
 #: Token budget of prefill-pool steps (the largest colocated one: prefill-only steps batch
 #: whole prompts) where the budget is not searched (``sarathi``, rows without one).
@@ -91,3 +96,17 @@ def prefill_engine(row, e) -> dict:
         return {"max_num_seqs": e.max_num_seqs,
                 "max_num_batched_tokens": max(PREFILL_BUDGET, e.max_num_batched_tokens)}
     return {"max_num_seqs": int(seqs), "max_num_batched_tokens": int(budget)}
+
+
+def spec_plan(base: dict, seed: int, lay: Layout, probe: Limits, moe: bool
+              ) -> ClusterPlan | None:
+    """A decode pool's replica shape ``lay`` built with the scenario's ``[speculative]``
+    section (the drafter charged as the pools builder charges it), or None: no such
+    section, or the shape does not build with the drafter."""
+    if "speculative" not in base:
+        return None
+    try:
+        return build_plan(load_scenario(resolve_point(base, _point(lay, probe, moe), seed)))
+    except ScenarioError:
+        return None
+
