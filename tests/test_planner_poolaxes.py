@@ -11,6 +11,7 @@ import io
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_planner_search import CONST, SPEC, _setup
@@ -23,7 +24,13 @@ from simulator.planner import plan
 from simulator.planner.candidates import spec_options
 from simulator.planner.disagg import decode_sides, disagg_rows, pools_of, prefill_sides, shapes
 from simulator.planner.estimate import StepModel, _mix, spec_step
-from simulator.planner.poolaxes import PREFILL_BUDGETS, joined_step, pareto_budgets, spec_plan
+from simulator.planner.poolaxes import (
+    PREFILL_BUDGETS,
+    joined_step,
+    kv_contended,
+    pareto_budgets,
+    spec_plan,
+)
 from simulator.planner.report import recommended_scenario, write_plan
 from simulator.planner.space import Limits
 from simulator.sweep import resolve_point
@@ -262,3 +269,52 @@ def test_disaggregated_speculative_pick_is_simulated_and_recommended(tmp_path):
     assert rec["speculative"]["num_speculative_tokens"] == int(best["spec_k"])
     assert [p["role"] for p in rec["pools"]] == ["prefill", "decode"]
     load_scenario(rec)
+
+
+# -- 3. KV transfers contend on the links ---------------------------------------------------
+
+def test_kv_contention_by_hand():
+    """Processor sharing at the busiest end: 28 ms alone, 20 transfers/s into one decode
+    replica: rho = 0.56, 28 / 0.44 = 63.6 ms; two ends halve rho; a closed loop or an idle
+    link prices a transfer alone; at rho >= 1 the links cannot keep up."""
+    alone, lat = np.array([0.028, 0.028, 0.028, 0.05]), np.array([1e-5] * 4)
+    t, x = kv_contended(alone, lat, 20.0, np.array([1, 2, 4, 1]))
+    assert t[0] == pytest.approx(0.028 / (1 - 0.56) + 1e-5, rel=1e-12)
+    assert t[1] == pytest.approx(0.028 / (1 - 0.28) + 1e-5, rel=1e-12)
+    assert t[2] == pytest.approx(0.028 / (1 - 0.14) + 1e-5, rel=1e-12)
+    assert t[3] == math.inf  # 20 x 50 ms = 1 s of transfer per second on one end
+    assert list(x) == pytest.approx([1 / 0.028, 2 / 0.028, 4 / 0.028, 20.0])
+    t0, _ = kv_contended(alone, lat, None, np.array([1, 2, 4, 1]))
+    assert list(t0) == list(alone + lat)
+
+
+def _eight_to_one(rate: float):
+    """Eight TP1 prefill replicas on node 0 send 8000-token prompts of Llama-3.1-8B to one
+    TP1 decode replica on node 1 (over the NICs): every transfer shares its ingress."""
+    sc = {"name": "kvc", "seed": 3, "model": {"name": "llama-3.1-8b"},
+          "cluster": {"topology": "dgx-h100", "nodes": 2},
+          "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 8192},
+          "workload": {"arrival": "poisson", "rate_per_s": rate, "num_requests": 1000,
+                       "prompt_tokens": 8000, "output_tokens": 101},
+          "slo": {"ttft_s": 10.0, "tpot_s": 1.0}}
+    base, s, st = _setup(sc, 1000)
+    rows = disagg_rows(base, s, load_model("llama-3.1-8b"), 9, st, 8101, 10.0, 1.0)
+    r = next(r for r in rows if (r["prefill_tp"], r["prefill_dp"], r["tp"], r["dp"])
+             == (1, 8, 1, 1) and r["max_num_seqs"] == 64 and r["status"] == "feasible")
+    data = copy.deepcopy(base)
+    data["pools"] = pools_of(r, 2, s)
+    return r, st, run(data).requests
+
+
+def test_kv_contention_against_the_simulation():
+    """At 15 req/s the transfers into the one decode replica hold its NIC 42% of the time
+    (15 x 28 ms): the simulated mean transfer is within 10% of the processor-sharing
+    estimate and over 1.4x the transfer alone."""
+    r, st, q = _eight_to_one(15.0)
+    t = r["est_kv_transfer_s"]
+    alone = t / (1 + st.rate_per_s * t)  # T of t = T / (1 - rate T) (latency: microseconds)
+    assert st.rate_per_s * alone > 0.35
+    sim = q["kv_transfer_s"].mean()
+    assert abs(t - sim) < 0.1 * sim
+    assert sim > 1.4 * alone
+    assert r["est_capacity_req_per_s"] <= 1 / alone + 1e-9

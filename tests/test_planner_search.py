@@ -55,7 +55,8 @@ def test_pool_estimate_by_hand():
     # GPU 0 -> NVSwitch -> GPU 1 at the NVLink bandwidth x the point-to-point efficiency.
     node = load_node("dgx-h100")
     per_token = 131072 / (node.scale_up.bandwidth_Bps * BANDWIDTH_EFFICIENCY)
-    t_kv = 1000 * per_token + 2 * node.scale_up.latency_s
+    alone = 1000 * per_token  # shared with the other transfers into the one decode
+    t_kv = alone / (1 - st.rate_per_s * alone) + 2 * node.scale_up.latency_s  # replica: PS
     assert r["est_kv_transfer_s"] == pytest.approx(t_kv, rel=1e-6)
     # The pools' steps, priced by the same stage costs the simulator uses.
     cp = build_plan(load_scenario(resolve_point(base, {"parallel.tp": 1, "parallel.dp": 1},

@@ -12,27 +12,35 @@ the model and a useful KV cache fit at its TP degree (pp > 1 only where the mode
 The estimate of a pair (prefill pool p, decode pool d), at offered rate lambda, mean prompt
 P and output O (docs/planner.md, "Disaggregated layouts"):
 
-- prefill pool, at each token budget searched (:data:`PREFILL_BUDGETS` and the
-  scenario's): a full step of ``F = min(budget, max_num_seqs P)`` tokens holds ``F / P``
-  prompts in ``s(F)``, so the pool's capacity is ``X_p = dp_p M_p (F / P) / s(F)``; the
-  step a prompt joins at the load holds its own ``c = min(P, budget)`` tokens and, when
-  the stream is busy (fraction ``u = a s(x) / x``, ``a = lambda P / (dp_p M_p)``), those
-  that arrived during the step in flight: ``x = min(F, c + u a s(x))``
-  (:func:`joined_step`); TTFT = ``ceil(P / budget) s(x)`` plus the M/D/1 wait
-  ``rho_p / (2 (1 - rho_p)) s(x) P / x`` (the work a prompt brings to that step),
-  ``rho_p = lambda / X_p``; the p99 takes the p99 prompt and 4.6 x the wait. A bigger
-  budget raises ``X_p`` but lets ``s(x)`` grow with the load; budgets another beats on
-  all three figures are dropped (:func:`pareto_budgets`);
+- prefill pool, at each token budget searched
+  (:data:`~simulator.planner.poolaxes.PREFILL_BUDGETS` and the scenario's): a full step
+  of ``F = min(budget, max_num_seqs P)`` tokens holds ``F / P`` prompts in ``s(F)``, so the
+  pool's capacity is ``X_p = dp_p M_p (F / P) / s(F)``; the step a prompt joins at the
+  load holds its own ``c = min(P, budget)`` tokens and, when the stream is busy (fraction
+  ``u = a s(x) / x``, ``a = lambda P / (dp_p M_p)``), those that arrived during the step
+  in flight: ``x = min(F, c + u a s(x))`` (:func:`~simulator.planner.poolaxes.joined_step`);
+  TTFT = ``ceil(P / budget) s(x)`` plus the M/D/1 wait ``rho_p / (2 (1 - rho_p)) s(x) P /
+  x`` (the work a prompt brings to that step), ``rho_p = lambda / X_p``; the p99 takes the
+  p99 prompt and 4.6 x the wait. A bigger budget raises ``X_p`` but lets ``s(x)`` grow
+  with the load; budgets another beats on all three figures are dropped
+  (:func:`~simulator.planner.poolaxes.pareto_budgets`);
 - decode pool: decode-only steps, ``cycle(B)`` for B sequences at context P + O/2; the batch
   at the load solves ``B = lambda / (dp_d M_d) O cycle(B)`` (capped by max_num_seqs and the
   KV cache), capacity ``X_d = dp_d M_d B_max / (O cycle(B_max))``, TPOT = ``cycle(B) +
-  t_kv / (O - 1)`` (the transfer lands between the first and second token);
+  t_kv / (O - 1)`` (the transfer lands between the first and second token); with a
+  ``[speculative]`` section also at each k searched, a step yielding ``g = 1 + E[A]``
+  tokens: ``B = lambda / (dp_d M_d) (O / g) cycle(B)``, ``X_d`` times g, TPOT ``cycle(B) /
+  g + t_kv / (O - 1)``;
 - KV transfer: P tokens of KV from a prefill replica to a decode replica, priced as
   :mod:`simulator.cluster.transfer` prices it uncontended (the max-min fluid finish of the
-  per-GPU-pair flows of :func:`~simulator.cluster.transfer.kv_flows` over the graph, plus
-  the path latency);
-- the pair: capacity ``min(X_p, X_d)``; meets the SLOs by estimate when both pools keep up,
-  the prefill pool's p99 TTFT and the TPOT are within the targets.
+  per-GPU-pair flows of :func:`~simulator.cluster.transfer.kv_flows` over the graph,
+  ``T``, plus the path latency); transfers share the links of their ends, so those of
+  the busiest end, ``lambda / min(dp_p, dp_d)`` per second, contend: processor sharing,
+  ``t_kv = T / (1 - rho_kv) + latency`` with ``rho_kv = lambda T / min(dp_p, dp_d)``
+  (:func:`~simulator.planner.poolaxes.kv_contended`);
+- the pair: capacity ``min(X_p, X_d, min(dp_p, dp_d) / T)``; meets the SLOs by estimate
+  when both pools and the links keep up, the prefill pool's p99 TTFT and the TPOT are
+  within the targets.
 
 Pool figures are computed once per pool option; the pairs are combined with numpy.
 """
@@ -56,6 +64,7 @@ from simulator.planner.estimate import ITERATIONS, StepModel, _mix, drafts_per_s
 from simulator.planner.poolaxes import (
     PREFILL_BUDGET,  # noqa: F401 (re-exported)
     joined_step,
+    kv_contended,
     pareto_budgets,
     prefill_engine,
     prefill_limits,
@@ -300,9 +309,11 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
     p = max(stats.prompt_mean, 1.0)
     kv = np.array([price(pres[a].lay, decs[b].lay, int(gp[a])) for a, b in zip(i, j,
                                                                              strict=True)])
-    t_kv = p * kv[:, 0] + kv[:, 1]
-    cap = np.minimum([pres[a].capacity for a in i], [decs[b].capacity for b in j])
     rate = stats.rate_per_s
+    ends = np.minimum([pres[a].dp for a in i], [decs[b].dp for b in j])
+    t_kv, x_kv = kv_contended(p * kv[:, 0], kv[:, 1], rate, ends)
+    cap = np.minimum(np.minimum([pres[a].capacity for a in i],
+                                [decs[b].capacity for b in j]), x_kv)
     rho = rate / cap if rate is not None else np.zeros(len(i))
     ttft_p99 = np.array([pres[a].ttft_p99_s for a in i])
     ttft = np.array([pres[a].ttft_s for a in i])
@@ -323,7 +334,7 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
                "kv_tokens_per_replica": de.kv_tokens,
                "prefill_max_num_seqs": pr.limits.max_num_seqs,
                "prefill_max_num_batched_tokens": pr.limits.max_num_batched_tokens}
-        if not np.isfinite(t_kv[n]):
+        if not np.isfinite(kv[n, 0]):
             rows.append({**row, "status": "excluded", "reason": "the decode pool's TP group "
                          "finds no room after the prefill pool (packed placement)"})
             continue

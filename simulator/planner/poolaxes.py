@@ -1,9 +1,12 @@
 """The disaggregated pools' search axes (docs/planner.md, "Disaggregated layouts"): the
 prefill pool's token budgets, the step a prompt joins at the load and the Pareto filter
-over budgets, the decode pool's speculation; used by :mod:`simulator.planner.disagg`.
+over budgets, the decode pool's speculation, the KV transfers' contention on the links;
+used by :mod:`simulator.planner.disagg`.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from simulator.cluster.build import ClusterPlan, build_plan
 from simulator.engine.schedulers import SCHEDULERS
@@ -110,3 +113,39 @@ def spec_plan(base: dict, seed: int, lay: Layout, probe: Limits, moe: bool
     except ScenarioError:
         return None
 
+
+
+def kv_contended(alone_s: np.ndarray, latency_s: np.ndarray, rate: float | None,
+                 ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of a KV transfer among the others in flight, and the transfers per second
+    the links carry (both per pair).
+
+    Parameters
+    ----------
+    alone_s : array
+        Seconds the transfer's flows take alone on the links (latency excluded).
+    latency_s : array
+        The path latency (s).
+    rate : float or None
+        Offered requests per second (None, a closed loop: priced alone).
+    ends : array
+        ``min(dp_p, dp_d)``: the routers spread transfers over this many links (the ports
+        of the busiest side's replicas).
+
+    Notes
+    -----
+    A transfer's flows cross its prefill replica's egress and its decode replica's
+    ingress (NVLink ports, NICs), which every transfer out of or into that replica shares:
+    at the busiest end ``lambda / ends`` per second, each holding the links for ``T =
+    alone_s``, utilization ``rho = lambda T / ends``. The links share their bandwidth
+    max-min fairly among the flows in flight (:mod:`simulator.topology.flows`), i.e.
+    processor sharing, whose mean response time is ``T / (1 - rho)`` (M/G/1-PS, Kleinrock
+    1976, vol. 2, ch. 4): ``t_kv = T / (1 - rho) + latency``; ``rho >= 1``: the links
+    cannot keep up (inf). The links' capacity is ``ends / T`` transfers per second.
+    """
+    alone = np.asarray(alone_s, dtype=float)
+    rho = (rate or 0.0) * alone / ends
+    keeps_up = rho < 1  # False also for NaN (no room for the decode replica)
+    t = np.where(keeps_up, alone / (1 - np.where(keeps_up, rho, 0.0)), np.inf)
+    with np.errstate(divide="ignore"):
+        return t + latency_s, ends / alone
