@@ -38,9 +38,9 @@ from simulator.sweep import resolve_point
 GOLDEN = Path(__file__).parent / "data" / "poolaxes"
 
 
-def _tp1(sc: dict = CONST):
+def _tp1():
     """The TP1 pool shape of Llama-3.1-8B on a DGX H100, its stats and its step model."""
-    base, s, st = _setup(sc)
+    base, s, st = _setup(CONST)
     (lay, cp), *_ = shapes(base, s, load_model("llama-3.1-8b"), 2, Limits(64, 8192), 1000)
     plain = build_plan(load_scenario(resolve_point(base, {"parallel.tp": 1}, s.seed)))
     m = StepModel(plain, plain.scenario.engine.step_overhead_s
@@ -151,7 +151,9 @@ def test_plan_csv_and_recommendation_carry_the_prefill_limits(disagg_plan, tmp_p
                                                       ("spec_plan", SPEC, 1, 30)])
 def test_plans_without_the_pool_axes_are_unchanged(name, sc, gpus, requests):
     """Plans without ``--disagg`` (colocated, and colocated with a speculation axis) give
-    the plan.csv the code before these axes gave (golden files)."""
+    the plan.csv the code before these axes gave (golden files: ``plan(sc, gpus=gpus,
+    top=4, requests=requests, jobs=1).table.to_csv(path, index=False)`` at commit 7b38831;
+    a later change that moves colocated results on purpose rewrites them the same way)."""
     got = plan(sc, gpus=gpus, top=4, requests=requests, jobs=1).table
     want = pd.read_csv(GOLDEN / f"{name}.csv")
     got = pd.read_csv(io.StringIO(got.to_csv(index=False)))
