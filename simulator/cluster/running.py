@@ -281,6 +281,10 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
     summary["simpy_events"] = events
     summary.update(_availability(cluster))
     summary.update(pool_summary(requests, cluster.pool_table(), summary))
+    if any(p.plan.speculative is not None for p in plan.pools):
+        st = cluster.spec_stats
+        summary.update(speculative_summary(requests, st.draft_s, sum(engine["stage_busy_s"]),
+                                           st.spec_steps, st.plain_steps))
     kept = steps if not steps.empty else None
     kv_capacity = {rp.placement.replica: p.plan.memory.kv_blocks
                    for p in plan.pools for rp in p.plan.replicas}

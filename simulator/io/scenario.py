@@ -312,8 +312,8 @@ def load_scenario(source: str | Path | dict | Scenario,
                 for name, cls in SECTIONS.items()}
     spec = (_build_section("speculative", SpeculativeKeys, data["speculative"], problems)
             if "speculative" in data else None)
-    if pools and spec is not None:
-        problems.append("speculative: not supported with [[pools]] yet (remove one of them)")
+    # With [[pools]], decode and mixed pools speculate; prefill pools do not
+    # (simulator.cluster.pools.pool_scenario).
     scenario = Scenario(**top, **sections, faults=faults, random_faults=random_faults,
                         pools=pools, base_dir=str(base_dir), source=origin,
                         speculative=spec)
