@@ -13,6 +13,10 @@ import numpy as np
 import pytest
 
 import simulator
+from simulator.cluster.simulation import run_rngs
+from simulator.engine.clock import SCALE
+from simulator.errors import ScenarioError
+from simulator.workload.arrivals import release_times
 
 C, PROMPT, OUTPUT, CYCLES = 4, 500, 20, 4
 
@@ -64,3 +68,49 @@ def test_a_budget_of_one_prompt_per_step_spreads_the_clients_for_good():
     assert later["ttft_s"].mean() < lock.requests["ttft_s"].mean()
     assert lock.requests["ttft_s"].iloc[0] == pytest.approx(
         lock.steps["end_s"].iloc[0] - lock.steps["start_s"].iloc[0])
+
+
+# -- a closed loop with a request rate: vllm bench serve --request-rate R --max-concurrency C
+def _rated(concurrency: int, rate: float, n: int, output: int, **workload) -> dict:
+    return {"name": "rated", "seed": 3, "model": {"name": "llama-3.1-8b"},
+            "cluster": {"topology": "dgx-h100"}, "parallel": {"tp": 1},
+            "workload": {"arrival": "closed_loop", "concurrency": concurrency,
+                         "num_requests": n, "rate_per_s": rate, "prompt_tokens": 300,
+                         "output_tokens": output, **workload}}
+
+
+def test_release_times_are_vllm_bench_gamma_gaps_rescaled_to_n_over_rate():
+    sc = simulator.load_scenario(_rated(2, 4.0, 50, 10, cv=0.5))
+    t = release_times(sc.workload, np.random.default_rng(0))
+    assert len(t) == 50 and (np.diff(t) > 0).all()
+    assert t[-1] == pytest.approx(50 / 4.0, rel=1e-12)  # serve.py: target_total_delay_s
+    gaps = np.diff(t)
+    assert np.std(gaps) / np.mean(gaps) == pytest.approx(0.5, abs=0.15)
+
+
+def test_each_request_goes_at_its_release_or_when_a_client_frees_whichever_is_later():
+    # Request i takes the i-th free client slot (C at t = 0, then one per finish, in time
+    # order) and is sent at the later of that and its release time; TTFT counts from the
+    # send, as vllm bench serve's (st is taken after the semaphore).
+    c, n = 3, 12
+    s = _rated(c, 4.0, n, 120)
+    res = simulator.run(s)
+    req = res.requests.sort_values("request_id")
+    sc = simulator.load_scenario(s)
+    rel = np.rint(release_times(sc.workload, run_rngs(sc.seed)["arrivals"]) * SCALE) / SCALE
+    free = np.sort(np.concatenate([np.zeros(c), req["finish_s"].to_numpy()]))[:n]
+    sent = req["arrival_s"].to_numpy()
+    np.testing.assert_array_equal(sent, np.maximum(rel, free))
+    assert (sent == rel).any() and (sent > rel).any()  # both cases occur in this run
+    assert (req["ttft_s"] == req["first_token_s"] - req["arrival_s"]).all()
+
+
+def test_without_a_rate_the_closed_loop_is_unchanged_and_a_rate_needs_a_count():
+    plain = _loop()
+    assert (plain.requests.sort_values("arrival_s")["arrival_s"].iloc[:C] == 0.0).all()
+    s = _rated(2, 4.0, 10, 10)
+    del s["workload"]["num_requests"]
+    s["workload"]["duration_s"] = 5.0
+    with pytest.raises(ScenarioError, match=r"workload.num_requests: required for arrival = "
+                       r"\"closed_loop\" with rate_per_s"):
+        simulator.load_scenario(s)
