@@ -28,19 +28,27 @@ SETTINGS = [("vllm-v1 (budget 8192)", {}),
             ("vllm-v1, budget 2048", {"max_num_batched_tokens": 2048})]
 
 
-def scenario(concurrency: int, **engine) -> dict:
+#: vllm bench serve --request-rate R with --max-concurrency C: request i is released at a
+#: Poisson time and sent when a client is free (``rate_per_s`` with ``closed_loop``).
+RATES = [None, 100.0, 10.0]
+
+
+def scenario(concurrency: int, rate: float | None = None, **engine) -> dict:
     return {"name": "closed-loop-ttft", "seed": 0,
             "model": {"name": "llama-3.1-70b", "weight_dtype": "fp8"},
             "cluster": {"topology": "dgx-h100"}, "parallel": {"tp": TP}, "engine": engine,
             "workload": {"arrival": "closed_loop", "concurrency": concurrency,
                          "num_requests": concurrency * PER_CLIENT, "prompt_tokens": PROMPT,
-                         "output_tokens": OUTPUT},
+                         "output_tokens": OUTPUT,
+                         **({"rate_per_s": rate} if rate is not None else {})},
             "output": {"steps": False}}
 
 
-def steady_ttft_ms(concurrency: int, **engine) -> tuple[float, float]:
+def steady_ttft_ms(concurrency: int, rate: float | None = None,
+                   **engine) -> tuple[float, float]:
     """Mean and median TTFT (ms) of the requests after each client's first SKIP."""
-    req = simulator.run(scenario(concurrency, **engine)).requests.sort_values("arrival_s")
+    req = simulator.run(scenario(concurrency, rate, **engine)).requests.sort_values(
+        "arrival_s")
     ttft = req["ttft_s"].iloc[concurrency * SKIP:] * 1e3
     return float(ttft.mean()), float(ttft.median())
 
@@ -60,6 +68,13 @@ def main() -> None:
         cells = [f"{m:.0f} / {md:.0f}" for m, md in (steady_ttft_ms(c, **engine)
                                                      for c in (1, 8, 32))]
         print(f"| {label} | " + " | ".join(cells) + " |")
+    print()
+    print("| --request-rate (budget 8192) | C = 1 | C = 8 | C = 32 |")
+    print("|---|---|---|---|")
+    for rate in RATES:
+        cells = [f"{m:.0f} / {md:.0f}" for m, md in (steady_ttft_ms(c, rate)
+                                                     for c in (1, 8, 32))]
+        print(f"| {'inf' if rate is None else f'{rate:g} req/s'} | " + " | ".join(cells) + " |")
     print()
     for c in (1, 8):
         print(f"roofline of one step prefilling {c} x {PROMPT} tokens: "
