@@ -114,3 +114,11 @@ def test_without_a_rate_the_closed_loop_is_unchanged_and_a_rate_needs_a_count():
     with pytest.raises(ScenarioError, match=r"workload.num_requests: required for arrival = "
                        r"\"closed_loop\" with rate_per_s"):
         simulator.load_scenario(s)
+
+
+def test_releases_after_duration_are_not_sent():
+    s = _rated(2, 10.0, 40, 5, duration_s=1.0)  # releases span 4 s; the run stops at 1 s
+    req = simulator.run(s).requests
+    sc = simulator.load_scenario(s)
+    rel = release_times(sc.workload, run_rngs(sc.seed)["arrivals"])
+    assert len(req) == int((rel < 1.0).sum()) and (req["arrival_s"] < 1.0).all()

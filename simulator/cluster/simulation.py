@@ -368,6 +368,8 @@ class Cluster:
             prompt, output = prompts.next(), outputs.next()
             if release is not None and release[rid] > env.now:
                 yield env.timeout(release[rid] - env.now)
+                if w.duration_s is not None and env.now >= w.duration_s:
+                    return
             req = Request(rid, env.now, prompt, output, client=c)
             done = self.waiters[rid] = env.event()
             before = env.now
