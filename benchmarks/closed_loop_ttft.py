@@ -33,21 +33,26 @@ SETTINGS = [("vllm-v1 (budget 8192)", {}),
 RATES = [None, 100.0, 10.0]
 
 
-def scenario(concurrency: int, rate: float | None = None, **engine) -> dict:
+#: Output lengths drawn uniformly around 500 (``--random-range-ratio``), and exact.
+SPREADS = [None, (495, 505), (450, 550)]
+
+
+def scenario(concurrency: int, rate: float | None = None, output: object = OUTPUT,
+             **engine) -> dict:
     return {"name": "closed-loop-ttft", "seed": 0,
             "model": {"name": "llama-3.1-70b", "weight_dtype": "fp8"},
             "cluster": {"topology": "dgx-h100"}, "parallel": {"tp": TP}, "engine": engine,
             "workload": {"arrival": "closed_loop", "concurrency": concurrency,
                          "num_requests": concurrency * PER_CLIENT, "prompt_tokens": PROMPT,
-                         "output_tokens": OUTPUT,
+                         "output_tokens": output,
                          **({"rate_per_s": rate} if rate is not None else {})},
             "output": {"steps": False}}
 
 
-def steady_ttft_ms(concurrency: int, rate: float | None = None,
+def steady_ttft_ms(concurrency: int, rate: float | None = None, output: object = OUTPUT,
                    **engine) -> tuple[float, float]:
     """Mean and median TTFT (ms) of the requests after each client's first SKIP."""
-    req = simulator.run(scenario(concurrency, rate, **engine)).requests.sort_values(
+    req = simulator.run(scenario(concurrency, rate, output, **engine)).requests.sort_values(
         "arrival_s")
     ttft = req["ttft_s"].iloc[concurrency * SKIP:] * 1e3
     return float(ttft.mean()), float(ttft.median())
@@ -75,6 +80,16 @@ def main() -> None:
         cells = [f"{m:.0f} / {md:.0f}" for m, md in (steady_ttft_ms(c, rate)
                                                      for c in (1, 8, 32))]
         print(f"| {'inf' if rate is None else f'{rate:g} req/s'} | " + " | ".join(cells) + " |")
+    print()
+    print("| output tokens (budget 8192) | C = 1 | C = 8 | C = 32 |")
+    print("|---|---|---|---|")
+    for spread in SPREADS:
+        out = OUTPUT if spread is None else {"dist": "uniform", "min": spread[0],
+                                             "max": spread[1]}
+        cells = [f"{m:.0f} / {md:.0f}" for m, md in (steady_ttft_ms(c, None, out)
+                                                     for c in (1, 8, 32))]
+        label = "500" if spread is None else f"{spread[0]}-{spread[1]}"
+        print(f"| {label} | " + " | ".join(cells) + " |")
     print()
     for c in (1, 8):
         print(f"roofline of one step prefilling {c} x {PROMPT} tokens: "
