@@ -4,9 +4,11 @@ concurrency 1 / 8 / 32 and which engine settings break the clients' lockstep.
 The held-out vLLM V1 case: Llama-3.1-70B fp8, TP4 on one DGX H100, 1,000-token prompts,
 500 output tokens, each client sending its next request when the previous one ends
 (`vllm bench serve --max-concurrency C --request-rate inf`). TTFT is averaged over every
-request after each client's first five (the steady state). It also prints the plain
-roofline of one prefill step that holds the prompts of C lockstep clients: a lower bound
-for every TTFT of a lockstep group, whatever the engine does. About 10 s.
+request after each client's first five (the steady state). Three tables: per token budget,
+per request rate (``rate_per_s`` with ``closed_loop``: ``--request-rate`` with
+``--max-concurrency``) and per spread of output lengths; then the plain roofline of one
+prefill step that holds the prompts of C lockstep clients, a lower bound for every TTFT of
+a lockstep group whatever the engine does. A few seconds.
 
     python benchmarks/closed_loop_ttft.py
 """
