@@ -122,3 +122,23 @@ def test_releases_after_duration_are_not_sent():
     sc = simulator.load_scenario(s)
     rel = release_times(sc.workload, run_rngs(sc.seed)["arrivals"])
     assert len(req) == int((rel < 1.0).sum()) and (req["arrival_s"] < 1.0).all()
+
+
+def test_a_client_resends_only_once_it_has_seen_the_last_token():
+    # token_delay_s (output processing, detokenization, streaming) moves the first token and
+    # the end the client sees; the client's next request leaves from that end, so one
+    # client never has two requests in flight.
+    def run(delay: float) -> simulator.Result:
+        return simulator.run({
+            "name": "d", "seed": 0, "model": {"name": "llama-3.1-8b"},
+            "cluster": {"topology": "dgx-h100"}, "parallel": {"tp": 1},
+            "engine": {"token_delay_s": delay},
+            "workload": {"arrival": "closed_loop", "concurrency": 1, "num_requests": 3,
+                         "prompt_tokens": 100, "output_tokens": 5}}).requests
+
+    plain, late = run(0.0), run(0.05)
+    np.testing.assert_array_equal(late["arrival_s"].iloc[1:], late["finish_s"].iloc[:-1])
+    np.testing.assert_allclose(late["ttft_s"], plain["ttft_s"] + 0.05, rtol=0, atol=1e-9)
+    # Each cycle is the engine's time plus the delay once.
+    np.testing.assert_allclose(np.diff(late["arrival_s"]),
+                               np.diff(plain["arrival_s"]) + 0.05, rtol=0, atol=1e-9)

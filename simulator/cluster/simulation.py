@@ -375,6 +375,8 @@ class Cluster:
             before = env.now
             self.submit(req)
             yield done
+            if req.finish_s > env.now:  # the client sees the end token_delay_s later
+                yield env.timeout(req.finish_s - env.now)
             stalls = stalls + 1 if env.now == before else 0
             # With no count to reach, rejections that take no time would never end the run.
             if stalls > 1000 and w.num_requests is None:
