@@ -26,7 +26,6 @@ from simulator.io.scenario import load_scenario
 from simulator.model.spec import load_model
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY
 from simulator.planner import plan
-from simulator.planner.disagg import PREFILL_BUDGET
 from simulator.planner.estimate import StepModel, _mix
 from simulator.planner.hetero import ONE_SWITCH, CrossPairs, cross_point, cross_pools, pool_nodes
 from simulator.planner.kinds import budget, plan_kinds
@@ -95,7 +94,8 @@ def test_cross_pair_estimate_by_hand():
                                   0.05)
     assert {r["decode_node"] for r in rows} == {"dgx-a100"}
     assert all(r["gpus"] <= 2 for r in rows)
-    r = next(r for r in rows if r["max_num_seqs"] == 64)
+    r = next(r for r in rows if r["max_num_seqs"] == 64
+             and r["prefill_max_num_batched_tokens"] == 16384)
     assert (r["prefill_tp"], r["prefill_dp"], r["tp"], r["dp"], r["gpus"]) == (1, 1, 1, 1, 2)
     # KV of one token: 2 x 32 layers x 8 KV heads x 128 x 2 bytes = 131072 bytes; the
     # slowest link of the path is the A100's 200 Gb/s NIC (25 GB/s).
@@ -105,25 +105,31 @@ def test_cross_pair_estimate_by_hand():
     assert slowest == 25e9
     latency = sum(n.host.latency_s / 2 + n.nic.latency_s + n.switch_latency_s / 2
                   for n in (h, a))
-    t_kv = 1000 * 131072 / (slowest * BANDWIDTH_EFFICIENCY) + latency
+    alone = 1000 * 131072 / (slowest * BANDWIDTH_EFFICIENCY)
+    rate = st.rate_per_s
+    # Every transfer crosses the one pair of NICs: processor sharing, T / (1 - lambda T).
+    t_kv = alone / (1 - rate * alone) + latency
     assert r["est_kv_transfer_s"] == pytest.approx(t_kv, rel=1e-9)
-    # Prefill on the H100: M/D/1 on one prompt's step, capacity from a full step.
+    # Prefill on the H100: full steps of 16384 tokens, the step a prompt joins at the load
+    # (1000 tokens plus those that arrive during the step in flight), M/D/1 on its work.
     mp = _step_model(base, s, "dgx-h100")
-    full = mp.cycle(*_mix(0.0, PREFILL_BUDGET, 1000.0, 101.0))
-    one = mp.cycle(*_mix(0.0, 1000.0, 1000.0, 101.0))
-    x_p = (PREFILL_BUDGET / 1000) / full
-    rho = st.rate_per_s / x_p
-    wait = rho / (2 * (1 - rho)) * one
-    assert r["est_ttft_s"] == pytest.approx(one + wait, rel=1e-9)
-    assert r["est_ttft_p99_s"] == pytest.approx(one + 4.6 * wait, rel=1e-9)
+    x_p = (16384 / 1000) / mp.cycle(*_mix(0.0, 16384, 1000.0, 101.0))
+    one = r["est_prefill_s"]
+    arriving = rate * 1000 * one  # x = 1000 + (arriving / x) arriving
+    joined = (1000 + math.sqrt(1000**2 + 4 * arriving**2)) / 2
+    assert one == pytest.approx(mp.cycle(*_mix(0.0, joined, 1000.0, 101.0)), rel=2e-3)
+    rho = rate / x_p
+    wait = rho / (2 * (1 - rho)) * one * 1000 / joined
+    assert r["est_ttft_s"] == pytest.approx(one + wait, rel=1e-4)
+    assert r["est_ttft_p99_s"] == pytest.approx(one + 4.6 * wait, rel=1e-4)
     # Decode on the A100: Little's law, TPOT = cycle + t_kv / (O - 1).
     md = _step_model(base, s, "dgx-a100")
     b = r["est_batch"]
     cyc = md.cycle(*_mix(b, 0.0, 1000.0, 101.0))
-    assert b == pytest.approx(st.rate_per_s * 101 * cyc, rel=2e-3)
+    assert b == pytest.approx(rate * 101 * cyc, rel=2e-3)
     assert r["est_tpot_s"] == pytest.approx(cyc + t_kv / 100, rel=1e-9)
     x_d = 64 / (101 * md.cycle(*_mix(64, 0.0, 1000.0, 101.0)))
-    assert r["est_capacity_req_per_s"] == pytest.approx(min(x_p, x_d), rel=1e-9)
+    assert r["est_capacity_req_per_s"] == pytest.approx(min(x_p, x_d, 1 / alone), rel=1e-9)
     # The A100 decodes slower than an H100 would (memory bandwidth 2.0 vs 3.35 TB/s).
     assert cyc > mp.cycle(*_mix(b, 0.0, 1000.0, 101.0))
 
@@ -196,7 +202,8 @@ def test_cross_pairs_ranked_and_simulated(cross_plan):
     assert "disaggregated+cross" in cross_plan.rank_correlations
     for _, r in cross.iterrows():
         assert r["pools"] == (f"prefill {r['node']} TP1 PP1 DP1 + decode "
-                              f"{r['decode_node']} TP1 PP1 DP1")
+                              f"{r['decode_node']} TP1 PP1 DP1 (prefill budget "
+                              f"{int(r['prefill_max_num_batched_tokens'])})")
     # Every same-kind disaggregated row names its (one) kind in both columns.
     same = t[(t["kind"] == "disaggregated") & (t["decode_node"] == t["node"])]
     assert len(same) and not same["pools"].str.contains("dgx").any()

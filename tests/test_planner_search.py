@@ -19,7 +19,7 @@ from simulator.io.schema import SloKeys
 from simulator.model.spec import load_model
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY
 from simulator.planner import nearmiss, plan
-from simulator.planner.disagg import PREFILL_BUDGET, disagg_rows, pools_of
+from simulator.planner.disagg import disagg_rows, pools_of
 from simulator.planner.estimate import StepModel, _mix
 from simulator.planner.plan import enumerate_candidates
 from simulator.planner.report import format_plan, recommended_scenario, write_plan
@@ -48,27 +48,34 @@ def test_pool_estimate_by_hand():
     base, s, st = _setup(CONST)
     rows = disagg_rows(base, s, load_model("llama-3.1-8b"), 2, st, 1000, 1.0, 0.05)
     assert {r["kind"] for r in rows} == {"disaggregated"}
-    r = next(r for r in rows if r["max_num_seqs"] == 64)
+    r = next(r for r in rows if r["max_num_seqs"] == 64
+             and r["prefill_max_num_batched_tokens"] == 16384)
     assert (r["prefill_tp"], r["prefill_dp"], r["tp"], r["dp"], r["gpus"]) == (1, 1, 1, 1, 2)
     # KV of one token: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 bytes = 131072 bytes,
     # GPU 0 -> NVSwitch -> GPU 1 at the NVLink bandwidth x the point-to-point efficiency.
     node = load_node("dgx-h100")
     per_token = 131072 / (node.scale_up.bandwidth_Bps * BANDWIDTH_EFFICIENCY)
-    t_kv = 1000 * per_token + 2 * node.scale_up.latency_s
+    alone = 1000 * per_token  # shared with the other transfers into the one decode
+    t_kv = alone / (1 - st.rate_per_s * alone) + 2 * node.scale_up.latency_s  # replica: PS
     assert r["est_kv_transfer_s"] == pytest.approx(t_kv, rel=1e-6)
     # The pools' steps, priced by the same stage costs the simulator uses.
     cp = build_plan(load_scenario(resolve_point(base, {"parallel.tp": 1, "parallel.dp": 1},
                                                 s.seed)))
     m = StepModel(cp, 0.0 if cp.scenario.engine.cpu_overlap else
                   cp.scenario.engine.step_overhead_s, 1)
-    full = m.cycle(*_mix(0.0, PREFILL_BUDGET, 1000.0, 101.0))  # 8 prompts of 1000 tokens
-    one = m.cycle(*_mix(0.0, 1000.0, 1000.0, 101.0))
-    x_p = (PREFILL_BUDGET / 1000) / full
+    full = m.cycle(*_mix(0.0, 16384, 1000.0, 101.0))  # 16.4 prompts of 1000 tokens
+    x_p = (16384 / 1000) / full
     rate = st.rate_per_s
     rho = rate / x_p
-    wait = rho / (2 * (1 - rho)) * one  # M/D/1
-    assert r["est_ttft_s"] == pytest.approx(one + wait, rel=1e-9)
-    assert r["est_ttft_p99_s"] == pytest.approx(one + 4.6 * wait, rel=1e-9)
+    # The step a prompt joins: its 1000 tokens plus, with the busy fraction u, those that
+    # arrived during the step in flight (tests/test_planner_poolaxes.py checks it closely).
+    one = r["est_prefill_s"]
+    a = rate * 1000 * one  # x = 1000 + (a / x) a: x^2 - 1000 x - a^2 = 0
+    joined = (1000 + math.sqrt(1000**2 + 4 * a * a)) / 2
+    assert one == pytest.approx(m.cycle(*_mix(0.0, joined, 1000.0, 101.0)), rel=2e-3)
+    wait = rho / (2 * (1 - rho)) * one * 1000 / joined  # M/D/1 on a prompt's work
+    assert r["est_ttft_s"] == pytest.approx(one + wait, rel=1e-4)  # x to half a token
+    assert r["est_ttft_p99_s"] == pytest.approx(one + 4.6 * wait, rel=1e-4)
     # Decode: Little's law B = lambda x O x cycle(B) (one stream), TPOT = cycle + t_kv/(O-1).
     b = r["est_batch"]
     cyc = m.cycle(*_mix(b, 0.0, 1000.0, 101.0))

@@ -29,6 +29,7 @@ from simulator.engine.clock import TICK, ticks
 from simulator.engine.kvcache import KVCache, blocks_for
 from simulator.engine.replica import Replica
 from simulator.engine.schedulers import SCHEDULERS
+from simulator.engine.speculative import SpecStats, SpeculativeBatcher
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import Recorder
 from simulator.topology.graph import Paths
@@ -38,14 +39,19 @@ POOL_COLUMNS = ["prefill_replica", "decode_replica", "pool", "decode_pool",
                 "decode_wait_s", "kv_transfer_start_s", "kv_transfer_s", "kv_bytes"]
 
 
-def _scheduler(pool: PoolPlan, gaps: GapHistogram) -> ContinuousBatcher:
-    """One stream's scheduler of a pool's replica (as :meth:`Cluster._scheduler`)."""
+def _scheduler(pool: PoolPlan, gaps: GapHistogram, stats: SpecStats | None = None
+               ) -> ContinuousBatcher:
+    """One stream's scheduler of a pool's replica (as :meth:`Cluster._scheduler`; a pool
+    that speculates reports to ``stats``)."""
     plan = pool.plan
     eng = plan.scenario.engine
     cls = SCHEDULERS[eng.scheduler]
     kwargs = dict(eng.scheduler_args or {})
     if "reserve_tokens" in cls.PARAMS:
         kwargs["max_model_len"] = plan.max_model_len
+    if plan.speculative is not None:  # decode and mixed pools; the build checked vLLM v1
+        cls = SpeculativeBatcher
+        kwargs.update(spec=plan.speculative, stats=stats)
     blocks = plan.memory.kv_blocks // plan.streams_per_replica
     return cls(KVCache(blocks, eng.block_size), eng.max_num_seqs, eng.max_num_batched_tokens,
                preemption=eng.preemption, swap_blocks=plan.swap_blocks_per_stream, gaps=gaps,
@@ -68,6 +74,7 @@ class PoolCluster:
         self.env, self.plan, self.recorder = env, plan, recorder
         s = plan.scenario
         self.gaps = GapHistogram()
+        self.spec_stats = SpecStats()  # speculating pools' totals (unused without them)
         self.replicas: list[Replica] = []
         self.pool_of: list[PoolPlan] = []
         front, back = [], []
@@ -77,8 +84,8 @@ class PoolCluster:
             done = self._decoded if pool.spec.role == "decode" else (
                 self._prefilled if pool.spec.role == "prefill" else self.finish)
             for k, rp in enumerate(pool.plan.replicas):
-                rep = self._replica(rp, sends[k], [_scheduler(pool, self.gaps) for _ in
-                                                   range(pool.plan.streams_per_replica)],
+                rep = self._replica(rp, sends[k], [_scheduler(pool, self.gaps, self.spec_stats)
+                                                   for _ in range(pool.plan.streams_per_replica)],
                                     eng, done)  # Cluster's
                 self.replicas.append(rep)
                 self.pool_of.append(pool)
@@ -266,7 +273,8 @@ class PoolCluster:
     def _streams(self, i: int) -> list:
         """Fresh schedulers for replica ``i`` after a restart: its pool's own."""
         pool = self.pool_of[i]
-        return [_scheduler(pool, self.gaps) for _ in range(pool.plan.streams_per_replica)]
+        return [_scheduler(pool, self.gaps, self.spec_stats)
+                for _ in range(pool.plan.streams_per_replica)]
 
     def _serve_pending(self, entry=None) -> None:
         """Waiting requests go to the front (prefill or mixed) replicas; then decode

@@ -77,7 +77,8 @@ class PooledPlan:
 def pool_scenario(s: Scenario, pool: PoolKeys, topology: str, nodes: int) -> Scenario:
     """The scenario a pool runs as on its own: its node preset and count, its layout (MoE
     keys ``ep``, ``attention_dp``, ``redundant_experts`` included), its engine overrides and
-    KV dtype; no pools, no faults."""
+    KV dtype; no pools, no faults; ``[speculative]`` for decode and mixed pools only (a
+    prefill pool emits one token per request: it never decodes, nor holds a drafter)."""
     engine = replace(s.engine, **(pool.engine or {}))
     return replace(s, cluster=replace(s.cluster, topology=topology, nodes=nodes),
                    parallel=ParallelKeys(tp=pool.tp, pp=pool.pp, dp=pool.dp,
@@ -86,7 +87,8 @@ def pool_scenario(s: Scenario, pool: PoolKeys, topology: str, nodes: int) -> Sce
                                          redundant_experts=pool.redundant_experts),
                    engine=engine, model=replace(s.model, kv_dtype=pool.kv_dtype
                                                 or s.model.kv_dtype),
-                   pools=(), faults=(), random_faults=None)
+                   pools=(), faults=(), random_faults=None,
+                   speculative=None if pool.role == "prefill" else s.speculative)
 
 
 def joined_graph(nodes: list[NodeSpec]) -> nx.DiGraph:

@@ -37,6 +37,7 @@ from simulator.cluster.simulation import (
     start_faults,
     workload_requests,
 )
+from simulator.engine.clock import SCALE
 from simulator.errors import ScenarioError
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.io.scenario import load_scenario
@@ -50,6 +51,7 @@ from simulator.metrics.speculative import speculative_summary
 from simulator.metrics.summary import summarize
 from simulator.metrics.timeseries import window_edges
 from simulator.metrics.utilization import StageHardware, gpu_windows
+from simulator.workload.arrivals import release_times
 from simulator.workload.lengths import LengthStream
 
 
@@ -122,8 +124,11 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
         counter = [0]
         prompts = LengthStream(w.prompt_tokens, rngs["prompts"])
         outputs = LengthStream(w.output_tokens, rngs["outputs"])
+        release = None  # --request-rate inf: every client sends at once
+        if w.rate_per_s is not None:
+            release = (np.rint(release_times(w, rngs["arrivals"]) * SCALE) / SCALE).tolist()
         for c in range(w.concurrency):
-            env.process(cluster.client(c, counter, prompts, outputs))
+            env.process(cluster.client(c, counter, prompts, outputs, release))
         total = w.num_requests
     else:
         df = open_loop_workload(s, rngs)
@@ -281,6 +286,10 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
     summary["simpy_events"] = events
     summary.update(_availability(cluster))
     summary.update(pool_summary(requests, cluster.pool_table(), summary))
+    if any(p.plan.speculative is not None for p in plan.pools):
+        st = cluster.spec_stats
+        summary.update(speculative_summary(requests, st.draft_s, sum(engine["stage_busy_s"]),
+                                           st.spec_steps, st.plain_steps))
     kept = steps if not steps.empty else None
     kv_capacity = {rp.placement.replica: p.plan.memory.kv_blocks
                    for p in plan.pools for rp in p.plan.replicas}

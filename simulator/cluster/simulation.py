@@ -352,8 +352,10 @@ class Cluster:
 
         return pull
 
-    def client(self, c: int, counter: list[int], prompts: LengthStream, outputs: LengthStream):
-        """Closed loop: one client sends its next request when its previous one finishes."""
+    def client(self, c: int, counter: list[int], prompts: LengthStream, outputs: LengthStream,
+               release: list[float] | None = None):
+        """Closed loop: one client sends its next request when its previous one finishes
+        (and, with ``release``, not before request i's release time ``release[i]``)."""
         env, w = self.env, self.plan.scenario.workload
         stalls = 0
         while True:
@@ -363,11 +365,18 @@ class Cluster:
                 return
             rid = counter[0]
             counter[0] += 1
-            req = Request(rid, env.now, prompts.next(), outputs.next(), client=c)
+            prompt, output = prompts.next(), outputs.next()
+            if release is not None and release[rid] > env.now:
+                yield env.timeout(release[rid] - env.now)
+                if w.duration_s is not None and env.now >= w.duration_s:
+                    return
+            req = Request(rid, env.now, prompt, output, client=c)
             done = self.waiters[rid] = env.event()
             before = env.now
             self.submit(req)
             yield done
+            if req.finish_s > env.now:  # the client sees the end token_delay_s later
+                yield env.timeout(req.finish_s - env.now)
             stalls = stalls + 1 if env.now == before else 0
             # With no count to reach, rejections that take no time would never end the run.
             if stalls > 1000 and w.num_requests is None:

@@ -65,27 +65,35 @@ def trtllm_sizes(max_bs: int) -> tuple[int, ...]:
 PROFILES: dict[str, dict[str, Any]] = {
     # vLLM 0.6.x (Sep-Dec 2024) with the defaults of `vllm serve` for max_model_len <= 32k:
     # chunked prefill off (prefill-first), max_num_seqs 256, graphs on decode batches only,
-    # custom all-reduce on, CPU scheduling in line with the GPU step.
+    # custom all-reduce on, CPU scheduling in line with the GPU step, prefix caching off
+    # (EngineArgs.enable_prefix_caching = False in vllm/engine/arg_utils.py).
     "vllm-v0.6": {"scheduler": "vllm_v0", "max_num_seqs": 256,
                   "cuda_graphs": "vllm-v0.6", "cuda_graph_max_batch": None,
-                  "custom_allreduce": True, "cpu_overlap": False, "token_delay_s": 0.0},
+                  "custom_allreduce": True, "cpu_overlap": False, "token_delay_s": 0.0,
+                  "prefix_caching": False},
     # vLLM V1 (v0.14+, async scheduling on by default): chunked prefill always, token budget
     # 8192 and 1024 sequences for the API server on >= 70 GiB GPUs other than A100,
-    # FULL_AND_PIECEWISE graphs (mixed steps padded by token count).
+    # FULL_AND_PIECEWISE graphs (mixed steps padded by token count), automatic prefix
+    # caching on (CacheConfig.enable_prefix_caching = True in vllm/config/cache.py).
     "vllm-v1": {"scheduler": "vllm", "max_num_seqs": 1024, "max_num_batched_tokens": 8192,
                 "cuda_graphs": "vllm-v1", "cuda_graph_max_batch": None,
-                "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0},
+                "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0,
+                "prefix_caching": True},
     # SGLang (server_args.py defaults on 80-160 GB GPUs): chunked_prefill_size 8192,
-    # overlap scheduler on, cuda_graph_max_bs 256 below TP4 and 512 from TP4 (the rule).
+    # overlap scheduler on, cuda_graph_max_bs 256 below TP4 and 512 from TP4 (the rule),
+    # radix cache on (ServerArgs.disable_radix_cache = False).
     "sglang": {"scheduler": "vllm", "max_num_batched_tokens": 8192,
                "cuda_graphs": "sglang", "cuda_graph_max_batch": None,
-               "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0},
+               "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0,
+               "prefix_caching": True},
     # TensorRT-LLM PyTorch backend (llm_args.py defaults): max_batch_size 2048,
     # max_num_tokens 8192, chunked prefill, overlap scheduler on, CUDA graphs with padding
-    # up to cuda_graph_config.max_batch_size 128.
+    # up to cuda_graph_config.max_batch_size 128, KV block reuse on
+    # (KvCacheConfig.enable_block_reuse = True).
     "trtllm": {"scheduler": "vllm", "max_num_batched_tokens": 8192,
                "cuda_graphs": "trtllm", "cuda_graph_max_batch": 128,
-               "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0},
+               "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0,
+               "prefix_caching": True},
     # No profile: the [engine] keys' own defaults (the results before profiles existed).
     "none": {},
 }

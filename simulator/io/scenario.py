@@ -312,8 +312,8 @@ def load_scenario(source: str | Path | dict | Scenario,
                 for name, cls in SECTIONS.items()}
     spec = (_build_section("speculative", SpeculativeKeys, data["speculative"], problems)
             if "speculative" in data else None)
-    if pools and spec is not None:
-        problems.append("speculative: not supported with [[pools]] yet (remove one of them)")
+    # With [[pools]], decode and mixed pools speculate; prefill pools do not
+    # (simulator.cluster.pools.pool_scenario).
     scenario = Scenario(**top, **sections, faults=faults, random_faults=random_faults,
                         pools=pools, base_dir=str(base_dir), source=origin,
                         speculative=spec)
@@ -426,6 +426,15 @@ def _workload_problems(s: Scenario) -> list[str]:
         p.append(f"workload.rate_per_s: required for arrival = \"{w.arrival}\" (a number > 0)")
     if w.arrival == "closed_loop" and w.concurrency is None:
         p.append("workload.concurrency: required for arrival = \"closed_loop\" (an integer >= 1)")
+    if w.arrival == "closed_loop" and w.rate_per_s is not None:
+        # Release times spread over num_requests / rate_per_s, as vllm bench serve's.
+        if w.num_requests is None:
+            p.append("workload.num_requests: required for arrival = \"closed_loop\" with "
+                     "rate_per_s (the releases span num_requests / rate_per_s seconds)")
+        elif w.num_requests / w.rate_per_s > MAX_TIME_S:
+            p.append(f"workload.rate_per_s: num_requests / rate_per_s = "
+                     f"{w.num_requests / w.rate_per_s:.3g} s of releases, beyond the "
+                     f"{MAX_TIME_S:g} s a run may simulate (raise the rate)")
     if w.arrival == "trace" and w.trace is None:
         p.append("workload.trace: required for arrival = \"trace\" (a CSV path)")
     if w.arrival != "trace" and w.num_requests is None and w.duration_s is None:

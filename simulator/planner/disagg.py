@@ -12,21 +12,35 @@ the model and a useful KV cache fit at its TP degree (pp > 1 only where the mode
 The estimate of a pair (prefill pool p, decode pool d), at offered rate lambda, mean prompt
 P and output O (docs/planner.md, "Disaggregated layouts"):
 
-- prefill pool: a step of ``c = min(P, budget)`` tokens of one prompt takes ``s(c)``; a full
-  step of ``budget`` tokens holds ``budget / P`` prompts in ``s(budget)``, so the pool's
-  capacity is ``X_p = dp_p M_p (budget / P) / s(budget)``; TTFT = ``ceil(P / budget) s(c)``
-  plus the M/D/1 wait ``rho_p / (2 (1 - rho_p))`` of it, ``rho_p = lambda / X_p``; the p99
-  takes the p99 prompt and 4.6 x the wait;
+- prefill pool, at each token budget searched
+  (:data:`~simulator.planner.poolaxes.PREFILL_BUDGETS` and the scenario's): a full step
+  of ``F = min(budget, max_num_seqs P)`` tokens holds ``F / P`` prompts in ``s(F)``, so the
+  pool's capacity is ``X_p = dp_p M_p (F / P) / s(F)``; the step a prompt joins at the
+  load holds its own ``c = min(P, budget)`` tokens and, when the stream is busy (fraction
+  ``u = a s(x) / x``, ``a = lambda P / (dp_p M_p)``), those that arrived during the step
+  in flight: ``x = min(F, c + u a s(x))`` (:func:`~simulator.planner.poolaxes.joined_step`);
+  TTFT = ``ceil(P / budget) s(x)`` plus the M/D/1 wait ``rho_p / (2 (1 - rho_p)) s(x) P /
+  x`` (the work a prompt brings to that step), ``rho_p = lambda / X_p``; the p99 takes the
+  p99 prompt and 4.6 x the wait. A bigger budget raises ``X_p`` but lets ``s(x)`` grow
+  with the load; budgets another beats on all three figures are dropped
+  (:func:`~simulator.planner.poolaxes.pareto_budgets`);
 - decode pool: decode-only steps, ``cycle(B)`` for B sequences at context P + O/2; the batch
   at the load solves ``B = lambda / (dp_d M_d) O cycle(B)`` (capped by max_num_seqs and the
   KV cache), capacity ``X_d = dp_d M_d B_max / (O cycle(B_max))``, TPOT = ``cycle(B) +
-  t_kv / (O - 1)`` (the transfer lands between the first and second token);
+  t_kv / (O - 1)`` (the transfer lands between the first and second token); with a
+  ``[speculative]`` section also at each k searched, a step yielding ``g = 1 + E[A]``
+  tokens: ``B = lambda / (dp_d M_d) (O / g) cycle(B)``, ``X_d`` times g, TPOT ``cycle(B) /
+  g + t_kv / (O - 1)``;
 - KV transfer: P tokens of KV from a prefill replica to a decode replica, priced as
   :mod:`simulator.cluster.transfer` prices it uncontended (the max-min fluid finish of the
-  per-GPU-pair flows of :func:`~simulator.cluster.transfer.kv_flows` over the graph, plus
-  the path latency);
-- the pair: capacity ``min(X_p, X_d)``; meets the SLOs by estimate when both pools keep up,
-  the prefill pool's p99 TTFT and the TPOT are within the targets.
+  per-GPU-pair flows of :func:`~simulator.cluster.transfer.kv_flows` over the graph,
+  ``T``, plus the path latency); transfers share the links of their ends, so those of
+  the busiest end, ``lambda / min(dp_p, dp_d)`` per second, contend: processor sharing,
+  ``t_kv = T / (1 - rho_kv) + latency`` with ``rho_kv = lambda T / min(dp_p, dp_d)``
+  (:func:`~simulator.planner.poolaxes.kv_contended`);
+- the pair: capacity ``min(X_p, X_d, min(dp_p, dp_d) / T)``; meets the SLOs by estimate
+  when both pools and the links keep up, the prefill pool's p99 TTFT and the TPOT are
+  within the targets.
 
 Pool figures are computed once per pool option; the pairs are combined with numpy.
 """
@@ -45,8 +59,17 @@ from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, Links
-from simulator.planner.candidates import _memory, _point
-from simulator.planner.estimate import ITERATIONS, StepModel, _mix
+from simulator.planner.candidates import _memory, _point, spec_options
+from simulator.planner.estimate import ITERATIONS, StepModel, _mix, drafts_per_step, spec_step
+from simulator.planner.poolaxes import (
+    PREFILL_BUDGET,  # noqa: F401 (re-exported)
+    joined_step,
+    kv_contended,
+    pareto_budgets,
+    prefill_engine,
+    prefill_limits,
+    spec_plan,
+)
 from simulator.planner.space import (
     MAX_NUM_SEQS,
     TOKEN_BUDGETS,
@@ -59,10 +82,6 @@ from simulator.planner.space import (
 from simulator.sweep import resolve_point
 from simulator.topology.flows import Flow, finish_times
 from simulator.topology.graph import Paths, gpu_name
-
-#: Token budget of prefill-pool steps (the largest searched: prefill-only steps batch
-#: whole prompts).
-PREFILL_BUDGET = max(TOKEN_BUDGETS)
 
 
 @dataclass(frozen=True)
@@ -79,6 +98,8 @@ class PoolSide:
     ttft_p99_s: float
     cycle_s: float  # decode step at the batch the pool carries (prefill: one prompt's step)
     batch: float
+    gain: float = 1.0  # decode: output tokens per sequence and step (1 + E[A] speculating)
+    spec_k: int = 0  # decode: speculative tokens per step (0: off)
 
     @property
     def gpus(self) -> int:
@@ -121,64 +142,101 @@ def _model(cp: ClusterPlan) -> StepModel:
 
 
 def prefill_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
-                  limits: Limits) -> list[PoolSide]:
-    """The prefill pool of shape ``lay`` with every dp that leaves a GPU for decode."""
-    mem = _memory(cp, limits)
-    m, budget = _model(cp), limits.budget
+                  limits: list[Limits]) -> list[PoolSide]:
+    """The prefill pool of shape ``lay`` with every dp that leaves a GPU for decode, at
+    every token budget of ``limits`` whose full step fits the KV cache (module docstring:
+    the step a prompt joins at the load, capacity, M/D/1 wait); an option that another
+    budget of the same replicas beats on capacity and both TTFTs is dropped
+    (:func:`pareto_budgets`)."""
+    m, streams = _model(cp), cp.streams_per_replica
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
-    full = m.cycle(*_mix(0.0, float(budget), p, o))
-    per_replica = cp.streams_per_replica * (budget / p) / full
+    p99 = max(stats.prompt_p99, p)
+    rate = stats.rate_per_s or 0.0
+    steps: dict[tuple[int, float], float] = {}
 
-    def service(prompt: float) -> float:
-        chunk = min(prompt, budget)
-        return math.ceil(prompt / budget) * m.cycle(*_mix(0.0, chunk, prompt, o))
+    def step(tokens: float, prompt: float) -> float:
+        """A prefill-only step of ``tokens`` tokens of ``prompt``-token prompts."""
+        key = (max(1, round(tokens)), prompt)
+        if key not in steps:
+            steps[key] = m.cycle(*_mix(0.0, float(key[0]), prompt, o))
+        return steps[key]
 
-    s_mean, s_p99 = service(p), service(max(stats.prompt_p99, p))
-    out = []
-    for dp in range(1, (gpus - 1) // lay.gpus + 1):
-        cap = dp * per_replica
-        rho = (stats.rate_per_s or 0.0) / cap
-        wait = rho / (2 * (1 - rho)) * s_mean if rho < 1 else math.inf
-        out.append(PoolSide(lay, dp, limits, mem.kv_tokens, cap, s_mean + wait,
-                            s_p99 + 4.6 * wait, s_mean, 0.0))
-    return out
-
-
-def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
-                 limits: list[Limits], need: int) -> list[PoolSide]:
-    """The decode pool of shape ``lay`` with every dp and engine limit that leaves a GPU
-    for prefill (and keeps a useful KV cache)."""
-    m = _model(cp)
-    streams = cp.streams_per_replica
-    p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
     out = []
     for lim in limits:
+        budget = lim.budget
         try:
             mem = _memory(cp, lim)
         except ScenarioError:
             continue
-        if mem.kv_tokens // streams < need:
+        first = min(p, budget)  # a lone prompt's step (a chunk when P > budget)
+        full = max(first, min(budget, lim.max_num_seqs * p))
+        if mem.kv_tokens // streams < full:
             continue
-
-        def cycle(b: float) -> float:
-            return m.cycle(*_mix(b, 0.0, p, o))
-
-        b_max = max(1.0, min(lim.max_num_seqs, mem.kv_tokens / streams / (p + o / 2)))
-        c_max = cycle(b_max)
+        per_replica = streams * (full / p) / step(full, p)
+        alone99 = step(min(p99, budget), p99)
         for dp in range(1, (gpus - 1) // lay.gpus + 1):
-            lanes = dp * streams
-            rate = stats.rate_per_s if stats.rate_per_s is not None else math.nan
-            if stats.rate_per_s is None:  # closed loop: the clients fix the batch
-                batch = min(b_max, max(1.0, (stats.concurrency or 1) / lanes))
-            else:
-                batch = 1.0
-                for _ in range(ITERATIONS):
-                    new = min(b_max, max(1.0, rate / lanes * o * cycle(batch)))
-                    if abs(new - batch) < 1e-3:
-                        break
-                    batch = 0.5 * (batch + new)
-            out.append(PoolSide(lay, dp, lim, mem.kv_tokens, lanes * b_max / (o * c_max),
-                                math.nan, math.nan, cycle(batch), batch))
+            cap = dp * per_replica
+            rho = rate / cap
+            tokens = joined_step(lambda x: step(x, p), first, full, rate / (dp * streams) * p)
+            s_load = step(tokens, p)
+            # M/D/1 wait on the work a prompt brings to the step it joins, s(x) P / x.
+            wait = rho / (2 * (1 - rho)) * s_load * p / tokens if rho < 1 else math.inf
+            pre = math.ceil(p / budget) * s_load
+            out.append(PoolSide(lay, dp, lim, mem.kv_tokens, cap, pre + wait,
+                                math.ceil(p99 / budget) * max(alone99, s_load) + 4.6 * wait,
+                                pre, tokens / p))
+    return pareto_budgets(out)
+
+
+def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
+                 limits: list[Limits], need: int, spec_cp: ClusterPlan | None = None
+                 ) -> list[PoolSide]:
+    """The decode pool of shape ``lay`` with every dp and engine limit that leaves a GPU
+    for prefill (and keeps a useful KV cache); with ``spec_cp`` (the shape built with the
+    scenario's ``[speculative]`` section) also with every speculative k searched, the
+    drafter charged to memory (docs/planner.md, "Speculative decoding as an axis")."""
+    m = _model(cp)
+    streams = cp.streams_per_replica
+    p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
+    specs = spec_options(spec_cp) if spec_cp is not None else []
+    out = []
+    for lim in limits:
+        for spec in [None, *specs]:
+            try:
+                mem = _memory(spec_cp if spec else cp, lim, drafter=spec is not None)
+            except ScenarioError:
+                continue
+            if mem.kv_tokens // streams < need:
+                continue
+
+            def gain(b: float, spec=spec, budget=lim.budget) -> float:
+                """Output tokens per sequence and step (1 + E[A] while speculating)."""
+                return 1.0 + spec.accepted if drafts_per_step(spec, b, budget) else 1.0
+
+            def cycle(b: float, spec=spec, budget=lim.budget) -> float:
+                if drafts_per_step(spec, b, budget):
+                    return spec_step(m, spec, b, 0.0, p, o)
+                return m.cycle(*_mix(b, 0.0, p, o))
+
+            b_max = max(1.0, min(lim.max_num_seqs, mem.kv_tokens / streams / (p + o / 2)))
+            c_max = cycle(b_max)
+            for dp in range(1, (gpus - 1) // lay.gpus + 1):
+                lanes = dp * streams
+                rate = stats.rate_per_s if stats.rate_per_s is not None else math.nan
+                if stats.rate_per_s is None:  # closed loop: the clients fix the batch
+                    batch = min(b_max, max(1.0, (stats.concurrency or 1) / lanes))
+                else:  # Little's law: O / gain steps per request
+                    batch = 1.0
+                    for _ in range(ITERATIONS):
+                        new = min(b_max, max(1.0, rate / lanes * o / gain(batch)
+                                             * cycle(batch)))
+                        if abs(new - batch) < 1e-3:
+                            break
+                        batch = 0.5 * (batch + new)
+                out.append(PoolSide(lay, dp, lim, mem.kv_tokens,
+                                    lanes * b_max * gain(b_max) / (o * c_max), math.nan,
+                                    math.nan, cycle(batch), batch, gain(batch),
+                                    spec.k if spec else 0))
     return out
 
 
@@ -251,7 +309,7 @@ def pool_options(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wo
     replica shape of :func:`shapes`)."""
     e = s.engine
     budget = max(e.max_num_batched_tokens, *TOKEN_BUDGETS)
-    pre_lim = Limits(e.max_num_seqs, max(PREFILL_BUDGET, e.max_num_batched_tokens))
+    pre_lims = prefill_limits(e)
     dec_lims = [Limits(n, max(n, e.max_num_batched_tokens))
                 for n in sorted({*MAX_NUM_SEQS, e.max_num_seqs})]
     probe = Limits(max(lim.max_num_seqs for lim in dec_lims), budget)
@@ -259,8 +317,9 @@ def pool_options(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wo
     pres, decs, price, plan = [], [], None, None
     for lay, cp in shapes(base, s, model, gpus - 1, probe, min(need, need_p)):
         price, plan = price or KVPrice(cp, model, s.model.kv_dtype), plan or cp
-        pres += prefill_sides(lay, cp, stats, gpus, pre_lim)
-        decs += decode_sides(lay, cp, stats, gpus, dec_lims, need)
+        pres += prefill_sides(lay, cp, stats, gpus, pre_lims)
+        decs += decode_sides(lay, cp, stats, gpus, dec_lims, need,
+                             spec_plan(base, s.seed, lay, probe, model.moe is not None))
     return PoolOptions(pres, decs, price, plan)
 
 
@@ -279,13 +338,15 @@ def pair_rows(pres: list[PoolSide], decs: list[PoolSide], kv_of, gpus: int,
     o = max(stats.output_mean, 1.0)
     p = max(stats.prompt_mean, 1.0)
     kv = np.array([kv_of(pres[a], decs[b]) for a, b in zip(i, j, strict=True)])
-    t_kv = p * kv[:, 0] + kv[:, 1]
-    cap = np.minimum([pres[a].capacity for a in i], [decs[b].capacity for b in j])
     rate = stats.rate_per_s
+    ends = np.minimum([pres[a].dp for a in i], [decs[b].dp for b in j])
+    t_kv, x_kv = kv_contended(p * kv[:, 0], kv[:, 1], rate, ends)
+    cap = np.minimum(np.minimum([pres[a].capacity for a in i],
+                                [decs[b].capacity for b in j]), x_kv)
     rho = rate / cap if rate is not None else np.zeros(len(i))
     ttft_p99 = np.array([pres[a].ttft_p99_s for a in i])
     ttft = np.array([pres[a].ttft_s for a in i])
-    tpot = np.array([decs[b].cycle_s for b in j]) + t_kv / max(o - 1, 1.0)
+    tpot = np.array([decs[b].cycle_s / decs[b].gain for b in j]) + t_kv / max(o - 1, 1.0)
     ok = (rho < 1) & (ttft_p99 <= ttft_slo_s) & (tpot <= tpot_slo_s) & np.isfinite(t_kv)
     served = np.minimum(rate, cap) if rate is not None else cap
     rows = []
@@ -296,11 +357,13 @@ def pair_rows(pres: list[PoolSide], decs: list[PoolSide], kv_of, gpus: int,
                "max_num_seqs": de.limits.max_num_seqs,
                "max_num_batched_tokens": de.limits.max_num_batched_tokens,
                "chunk_size": None, "gpus": pr.gpus + de.gpus, "simulated": False,
-               "kind": "disaggregated", "spec_k": 0,
+               "kind": "disaggregated", "spec_k": de.spec_k,
                "prefill_tp": pr.lay.tp, "prefill_pp": pr.lay.pp, "prefill_dp": pr.dp,
                "prefill_ep": pr.lay.ep, "prefill_attention_dp": pr.lay.attention_dp,
-               "kv_tokens_per_replica": de.kv_tokens}
-        if not np.isfinite(t_kv[n]):
+               "kv_tokens_per_replica": de.kv_tokens,
+               "prefill_max_num_seqs": pr.limits.max_num_seqs,
+               "prefill_max_num_batched_tokens": pr.limits.max_num_batched_tokens}
+        if not np.isfinite(kv[n, 0]):
             rows.append({**row, "status": "excluded", "reason": "the decode pool's TP group "
                          "finds no room after the prefill pool (packed placement)"})
             continue
@@ -330,8 +393,7 @@ def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
 
     pre = pool("prefill", row["prefill_tp"], row["prefill_pp"], row["prefill_dp"],
                row.get("prefill_ep"), row.get("prefill_attention_dp"),
-               {"max_num_seqs": e.max_num_seqs,
-                "max_num_batched_tokens": max(PREFILL_BUDGET, e.max_num_batched_tokens)})
+               prefill_engine(row, e))
     pre["nodes"] = nodes
     dec = pool("decode", row["tp"], row["pp"], row["dp"], row.get("ep"),
                row.get("attention_dp"),
@@ -339,3 +401,4 @@ def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
                 "max_num_batched_tokens": int(row["max_num_batched_tokens"])})
     dec["same_nodes_as"] = "prefill"
     return [pre, dec]
+

@@ -155,11 +155,7 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
     def drafts(batch: float) -> int:
         """Drafts per sequence of a step of ``batch`` decoders: 0 where the engine decodes
         plainly (``disable_by_batch_size``, or ``batch (k + 1)`` over the budget)."""
-        if spec is None or batch * (spec.k + 1) > budget or (
-                spec.disable_by_batch_size is not None
-                and batch >= spec.disable_by_batch_size):
-            return 0
-        return spec.k
+        return drafts_per_step(spec, batch, budget)
 
     def gain(batch: float) -> float:
         """Output tokens per sequence and step: 1 + E[accepted drafts] when speculating."""
@@ -253,3 +249,13 @@ def spec_step(model: StepModel, spec: SpecStep, batch: float, prefill: float,
     n = max(1, round(batch))
     return (model.cycle(tokens, pairs, cached + kv, 0.0, sampled + batch * k)
             + spec.draft(n, round(kv), k))
+
+
+def drafts_per_step(spec: SpecStep | None, batch: float, budget: int) -> int:
+    """Drafts per sequence of a step of ``batch`` decoders: 0 without speculation and where
+    the engine decodes plainly (``disable_by_batch_size``, or ``batch (k + 1)`` over the
+    token budget ``budget``), else ``k``."""
+    if spec is None or batch * (spec.k + 1) > budget or (
+            spec.disable_by_batch_size is not None and batch >= spec.disable_by_batch_size):
+        return 0
+    return spec.k

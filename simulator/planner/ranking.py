@@ -17,14 +17,17 @@ from simulator.planner.space import Layout
 #: Columns of a plan with disaggregated candidates (the prefill pool; the decode pool is
 #: in tp, pp, dp, ep, attention_dp), after ``kind``.
 PREFILL_COLUMNS = ["prefill_tp", "prefill_pp", "prefill_dp", "prefill_ep",
-                   "prefill_attention_dp", "est_kv_transfer_s"]
+                   "prefill_attention_dp", "est_kv_transfer_s", "prefill_max_num_seqs",
+                   "prefill_max_num_batched_tokens"]
 
 
 def _stable(row) -> tuple:
     chunk = row["chunk_size"]
     return (row["gpus"], row["tp"], row["pp"], row["dp"], row["max_num_seqs"],
             row["max_num_batched_tokens"], -1 if pd.isna(chunk) else chunk,
-            *_moe_of(row), *_extra_of(row))
+            *_moe_of(row), *_extra_of(row),
+            -1 if pd.isna(row.get("prefill_max_num_batched_tokens")) else
+            int(row["prefill_max_num_batched_tokens"]))
 
 
 def _extra_of(row) -> tuple:

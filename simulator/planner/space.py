@@ -56,8 +56,8 @@ def moe_label(ep, attention_dp) -> str:
 
 def layout_label(row) -> str:
     """``TP8 PP1 DP1`` (plus the MoE part) of a candidate or plan row; a disaggregated one
-    is ``prefill TP4 PP1 DP1 + decode TP4 PP1 DP1``, a speculative one ends in ``spec
-    k=3``."""
+    is ``prefill TP4 PP1 DP1 + decode TP4 PP1 DP1`` (then `` (prefill budget 16384)`` where
+    the row has the prefill pool's budget), a speculative one ends in ``spec k=3``."""
     kind = row.get("node")  # multi-kind plans (simulator.planner.kinds)
     own = (f"TP{int(row['tp'])} PP{int(row['pp'])} DP{int(row['dp'])}"
            + moe_label(row.get("ep"), row.get("attention_dp")))
@@ -69,6 +69,9 @@ def layout_label(row) -> str:
                + moe_label(row.get("prefill_ep"), row.get("prefill_attention_dp"))
                + f" + decode {dec + ' ' if dec else ''}{own}")
         kind = None if dec else kind
+        budget = row.get("prefill_max_num_batched_tokens")
+        if budget is not None and budget == budget:
+            own += f" (prefill budget {int(budget)})"
     k = row.get("spec_k")
     if k is not None and k == k and int(k) > 0:
         own += f" spec k={int(k)}"

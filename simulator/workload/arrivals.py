@@ -37,6 +37,19 @@ def arrival_times(w: WorkloadKeys, rng: np.random.Generator) -> np.ndarray:
     return t[t <= w.duration_s]
 
 
+def release_times(w: WorkloadKeys, rng: np.random.Generator) -> np.ndarray:
+    """When each of a rate-limited closed loop's ``num_requests`` requests may be sent (s).
+
+    As ``vllm bench serve --request-rate R --max-concurrency C`` (vllm/benchmarks/serve.py
+    ``get_request``): gamma gaps with mean 1/R and shape 1/cv^2 (``burstiness``; cv = 1 is
+    a Poisson process), summed and rescaled so that the last is exactly N/R; request i is
+    then sent at the later of its release and the moment one of the C clients is free.
+    """
+    shape = 1.0 / w.cv**2
+    t = np.cumsum(rng.gamma(shape, 1.0 / (w.rate_per_s * shape), size=w.num_requests))
+    return t * (w.num_requests / w.rate_per_s / t[-1])
+
+
 def trace_window(df: pd.DataFrame, w: WorkloadKeys) -> pd.DataFrame:
     """Apply ``start_s``, ``duration_s`` (trace time), ``time_scale`` and ``num_requests``."""
     t = df["arrival_s"].to_numpy()

@@ -1,0 +1,151 @@
+"""The disaggregated pools' search axes (docs/planner.md, "Disaggregated layouts"): the
+prefill pool's token budgets, the step a prompt joins at the load and the Pareto filter
+over budgets, the decode pool's speculation, the KV transfers' contention on the links;
+used by :mod:`simulator.planner.disagg`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.engine.schedulers import SCHEDULERS
+from simulator.errors import ScenarioError
+from simulator.io.scenario import load_scenario
+from simulator.planner.candidates import _point
+from simulator.planner.estimate import ITERATIONS
+from simulator.planner.space import TOKEN_BUDGETS, Layout, Limits
+from simulator.sweep import resolve_point
+
+#: Token budget of prefill-pool steps (the largest colocated one: prefill-only steps batch
+#: whole prompts) where the budget is not searched (``sarathi``, rows without one).
+PREFILL_BUDGET = max(TOKEN_BUDGETS)
+#: Token budgets of the prefill pool searched (the scenario's own joins them).
+PREFILL_BUDGETS = (1024, 2048, 4096, 8192, 16384)
+
+
+def joined_step(step, first: float, full: float, arriving: float) -> float:
+    """Mean tokens of the prefill step a prompt joins at the load (a fixed point).
+
+    Parameters
+    ----------
+    step : callable
+        ``step(x)``: seconds of a prefill-only step of x tokens.
+    first : float
+        The prompt's own tokens in its first step, ``min(P, budget)``.
+    full : float
+        Tokens of a full step, ``min(budget, max_num_seqs P)``.
+    arriving : float
+        Prompt tokens offered per second to one stream, ``lambda / (dp M) P``.
+
+    Notes
+    -----
+    Prefill-only steps batch every waiting prompt up to the budget. A prompt that finds the
+    stream busy (probability ``u = arriving s(x) / x``, the busy fraction of steps of x
+    tokens) joins the next step with those that arrived while the step in flight ran
+    (``arriving s(x)`` tokens, Poisson); one that finds it idle runs alone. So
+    ``x = min(full, first + u arriving s(x))``, solved by damped iteration from ``first``.
+    A bigger budget lets the step grow with the load; a smaller one caps it (more, shorter
+    steps: less capacity, higher utilization).
+    """
+    x = first
+    for _ in range(ITERATIONS):
+        t = step(x)
+        busy = min(1.0, arriving * t / x)
+        new = min(full, first + busy * arriving * t)
+        if abs(new - x) < 0.5:
+            return new
+        x = 0.5 * (x + new)
+    return x
+
+
+def pareto_budgets(sides: list) -> list:
+    """``sides`` (:class:`simulator.planner.disagg.PoolSide`) without the options that
+    another token budget of the same replicas (shape and dp) matches or beats on capacity,
+    mean and p99 TTFT and strictly beats on one (of equal options the first stays). These
+    three are all the pair takes from its prefill side, so a dropped option never ranks
+    above the one that beats it."""
+    groups: dict[tuple, list[tuple]] = {}
+    for n, a in enumerate(sides):
+        groups.setdefault((a.lay, a.dp), []).append((n, (a.capacity, -a.ttft_s,
+                                                         -a.ttft_p99_s)))
+    keep = []
+    for n, a in enumerate(sides):
+        fa = (a.capacity, -a.ttft_s, -a.ttft_p99_s)
+        if not any((fb != fa or m < n) and all(x >= y for x, y in zip(fb, fa, strict=True))
+                   for m, fb in groups[(a.lay, a.dp)] if m != n):
+            keep.append(a)
+    return keep
+
+
+def prefill_limits(e) -> list[Limits]:
+    """The prefill pool's engine limits searched: the scenario's ``max_num_seqs`` x every
+    budget of ``PREFILL_BUDGETS`` and the scenario's own; a scheduler that does not split
+    prompts keeps budgets >= the scenario's, and ``sarathi`` (whose chunk size is its
+    budget) keeps the one budget ``max(PREFILL_BUDGET, max_num_batched_tokens)``."""
+    if e.scheduler == "sarathi":
+        return [Limits(e.max_num_seqs, max(PREFILL_BUDGET, e.max_num_batched_tokens))]
+    budgets = sorted({*PREFILL_BUDGETS, e.max_num_batched_tokens})
+    if not SCHEDULERS[e.scheduler].CHUNKED:
+        budgets = [b for b in budgets if b >= e.max_num_batched_tokens]
+    return [Limits(e.max_num_seqs, b) for b in budgets]
+
+
+def prefill_engine(row, e) -> dict:
+    """The prefill pool's engine limits of a candidate row (``prefill_max_num_*``; a row
+    without them: the scenario's ``max_num_seqs`` and ``max(PREFILL_BUDGET, budget)``)."""
+    seqs, budget = row.get("prefill_max_num_seqs"), row.get("prefill_max_num_batched_tokens")
+    if seqs is None or seqs != seqs or budget is None or budget != budget:
+        return {"max_num_seqs": e.max_num_seqs,
+                "max_num_batched_tokens": max(PREFILL_BUDGET, e.max_num_batched_tokens)}
+    return {"max_num_seqs": int(seqs), "max_num_batched_tokens": int(budget)}
+
+
+def spec_plan(base: dict, seed: int, lay: Layout, probe: Limits, moe: bool
+              ) -> ClusterPlan | None:
+    """A decode pool's replica shape ``lay`` built with the scenario's ``[speculative]``
+    section (the drafter charged as the pools builder charges it), or None: no such
+    section, or the shape does not build with the drafter."""
+    if "speculative" not in base:
+        return None
+    try:
+        return build_plan(load_scenario(resolve_point(base, _point(lay, probe, moe), seed)))
+    except ScenarioError:
+        return None
+
+
+
+def kv_contended(alone_s: np.ndarray, latency_s: np.ndarray, rate: float | None,
+                 ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of a KV transfer among the others in flight, and the transfers per second
+    the links carry (both per pair).
+
+    Parameters
+    ----------
+    alone_s : array
+        Seconds the transfer's flows take alone on the links (latency excluded).
+    latency_s : array
+        The path latency (s).
+    rate : float or None
+        Offered requests per second (None, a closed loop: priced alone).
+    ends : array
+        ``min(dp_p, dp_d)``: the routers spread transfers over this many links (the ports
+        of the busiest side's replicas).
+
+    Notes
+    -----
+    A transfer's flows cross its prefill replica's egress and its decode replica's
+    ingress (NVLink ports, NICs), which every transfer out of or into that replica shares:
+    at the busiest end ``lambda / ends`` per second, each holding the links for ``T =
+    alone_s``, utilization ``rho = lambda T / ends``. The links share their bandwidth
+    max-min fairly among the flows in flight (:mod:`simulator.topology.flows`), i.e.
+    processor sharing, whose mean response time is ``T / (1 - rho)`` (M/G/1-PS, Kleinrock
+    1976, vol. 2, ch. 4): ``t_kv = T / (1 - rho) + latency``; ``rho >= 1``: the links
+    cannot keep up (inf). The links' capacity is ``ends / T`` transfers per second.
+    """
+    alone = np.asarray(alone_s, dtype=float)
+    rho = (rate or 0.0) * alone / ends
+    keeps_up = rho < 1  # False also for NaN (no room for the decode replica)
+    t = np.where(keeps_up, alone / (1 - np.where(keeps_up, rho, 0.0)), np.inf)
+    with np.errstate(divide="ignore"):
+        return t + latency_s, ends / alone
