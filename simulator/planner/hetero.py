@@ -149,18 +149,18 @@ class CrossPairs:
         node_p = cluster_node(s)
         base = objective_values(cross, objective, 1.0, node_p, stats.output_mean,
                                 stats.rate_per_s)
-        for (i, r), value in zip(cross.iterrows(), base, strict=True):
-            node_d = load_node(r["decode_node"], s.base_dir, key="--nodes")
-            g_p = int(r["prefill_tp"] * r["prefill_pp"] * r["prefill_dp"])
-            g_d = int(r["tp"] * r["pp"] * r["dp"])
+        nodes = {k: load_node(k, s.base_dir, key="--nodes") for k in cross["decode_node"].unique()}
+        g_p = (cross["prefill_tp"] * cross["prefill_pp"] * cross["prefill_dp"]).astype(int)
+        g_d = (cross["tp"] * cross["pp"] * cross["dp"]).astype(int)
+        for i, value, k, gp, gd, u in zip(cross.index, base, cross["decode_node"], g_p, g_d,
+                                          cross["est_utilization"], strict=True):
             if objective == "goodput_per_usd":
-                usd = (g_p * gpu_hour_usd(node_p.gpu.name, s.cluster.gpu_hour_usd)
-                       + g_d * gpu_hour_usd(node_d.gpu.name, s.cluster.gpu_hour_usd))
-                out[i] = value * (g_p + g_d) / usd
+                usd = (gp * gpu_hour_usd(node_p.gpu.name, s.cluster.gpu_hour_usd)
+                       + gd * gpu_hour_usd(nodes[k].gpu.name, s.cluster.gpu_hour_usd))
+                out[i] = value * (gp + gd) / usd
             else:
-                u = r["est_utilization"]
-                out[i] = value * est_power_w(node_p, g_p + g_d, u) / (
-                    est_power_w(node_p, g_p, u) + est_power_w(node_d, g_d, u))
+                out[i] = value * est_power_w(node_p, gp + gd, u) / (
+                    est_power_w(node_p, gp, u) + est_power_w(nodes[k], gd, u))
         return out
 
 
