@@ -285,6 +285,28 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
     """Candidate rows (candidates.csv) of every prefill + decode pool pair of at most
     ``gpus`` GPUs, estimated (module docstring); ``kind = "disaggregated"``, the decode
     pool in ``tp, pp, dp, ep, attention_dp``, the prefill pool in ``prefill_*``."""
+    opts = pool_options(base, s, model, gpus, stats, need)
+    return pair_rows(opts.pres, opts.decs,
+                     lambda pr, de: opts.price(pr.lay, de.lay, pr.gpus), gpus, stats,
+                     ttft_slo_s, tpot_slo_s)
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """Every prefill and decode pool option on one kind of node, the KV price between
+    them on that kind's graph (:class:`KVPrice`) and one built plan of the kind."""
+
+    pres: list[PoolSide]
+    decs: list[PoolSide]
+    price: KVPrice | None
+    plan: ClusterPlan | None
+
+
+def pool_options(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: WorkloadStats,
+                 need: int) -> PoolOptions:
+    """The prefill and decode pool options on the scenario's nodes, each leaving a GPU
+    of ``gpus`` to the other pool (:func:`prefill_sides`, :func:`decode_sides` per
+    replica shape of :func:`shapes`)."""
     e = s.engine
     budget = max(e.max_num_batched_tokens, *TOKEN_BUDGETS)
     pre_lims = prefill_limits(e)
@@ -292,12 +314,20 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
                 for n in sorted({*MAX_NUM_SEQS, e.max_num_seqs})]
     probe = Limits(max(lim.max_num_seqs for lim in dec_lims), budget)
     need_p = min(stats.longest, e.max_model_len or model.max_position_embeddings)
-    pres, decs, price = [], [], None
+    pres, decs, price, plan = [], [], None, None
     for lay, cp in shapes(base, s, model, gpus - 1, probe, min(need, need_p)):
-        price = price or KVPrice(cp, model, s.model.kv_dtype)
+        price, plan = price or KVPrice(cp, model, s.model.kv_dtype), plan or cp
         pres += prefill_sides(lay, cp, stats, gpus, pre_lims)
         decs += decode_sides(lay, cp, stats, gpus, dec_lims, need,
                              spec_plan(base, s.seed, lay, probe, model.moe is not None))
+    return PoolOptions(pres, decs, price, plan)
+
+
+def pair_rows(pres: list[PoolSide], decs: list[PoolSide], kv_of, gpus: int,
+              stats: WorkloadStats, ttft_slo_s: float, tpot_slo_s: float) -> list[dict]:
+    """Candidate rows of every (prefill, decode) option pair of at most ``gpus`` GPUs,
+    estimated (module docstring); ``kv_of(prefill, decode)`` gives the pair's KV transfer,
+    ``(seconds_per_token, latency_s)`` (nan: the decode replica finds no room)."""
     if not pres or not decs:
         return []
     gp = np.array([x.gpus for x in pres])
@@ -307,8 +337,7 @@ def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: Wor
         return []
     o = max(stats.output_mean, 1.0)
     p = max(stats.prompt_mean, 1.0)
-    kv = np.array([price(pres[a].lay, decs[b].lay, int(gp[a])) for a, b in zip(i, j,
-                                                                             strict=True)])
+    kv = np.array([kv_of(pres[a], decs[b]) for a, b in zip(i, j, strict=True)])
     rate = stats.rate_per_s
     ends = np.minimum([pres[a].dp for a in i], [decs[b].dp for b in j])
     t_kv, x_kv = kv_contended(p * kv[:, 0], kv[:, 1], rate, ends)

@@ -5,19 +5,25 @@ best rule-of-thumb layout.
 
 Each kind's search is :func:`simulator.planner.plan.plan` (estimate every candidate,
 simulate the best few and the kind's rule of thumb); the merged tables carry a ``node``
-column. Goodput per GPU does not see prices: use ``goodput_per_usd`` to weigh a cheaper
-kind against a faster one.
+column. With ``disagg`` and two kinds or more, each kind's search also ranks the pairs
+whose prefill pool is on its nodes and decode pool on another kind's
+(:mod:`simulator.planner.hetero`); the merged tables then carry ``decode_node`` (every
+disaggregated row: its decode pool's kind; ``node`` is its prefill pool's) and their
+``pools`` label names both kinds. Goodput per GPU does not see prices: use
+``goodput_per_usd`` to weigh a cheaper kind against a faster one.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
+from simulator.io.schema import Scenario
 from simulator.planner.explain import (
     compare,
     label,
@@ -26,6 +32,7 @@ from simulator.planner.explain import (
     versus,
     versus_groups,
 )
+from simulator.planner.hetero import ONE_SWITCH, CrossPairs
 from simulator.planner.nearmiss import group_of
 from simulator.planner.plan import (
     RULE,
@@ -35,16 +42,19 @@ from simulator.planner.plan import (
     plan,
     rank_correlation,
 )
+from simulator.planner.space import cross_kind, layout_label
 
 
 def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
                objective: str = "goodput_per_gpu", overrides: list[str] | None = None,
                disagg: bool = False, **kwargs) -> PlanResult:
     """Search every node kind in ``nodes`` with at most ``gpus`` GPUs (default: the
-    scenario's cluster size) and merge the results (parameters of
+    scenario's, :func:`budget`) and merge the results (parameters of
     :func:`~simulator.planner.plan.plan` pass through ``kwargs``). With ``disagg``, each
     kind's search also ranks prefill + decode pool layouts on its nodes
-    (:mod:`simulator.planner.disagg`).
+    (:mod:`simulator.planner.disagg`) and, with several kinds, those with the decode pool
+    on another kind's nodes (:mod:`simulator.planner.hetero`). A scenario's ``[[pools]]``
+    (of any presets) only size the default budget: ``nodes`` gives the kinds.
 
     Raises
     ------
@@ -55,16 +65,20 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
     if not nodes:
         raise ScenarioError("--nodes: give at least one node preset (e.g. dgx-h100,hgx-h200)")
     if gpus is None:
-        gpus = s.cluster.nodes * load_node(s.cluster.topology, s.base_dir).gpus_per_node
+        gpus = budget(s)
+    if s.pools:  # the search lays out its own pools on the kinds of `nodes`
+        scenario, overrides = replace(s, pools=()), None
     results, errors = {}, []
-    for kind in dict.fromkeys(nodes):
+    kinds = list(dict.fromkeys(nodes))
+    cross = CrossPairs(kinds) if disagg and len(kinds) > 1 else None
+    for kind in kinds:
         node = load_node(kind, s.base_dir, key="--nodes")
         count = math.ceil(gpus / node.gpus_per_node)
         extra = [f"cluster.topology={kind}", f"cluster.nodes={count}"]
         try:
             results[kind] = plan(scenario, gpus=min(gpus, count * node.gpus_per_node),
                                  objective=objective, overrides=[*(overrides or []), *extra],
-                                 disagg=disagg, **kwargs)
+                                 disagg=disagg, cross=cross, **kwargs)
         except ScenarioError as exc:
             errors.append(f"{kind}: {exc.problems[0]}")
     if not results:
@@ -72,8 +86,27 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
     return merge(results, objective, errors)
 
 
+def budget(s: Scenario) -> int:
+    """GPUs of the scenario's nodes: ``[cluster]`` nodes, or with ``[[pools]]`` the nodes
+    of the pools that bring their own (each of its preset)."""
+    if not s.pools:
+        return s.cluster.nodes * load_node(s.cluster.topology, s.base_dir).gpus_per_node
+    return sum(p.nodes * load_node(p.topology or s.cluster.topology, s.base_dir).gpus_per_node
+               for p in s.pools if p.same_nodes_as is None)
+
+
 def _tag(df: pd.DataFrame, kind: str) -> pd.DataFrame:
-    return df.assign(node=kind)[["node", *df.columns]]
+    """``df`` with a leading ``node`` column; with ``decode_node`` (cross-kind pairs
+    searched), that of every same-kind disaggregated row is ``kind`` too, and the
+    cross-kind rows' ``pools`` name both kinds."""
+    df = df.assign(node=kind)[["node", *df.columns]]
+    if "decode_node" in df:
+        same = (df["kind"] == "disaggregated") & df["decode_node"].isna()
+        df["decode_node"] = df["decode_node"].astype(object).where(~same, kind)
+        if "pools" in df:
+            df["pools"] = [layout_label(r) if cross_kind(r) else r["pools"]
+                           for _, r in df.iterrows()]
+    return df
 
 
 def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> PlanResult:
@@ -102,6 +135,8 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> 
             comparison += "; " + versus_groups(best, table, objective)
     if errors:
         comparison += "; out of the search: " + "; ".join(errors)
+    if first.scenario.cluster.fabric == "leaf_spine" and table.apply(cross_kind, axis=1).any():
+        comparison += "; " + ONE_SWITCH
     error = None if best is not None else no_slo(table, slo, q, own.stats)
     return PlanResult(own.scenario, objective, q, own.gpus, own.cluster_gpus, own.stats,
                       cands, table, results[rule_kind].rule, results[rule_kind].rule_why,
@@ -113,9 +148,16 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> 
                       margins=first.margins)
 
 
+def where(row) -> str:
+    """The node kind of a row, ``prefill kind -> decode kind`` for a cross-kind pair."""
+    dec = cross_kind(row)
+    return f"{row['node']} -> {dec}" if dec else row["node"]
+
+
 def versus_kinds(best: pd.Series, table: pd.DataFrame, objective: str) -> str:
-    """By how much the pick beats the best SLO-meeting point of every other node kind."""
-    parts = versus(best, table, table["node"], best["node"], objective,
+    """By how much the pick beats the best SLO-meeting point of every other node kind
+    (a cross-kind pair's kinds count as one: ``dgx-h100 -> hgx-h200``)."""
+    parts = versus(best, table, table.apply(where, axis=1), where(best), objective,
                    lambda kind, other, gain, a, b, what:
                    f"{gain:+.0%} {what} over the best {kind} layout, {label(other)} "
                    f"({a:.3g} vs {b:.3g})")

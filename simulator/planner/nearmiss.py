@@ -24,6 +24,7 @@ import pandas as pd
 from simulator.io.schema import SloKeys
 from simulator.planner.explain import sig
 from simulator.planner.objectives import est_value, spearman
+from simulator.planner.space import cross_kind
 
 #: Quantile of the estimate / simulation ratios that sets the margin.
 MARGIN_QUANTILE = 0.9
@@ -113,10 +114,11 @@ def order(cands: pd.DataFrame, objective: str, stable) -> list:
 
 
 def group_of(row) -> str:
-    """The simulation group of a candidate: ``colocated``, ``colocated+spec`` or
-    ``disaggregated``."""
+    """The simulation group of a candidate: ``colocated``, ``colocated+spec``,
+    ``disaggregated`` or ``disaggregated+cross`` (pools on two node kinds)."""
     kind = row.get("kind")
     kind = kind if isinstance(kind, str) else "colocated"
+    kind += "+cross" if cross_kind(row) else ""  # pools on two node kinds (hetero.py)
     k = row.get("spec_k")
     return kind + ("+spec" if k is not None and k == k and int(k) > 0 else "")
 

@@ -36,6 +36,7 @@ from simulator.planner.explain import (
     reason,
     versus_groups,
 )
+from simulator.planner.hetero import CrossPairs, cross_point
 from simulator.planner.nearmiss import (
     est_slo,
     group_of,
@@ -58,6 +59,7 @@ from simulator.planner.space import (
     Layout,
     Limits,
     WorkloadStats,
+    cross_kind,
     engine_limits,
     layout_label,
     layouts,
@@ -130,13 +132,16 @@ class PlanResult:
     margins: dict | None = None
 
 
-def _columns(columns: list[str], model, disagg: bool = False) -> list[str]:
+def _columns(columns: list[str], model, disagg: bool = False, cross: bool = False
+             ) -> list[str]:
     """``columns`` with ``ep`` and ``attention_dp`` after ``dp`` for a MoE model, and the
-    prefill pool's columns after ``kind`` with disaggregated candidates."""
+    prefill pool's columns after ``kind`` with disaggregated candidates (after the decode
+    pool's ``decode_node`` with cross-kind pairs)."""
     if disagg:
         i = columns.index("kind") + 1
         pre = [c for c in PREFILL_COLUMNS if model.moe is not None or "_ep" not in c
                and "attention" not in c]
+        pre = ["decode_node", *pre] if cross else pre
         columns = [*columns[:i], *pre, *columns[i:]]
     if model.moe is None:
         return columns
@@ -152,15 +157,16 @@ def _meets(sim: dict, slo: SloKeys) -> bool:
 
 
 def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStats,
-                         objective: str, jobs: int | None = 1, disagg: bool = False
-                         ) -> pd.DataFrame:
+                         objective: str, jobs: int | None = 1, disagg: bool = False,
+                         cross: CrossPairs | None = None) -> pd.DataFrame:
     """Every layout of at most ``gpus`` GPUs x every engine limit: built (placement, fit),
     checked for a useful KV cache and estimated; ``status`` is ``feasible`` or
     ``excluded`` with the ``reason``. Sorted by the estimate (``est_rank``). Layouts are
     estimated in ``jobs`` processes (None: the CPUs); the table does not depend on it.
     With ``disagg``, every prefill + decode pool pair joins them
     (:func:`simulator.planner.disagg.disagg_rows`); with a ``[speculative]`` section,
-    every layout with and without speculation (``spec_k``)."""
+    every layout with and without speculation (``spec_k``); with ``cross``, the pairs with
+    the decode pool on another node kind (:mod:`simulator.planner.hetero`)."""
     model = load_model(s.model.name, s.base_dir)
     limits = engine_limits(s)
     probe = min(limits, key=lambda lim: (lim.budget, lim.max_num_seqs))
@@ -176,28 +182,33 @@ def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStat
             rows = [row for part in pool.map(layout_rows, work, chunksize=4) for row in part]
     if disagg:
         rows += disagg_rows(base, s, model, gpus, stats, need, s.slo.ttft_s, s.slo.tpot_s)
+    if disagg and cross is not None:
+        rows += cross.rows(base, s, model, gpus, stats, need, s.slo.ttft_s, s.slo.tpot_s)
     df = pd.DataFrame(rows)
-    columns = _columns(CANDIDATE_COLUMNS, model, disagg)
+    columns = _columns(CANDIDATE_COLUMNS, model, disagg, cross is not None)
     for c in columns:
         if c not in df:
             df[c] = math.nan
     df["chunk_size"] = df["chunk_size"].astype("Int64")
-    df = rerank(df, s, stats, objective, margins(None)).reset_index(drop=True)
+    df = rerank(df, s, stats, objective, margins(None), cross).reset_index(drop=True)
     feasible = df["status"] == "feasible"
     df["est_rank"] = pd.Series(range(1, len(df) + 1)).where(feasible).astype("Int64")
     return df[columns]
 
 
 def rerank(df: pd.DataFrame, s: Scenario, stats: WorkloadStats, objective: str,
-           m: dict[str, float]) -> pd.DataFrame:
+           m: dict[str, float], cross: CrossPairs | None = None) -> pd.DataFrame:
     """``df`` with ``est_slo`` and ``est_objective`` at the near-miss ratios ``m``
-    (:mod:`simulator.planner.nearmiss`), sorted in ranking order (index kept)."""
+    (:mod:`simulator.planner.nearmiss`; cross-kind pairs at each pool's own price and
+    power), sorted in ranking order (index kept)."""
     node = load_node(s.cluster.topology, s.base_dir)
     price = gpu_hour_usd(node.gpu.name, s.cluster.gpu_hour_usd)
     df = df.copy()
     df["est_slo"] = est_slo(df, s.slo, m)
     df["est_objective"] = objective_values(df, objective, price, node, stats.output_mean,
                                            stats.rate_per_s)
+    if cross is not None:
+        df["est_objective"] = cross.values(df, objective, s, stats)
     return df.loc[est_order(df, objective, _stable)]
 
 
@@ -205,7 +216,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
          objective: str = "goodput_per_gpu", top: int = DEFAULT_TOP,
          requests: int | None = DEFAULT_REQUESTS, jobs: int | None = None,
          slo_quantile: float = 0.99, overrides: list[str] | None = None,
-         disagg: bool = False) -> PlanResult:
+         disagg: bool = False, cross: CrossPairs | None = None) -> PlanResult:
     """Search layouts and engine limits for a scenario; simulate the best and recommend one.
 
     Parameters
@@ -233,6 +244,9 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     disagg : bool
         Also search prefill + decode pool layouts (:mod:`simulator.planner.disagg`), in
         the same ranking; the best few of each group are simulated.
+    cross : CrossPairs, optional
+        With ``disagg``, also the pairs whose decode pool is on another node kind
+        (:mod:`simulator.planner.hetero`; ``plan --disagg --nodes``).
 
     Raises
     ------
@@ -258,7 +272,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     cap = gpus or total
     reqs = workload_requests(s)
     stats = workload_stats(s, reqs)
-    cands = enumerate_candidates(base, s, cap, stats, objective, jobs, disagg)
+    cands = enumerate_candidates(base, s, cap, stats, objective, jobs, disagg, cross)
     feasible = cands[cands["status"] == "feasible"]
     if feasible.empty:
         raise ScenarioError(no_fit(cands, model.name, s.model.weight_dtype, cap))
@@ -298,6 +312,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
                 point, {"speculative.num_speculative_tokens": int(r["spec_k"])}, s.seed))
         if r["kind"] == "disaggregated":
             point["pools"] = pools_of(r, s.cluster.nodes, s)
+        if cross_kind(r):  # pools on two node kinds (simulator.planner.hetero)
+            point = cross_point(point, r, s)
         if objective == "tokens_per_joule":  # energy needs the step records
             point["output"] = {**point.get("output", {}), "steps": True}
         return point
@@ -315,7 +331,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     m = margins(None)
     for round_ in range(MAX_ROUNDS):
         batch, taken = [], dict.fromkeys(groups.unique(), 0)
-        ranked = rerank(cands, s, stats, objective, m)
+        ranked = rerank(cands, s, stats, objective, m, cross)
         for i, r in ranked.iterrows():
             lay, g = _layout(r), groups[i]
             if (r["status"] == "feasible" and i not in picked and taken[g] < per_group
@@ -332,7 +348,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         if not batch or any(_meets(sims[i], s.slo) for i in picked if i != rule_idx):
             break
     cands.loc[picked, "simulated"] = True
-    ranked = rerank(cands, s, stats, objective, m)
+    ranked = rerank(cands, s, stats, objective, m, cross)
     cands["est_slo"], cands["est_objective"] = ranked["est_slo"], ranked["est_objective"]
 
     rows, wall = [], 0.0
@@ -342,7 +358,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         row = {k: c[k] for k in ("tp", "pp", "dp", *(("ep", "attention_dp") if "ep" in c
                                                      else ()),
                                  "kind", "spec_k", "est_slo",
-                                 *(x for x in PREFILL_COLUMNS if x in c),
+                                 *(x for x in ["decode_node", *PREFILL_COLUMNS] if x in c),
                                  "max_num_seqs", "max_num_batched_tokens",
                                  "chunk_size", "gpus", "est_capacity_req_per_s",
                                  "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica",
@@ -357,7 +373,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     table = pd.DataFrame(rows)
     table["pools"] = [layout_label(r) if r["kind"] == "disaggregated" else ""
                       for _, r in table.iterrows()]
-    for c in [*_columns(PLAN_COLUMNS, model, disagg), "status", "error"]:
+    for c in [*_columns(PLAN_COLUMNS, model, disagg, cross is not None), "status", "error"]:
         if c not in table:
             table[c] = math.nan
     slo = s.slo
@@ -389,7 +405,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
                           objective, slo, slo_quantile)
     if best is not None and table.apply(group_of, axis=1).nunique() > 1:
         comparison += "; " + versus_groups(best, table, objective)
-    columns = _columns(PLAN_COLUMNS, model, disagg)
+    columns = _columns(PLAN_COLUMNS, model, disagg, cross is not None)
     return PlanResult(s, objective, slo_quantile, cap, total, stats,
                       cands.reset_index(drop=True), table[columns].copy(), rule,
                       rule_why, best, why, comparison, error, time.perf_counter() - t0,

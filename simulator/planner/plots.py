@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simulator.planner.space import cross_kind
+
 
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Mask of the points no other point beats on both axes (both maximized).
@@ -62,8 +64,8 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
             k = r.get("spec_k")
             if k is not None and k == k and int(k) > 0:
                 text += f" k{int(k)}"
-            if isinstance(r.get("node"), str):
-                text = f"{r['node']} {text}"
+            if isinstance(r.get("node"), str):  # a cross-kind pair: prefill kind>decode kind
+                text = f"{r['node']}{'>' + cross_kind(r) if cross_kind(r) else ''} {text}"
             if r["rank"] == 1 and r["slo_met"]:
                 text += " pick"
             if "rule of thumb" in str(r["note"]):

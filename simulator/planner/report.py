@@ -17,10 +17,11 @@ import tomli_w
 from simulator.io.scenario import to_dict
 from simulator.planner.capacity import CapacityResult
 from simulator.planner.disagg import pools_of
+from simulator.planner.hetero import cross_point
 from simulator.planner.nearmiss import MARGIN_QUANTILE
 from simulator.planner.plan import PlanResult
 from simulator.planner.plots import capacity_plot, pareto_plot
-from simulator.planner.space import Limits, layout_label
+from simulator.planner.space import Limits, cross_kind, layout_label
 
 #: File name of the pick's runnable scenario in a plan's output folder.
 RECOMMENDED = "recommended.toml"
@@ -64,6 +65,8 @@ def recommended_scenario(result: PlanResult) -> dict | None:
     if best.get("kind") == "disaggregated":
         data["name"] = f"{s.name}-disagg"
         data["pools"] = pools_of(best, s.cluster.nodes, s)
+    if cross_kind(best):  # pools on two node kinds (simulator.planner.hetero)
+        data = cross_point(data, best, s)
     return _absolute(data, Path(s.base_dir))
 
 

@@ -61,11 +61,14 @@ def layout_label(row) -> str:
     kind = row.get("node")  # multi-kind plans (simulator.planner.kinds)
     own = (f"TP{int(row['tp'])} PP{int(row['pp'])} DP{int(row['dp'])}"
            + moe_label(row.get("ep"), row.get("attention_dp")))
+    dec = cross_kind(row)  # each pool names its kind (simulator.planner.hetero)
     if row.get("kind") == "disaggregated":
-        own = (f"prefill TP{int(row['prefill_tp'])} PP{int(row['prefill_pp'])} "
+        own = (f"prefill {kind + ' ' if dec and isinstance(kind, str) else ''}"
+               f"TP{int(row['prefill_tp'])} PP{int(row['prefill_pp'])} "
                f"DP{int(row['prefill_dp'])}"
                + moe_label(row.get("prefill_ep"), row.get("prefill_attention_dp"))
-               + f" + decode {own}")
+               + f" + decode {dec + ' ' if dec else ''}{own}")
+        kind = None if dec else kind
         budget = row.get("prefill_max_num_batched_tokens")
         if budget is not None and budget == budget:
             own += f" (prefill budget {int(budget)})"
@@ -257,3 +260,10 @@ def rule_of_thumb(s: Scenario, model: ModelSpec, gpu_memory_bytes: float, node_g
                  f"under the useful {need}")
     raise ScenarioError(f"rule of thumb: no PP degree fits {model.name} with TP{tp} on "
                         f"{gpus} GPUs ({short})")
+
+
+def cross_kind(row) -> str | None:
+    """The decode pool's node kind of a cross-kind disaggregated row (its
+    ``decode_node`` differs from its ``node``; simulator.planner.hetero), else None."""
+    dec = row.get("decode_node")
+    return dec if isinstance(dec, str) and dec != row.get("node") else None
