@@ -10,6 +10,8 @@ test_moe.py).
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import random
 import subprocess
@@ -22,7 +24,9 @@ import pytest
 from conftest import toy_scenario
 from test_fast_forward import _assert_identical, _both
 
+import simulator
 from simulator.engine.decoderun import DecodeRuns
+from simulator.io import chrome_trace
 from simulator.metrics.records import _stable_order
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,3 +151,29 @@ def test_a_dense_run_imports_neither_scipy_nor_parquet():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", ["trace.json.gz", "trace.json"])
+def test_trace_blocks_and_compressing_thread_keep_the_content(tmp_path, monkeypatch, name):
+    """The steps' events formatted in blocks (and, gzipped, compressed in a second thread
+    as they come) give the text of formatting all rows at once: blocks of 7 rows against
+    one block, on a TP2 run whose steps all carry an all-reduce span."""
+    res = simulator.run(toy_scenario(
+        parallel={"tp": 2},
+        workload={"arrival": "poisson", "rate_per_s": 10.0, "num_requests": 40,
+                  "prompt_tokens": 60, "output_tokens": 30}))
+    assert len(res.steps) > 50 and (res.steps["comm_s"] > 0).all()
+    texts = []
+    for rows in (7, 10**9):
+        monkeypatch.setattr(chrome_trace, "BLOCK_ROWS", rows)
+        path = tmp_path / f"{rows}-{name}"
+        chrome_trace.write_trace(path, res.requests, res.steps)
+        data = path.read_bytes()
+        texts.append(gzip.decompress(data) if name.endswith(".gz") else data)
+    assert texts[0] == texts[1]
+    trace = json.loads(texts[0])["traceEvents"]
+    spans = [e for e in trace if e.get("cat") == "step"]
+    comm = [e for e in trace if e.get("cat") == "comm"]
+    assert len(spans) == len(comm) == len(res.steps)
+    # The span events come in step order, then the all-reduce ones, block after block.
+    assert [e["ts"] for e in spans] == np.round(res.steps["start_s"] * 1e6, 3).tolist()
