@@ -25,9 +25,10 @@ from conftest import toy_scenario
 from test_fast_forward import _assert_identical, _both
 
 import simulator
+from simulator.engine.clock import SCALE
 from simulator.engine.decoderun import DecodeRuns
 from simulator.io import chrome_trace
-from simulator.metrics.records import _stable_order
+from simulator.metrics.records import Recorder, _stable_order
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -177,3 +178,36 @@ def test_trace_blocks_and_compressing_thread_keep_the_content(tmp_path, monkeypa
     assert len(spans) == len(comm) == len(res.steps)
     # The span events come in step order, then the all-reduce ones, block after block.
     assert [e["ts"] for e in spans] == np.round(res.steps["start_s"] * 1e6, 3).tolist()
+
+
+def test_compact_run_records_equal_a_tuple_per_step():
+    """``Recorder.step_run`` (a short decode run's records as one entry, expanded by
+    ``run_columns``) gives the rows of ``Recorder.step`` with the tuple per step that the
+    engine builds, bit for bit, interleaved with tuple rows in time order."""
+    rng = random.Random(5)
+    compact, tuples = Recorder(), Recorder()
+    t = 0.0
+    for _ in range(300):
+        # A prefill step as a tuple, then a run of m decode steps.
+        row = (0, 0, 0, t + 0.001, t + 0.01, 50, 3, 4, 0.008, 0.0005, 40, 1275.0, 0, 90, 4)
+        compact.step(row)
+        tuples.step(row)
+        t += 0.01
+        n, kv, used, m = rng.randint(1, 9), rng.randint(1, 5000), rng.randint(0, 900), \
+            rng.randint(1, 20)
+        off, comm = round(rng.uniform(0, 0.004) * SCALE) / SCALE, rng.uniform(0, 1e-3)
+        computes = [rng.uniform(1e-3, 2e-2) for _ in range(m)]
+        needs = [rng.randint(0, 2) for _ in range(m)]
+        ends = [t]
+        for c in computes:
+            ends.append(ends[-1] + round((off + c + comm) * SCALE) / SCALE)
+        compact.step_run((0, ends, off, n, computes, comm, used, needs, kv))
+        for j in range(m):
+            used += needs[j]
+            tuples.step((0, 0, 0, ends[j] + off, ends[j + 1], 0, n, n, computes[j], comm, used,
+                         0.0, 0, kv + (j + 1) * n, n))
+        t = ends[-1]
+    got, want = compact.steps_frame(), tuples.steps_frame()
+    assert len(want) > 1000
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    assert Recorder(keep_steps=False).step_run is None  # the engine then builds tuples

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import pandas as pd
 
@@ -51,6 +53,9 @@ class Recorder:
         self.steps: list[tuple] = []
         self.step = self.steps.append if keep_steps else None
         self._bulk: list[dict] = []  # decode runs' records, as columns
+        # Short decode runs' records in compact form (``step_run``), expanded at the end.
+        self._runs = (array("d"), array("d"), array("d"), array("q"))
+        self.step_run = self._step_run if keep_steps else None
         if not keep_steps and fold is not None:
             self.step, self.step_bulk = fold.append, fold.bulk
         self._rows: list[tuple] = []
@@ -121,6 +126,19 @@ class Recorder:
                             ).astype({"request_id": np.int64, "requeued_s": float,
                                       "readmitted_s": float})
 
+    def _step_run(self, run: tuple) -> None:
+        """Records of a short decode run in compact form: ``(replica, ends, off, n,
+        computes, comm, used, needs, kv)`` for ``m = len(computes)`` steps, as
+        :func:`run_columns` expands them. Copied at once into flat arrays of doubles and
+        integers, while the run's values are fresh in the cache: converting Python floats
+        scattered over a long run's memory costs several times more at the end."""
+        replica, ends, off, n, computes, comm, used, needs, kv = run
+        heads, times, work, blocks = self._runs
+        heads.extend((replica, off, n, comm, used, kv, len(computes)))
+        times.extend(ends)
+        work.extend(computes)
+        blocks.extend(needs)
+
     def step_bulk(self, columns: dict) -> None:
         """Records of many steps at once, as equal-length column arrays."""
         self._bulk.append(columns)
@@ -131,8 +149,9 @@ class Recorder:
         # which goes through object columns (a second per 200k steps).
         packed = np.array(self.steps, dtype=STEP_DTYPE)
         cols = {c: packed[c] for c in STEP_COLUMNS}
-        if self._bulk:
-            cols = {c: np.concatenate([cols[c], *(b[c] for b in self._bulk)])
+        bulk = self._bulk + ([run_columns(*self._runs)] if self._runs[0] else [])
+        if bulk:
+            cols = {c: np.concatenate([cols[c], *(b[c] for b in bulk)])
                     for c in STEP_COLUMNS}
         order = _stable_order(cols["start_s"], cols["replica"], cols["stage"])
         # Each column its own contiguous array, and the frame built around them without
@@ -140,6 +159,45 @@ class Recorder:
         cols = {c: (np.ascontiguousarray(v) if order is None else v[order])
                 for c, v in cols.items()}
         return pd.DataFrame(cols, copy=False)
+
+
+def run_columns(heads, times, work, blocks) -> dict[str, np.ndarray]:
+    """The step records of decode runs kept in compact form, as columns (run after run).
+
+    A run of ``m`` recorded steps of ``n`` decoders is 7 numbers in ``heads`` (doubles:
+    integers up to 2**53 are exact): ``replica, off, n, comm, used, kv, m``; ``m + 1``
+    times in ``times`` (``ends``); ``m`` in ``work`` (``computes``) and in ``blocks``
+    (``needs``). Step j (0-based) starts at ``ends[j] + off`` (the overhead, on the clock
+    grid), ends at ``ends[j + 1]``, computes ``computes[j]`` and communicates ``comm``
+    seconds, with ``used + needs[0] + ... + needs[j]`` KV blocks in use, reading
+    ``kv + (j + 1) * n`` KV entries: the values, and the operations on them, of a tuple per
+    step (:meth:`Recorder.step`), in numpy.
+    """
+    head = np.frombuffer(heads, dtype=np.float64).reshape(-1, 7)
+    m = head[:, 6].astype(np.int64)
+    total = int(m.sum())
+
+    def per_row(col: int, dtype) -> np.ndarray:
+        return np.repeat(head[:, col].astype(dtype), m)
+
+    first = np.cumsum(m) - m  # each run's first row
+    j = np.arange(total) - np.repeat(first, m)  # step within its run
+    at = np.arange(total) + np.repeat(np.arange(len(m)), m)  # each row's start in times
+    ends = np.frombuffer(times, dtype=np.float64)
+    need = np.frombuffer(blocks, dtype=np.int64)
+    grown = np.cumsum(need)
+    grown -= np.repeat(grown[first] - need[first], m)  # cumulative within each run
+    every = per_row(2, np.int64)
+    zeros = np.zeros(total, dtype=np.int64)
+    return {
+        "replica": per_row(0, np.int64), "stage": zeros, "stream": zeros,
+        "start_s": ends[at] + per_row(1, np.float64), "end_s": ends[at + 1],
+        "prefill_tokens": zeros, "decode_tokens": every, "batch_size": every,
+        "compute_s": np.frombuffer(work, dtype=np.float64).copy(),
+        "comm_s": per_row(3, np.float64), "kv_blocks": per_row(4, np.int64) + grown,
+        "prefill_pairs": np.zeros(total), "prefill_ctx": zeros,
+        "decode_kv": per_row(5, np.int64) + (j + 1) * every, "sampled": every,
+    }
 
 
 def _stable_order(*keys: np.ndarray) -> np.ndarray | None:
