@@ -28,7 +28,7 @@ import simulator
 from simulator.engine.clock import SCALE
 from simulator.engine.decoderun import DecodeRuns
 from simulator.io import chrome_trace
-from simulator.metrics.records import Recorder, _stable_order
+from simulator.metrics.records import STEP_COLUMNS, STEP_DTYPE, Recorder, _stable_order
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -181,17 +181,18 @@ def test_trace_blocks_and_compressing_thread_keep_the_content(tmp_path, monkeypa
 
 
 def test_compact_run_records_equal_a_tuple_per_step():
-    """``Recorder.step_run`` (a short decode run's records as one entry, expanded by
-    ``run_columns``) gives the rows of ``Recorder.step`` with the tuple per step that the
-    engine builds, bit for bit, interleaved with tuple rows in time order."""
+    """``Recorder.step`` (each tuple's numbers copied into a flat array of doubles) and
+    ``Recorder.step_run`` (a short decode run's records as one entry, expanded by
+    ``run_columns``) give the table of the tuples themselves, bit for bit: the tuple per
+    step that the engine builds, packed into their dtypes, in time order."""
     rng = random.Random(5)
-    compact, tuples = Recorder(), Recorder()
+    compact, flat, rows = Recorder(), Recorder(), []
     t = 0.0
     for _ in range(300):
         # A prefill step as a tuple, then a run of m decode steps.
         row = (0, 0, 0, t + 0.001, t + 0.01, 50, 3, 4, 0.008, 0.0005, 40, 1275.0, 0, 90, 4)
         compact.step(row)
-        tuples.step(row)
+        rows.append(row)
         t += 0.01
         n, kv, used, m = rng.randint(1, 9), rng.randint(1, 5000), rng.randint(0, 900), \
             rng.randint(1, 20)
@@ -204,10 +205,15 @@ def test_compact_run_records_equal_a_tuple_per_step():
         compact.step_run((0, ends, off, n, computes, comm, used, needs, kv))
         for j in range(m):
             used += needs[j]
-            tuples.step((0, 0, 0, ends[j] + off, ends[j + 1], 0, n, n, computes[j], comm, used,
-                         0.0, 0, kv + (j + 1) * n, n))
+            rows.append((0, 0, 0, ends[j] + off, ends[j + 1], 0, n, n, computes[j], comm,
+                         used, 0.0, 0, kv + (j + 1) * n, n))
         t = ends[-1]
-    got, want = compact.steps_frame(), tuples.steps_frame()
+    for row in rows:
+        flat.step(row)
+    packed = np.array(rows, dtype=STEP_DTYPE)
+    want = pd.DataFrame({c: packed[c] for c in STEP_COLUMNS})
     assert len(want) > 1000
-    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    pd.testing.assert_frame_equal(compact.steps_frame(), want, check_exact=True)
+    pd.testing.assert_frame_equal(flat.steps_frame(), want, check_exact=True)
     assert Recorder(keep_steps=False).step_run is None  # the engine then builds tuples
+    assert Recorder().steps_frame().empty
