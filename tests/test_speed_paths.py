@@ -28,6 +28,7 @@ import simulator
 from simulator.engine.clock import SCALE
 from simulator.engine.decoderun import DecodeRuns
 from simulator.io import chrome_trace
+from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import STEP_COLUMNS, STEP_DTYPE, Recorder, _stable_order
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,3 +218,34 @@ def test_compact_run_records_equal_a_tuple_per_step():
     pd.testing.assert_frame_equal(flat.steps_frame(), want, check_exact=True)
     assert Recorder(keep_steps=False).step_run is None  # the engine then builds tuples
     assert Recorder().steps_frame().empty
+
+
+def test_gap_buffers_bin_what_the_definition_bins(monkeypatch):
+    """``GapHistogram`` buffers single gaps and runs' times in flat arrays (runs given as
+    lists or numpy arrays) and bins them at flushes: its counts, total and mean are those of
+    binning every gap directly (``np.diff`` of each run, ``count`` of each), also across
+    several flushes."""
+    monkeypatch.setattr(GapHistogram, "FLUSH", 97)  # many flushes
+    rng = np.random.default_rng(8)
+    h, gaps, weights = GapHistogram(), [], []
+    for i in range(400):
+        if i % 3 == 0:
+            g, c = float(rng.uniform(1e-4, 0.2)), int(rng.integers(0, 4))
+            h.add(g, c)
+            if c > 0:
+                gaps.append([g])
+                weights.append([c])
+        else:
+            times = np.cumsum(rng.uniform(1e-3, 5e-2, int(rng.integers(1, 30))))
+            c = int(rng.integers(0, 6))
+            h.add_run(times if i % 2 else times.tolist(), c)
+            if len(times) > 1 and c > 0:
+                gaps.append(np.diff(times))
+                weights.append(np.full(len(times) - 1, c))
+    g, w = np.concatenate(gaps), np.concatenate(weights)
+    idx = np.clip(((np.log(g) - np.log(1e-6)) * h._scale).astype(np.int64) + 1, 1,
+                  len(h.edges) - 1)
+    assert h.total == w.sum()
+    assert h.counts.tolist() == np.bincount(idx, weights=w, minlength=len(h.counts)).astype(
+        np.int64).tolist()
+    assert h.mean == pytest.approx((g * w).sum() / w.sum(), rel=1e-12)
