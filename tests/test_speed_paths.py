@@ -28,6 +28,7 @@ import simulator
 from simulator.engine.clock import SCALE
 from simulator.engine.decoderun import DecodeRuns
 from simulator.io import chrome_trace
+from simulator.metrics import alerts as alerts_module
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import STEP_COLUMNS, STEP_DTYPE, Recorder, _stable_order
 
@@ -249,3 +250,29 @@ def test_gap_buffers_bin_what_the_definition_bins(monkeypatch):
     assert h.counts.tolist() == np.bincount(idx, weights=w, minlength=len(h.counts)).astype(
         np.int64).tolist()
     assert h.mean == pytest.approx((g * w).sum() / w.sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize("steps", [True, False])
+def test_a_lone_replicas_alerts_reuse_the_cluster_table(monkeypatch, steps):
+    """A replica that served every request (none rerouted) and ran every step takes the
+    cluster's window table for its rules instead of recomputing it: the same events as
+    recomputing, on an overloaded run where every rule fires."""
+    sc = toy_scenario(
+        workload={"arrival": "poisson", "rate_per_s": 300.0, "num_requests": 400,
+                  "prompt_tokens": {"dist": "uniform", "min": 20, "max": 900},
+                  "output_tokens": {"dist": "uniform", "min": 1, "max": 120}},
+        engine={"max_num_seqs": 8},
+        alerts={"ttft_p99_s": 0.05, "e2e_p99_s": 0.5, "batch_efficiency_min": 0.5,
+                "queue_len_max": 3, "oldest_queued_s": 0.05, "waiting_ttft_s": 0.05,
+                "min_completions": 3},
+        output={"steps": steps, "window_s": 0.1})
+    calls = []
+    whole = alerts_module._whole
+    monkeypatch.setattr(alerts_module, "_whole", lambda *a: calls.append(whole(*a)) or calls[-1])
+    fast = simulator.run(sc).alerts
+    monkeypatch.setattr(alerts_module, "_whole", lambda *a: False)
+    slow = simulator.run(sc).alerts
+    assert calls == [True]
+    assert set(slow["replica"]) == {"all", "0"}
+    assert len(set(slow["rule"])) == (6 if steps else 5)
+    pd.testing.assert_frame_equal(fast, slow, check_exact=True)
