@@ -27,10 +27,18 @@ from test_fast_forward import _assert_identical, _both
 import simulator
 from simulator.engine.clock import SCALE
 from simulator.engine.decoderun import DecodeRuns
+from simulator.engine.request import Request
 from simulator.io import chrome_trace
 from simulator.metrics import alerts as alerts_module
 from simulator.metrics.gaps import GapHistogram
-from simulator.metrics.records import STEP_COLUMNS, STEP_DTYPE, Recorder, _stable_order
+from simulator.metrics.records import (
+    REQUEST_DTYPE,
+    REQUEST_RECORD,
+    STEP_COLUMNS,
+    STEP_DTYPE,
+    Recorder,
+    _stable_order,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -276,3 +284,34 @@ def test_a_lone_replicas_alerts_reuse_the_cluster_table(monkeypatch, steps):
     assert set(slow["replica"]) == {"all", "0"}
     assert len(set(slow["rule"])) == (6 if steps else 5)
     pd.testing.assert_frame_equal(fast, slow, check_exact=True)
+
+
+def test_request_rows_from_flat_numbers_equal_the_tuples():
+    """``Recorder.request`` copies a request's numbers into a flat array of doubles and its
+    (status, reason) into a code: ``requests_frame`` gives the table of packing the tuples
+    into their dtypes (NaN times, large ids, repeated and distinct texts, out of order)."""
+    rng = random.Random(3)
+    rec, rows = Recorder(), []
+    for i in rng.sample(range(10**12, 10**12 + 500), 200):
+        r = Request(i, rng.uniform(0, 100), rng.randint(1, 4000), rng.randint(1, 900))
+        r.replica = rng.randint(-1, 3)
+        r.status, r.reason = rng.choice([("completed", ""), ("rejected", f"too long {i}"),
+                                         ("dropped", "no replica up")])
+        if r.status == "completed":
+            r.first_scheduled_s, r.first_token_s = r.arrival_s + 0.5, r.arrival_s + 0.75
+            r.finish_s = r.arrival_s + rng.uniform(1, 9)
+        r.preemptions, r.retries = rng.randint(0, 3), rng.randint(0, 2)
+        r.generated, r.cached_tokens = rng.randint(0, 900), rng.randint(0, 64)
+        rec.request(r)
+        rows.append((r.id, r.arrival_s, r.replica, r.prompt, r.output, r.first_scheduled_s,
+                     r.first_token_s, r.finish_s, r.preemptions, r.status, r.retries,
+                     r.reason, r.generated, r.cached_tokens))
+    got = rec.requests_frame()
+    packed = np.array(sorted(rows), dtype=REQUEST_DTYPE)
+    for c in REQUEST_RECORD:
+        want = packed[c]
+        if c == "finish_s":  # a rejected request's finish is NaN in the table
+            want = np.where(packed["status"] == "rejected", np.nan, want)
+        assert got[c].tolist() == pytest.approx(want.tolist(), nan_ok=True, rel=0, abs=0), c
+    assert got["request_id"].dtype == np.int64 and got["arrival_s"].dtype == np.float64
+    assert Recorder().requests_frame().empty

@@ -28,28 +28,28 @@ REQUEST_RECORD = ["request_id", "arrival_s", "replica", "prompt_tokens", "output
 _TEXT = {"status", "reason"}
 REQUEST_DTYPE = np.dtype([(c, object if c in _TEXT else np.float64 if c.endswith("_s")
                            else np.int64) for c in REQUEST_RECORD])
+_NUMBERS = [c for c in REQUEST_RECORD if c not in _TEXT]
 
 
 class Recorder:
     """Collects one row per finished request and, optionally, one per stage step.
 
-    Request rows are packed into columnar chunks of ``chunk`` rows as they arrive, so a
-    million-request run holds compact arrays rather than a Python tuple per request.
+    Records are copied as they come into flat arrays of numbers (a request's text as a
+    code), so a million-request run holds compact arrays rather than a Python tuple per
+    request or per step.
 
     Parameters
     ----------
     keep_steps : bool
         Keep per-step rows (``step`` is None otherwise: the engine then skips building them).
-    chunk : int
-        Request rows per packed chunk.
     fold : object, optional
         Without ``keep_steps``: takes the step records instead (``fold.append(row)``,
         ``fold.bulk(columns)``; :class:`simulator.metrics.power.StepFold`), which sums
         them as they come.
     """
 
-    def __init__(self, keep_steps: bool = True, chunk: int = 65536,
-                 speculative: bool = False, fold=None) -> None:
+    def __init__(self, keep_steps: bool = True, speculative: bool = False,
+                 fold=None) -> None:
         # ``step(row)``: a step's record (a tuple of the STEP_COLUMNS), its numbers copied
         # at once into one flat array of doubles (integers up to 2**53 are exact): no tuple
         # per step outlives the call, for the garbage collector to traverse and for
@@ -62,9 +62,12 @@ class Recorder:
         self.step_run = self._step_run if keep_steps else None
         if not keep_steps and fold is not None:
             self.step, self.step_bulk = fold.append, fold.bulk
-        self._rows: list[tuple] = []
-        self._chunks: list[pd.DataFrame] = []
-        self._chunk = chunk
+        # The numbers of each finished request's row (REQUEST_RECORD less the text) in one
+        # flat array of doubles (integers up to 2**53 are exact), and a code per row for its
+        # (status, reason) text: compact for a million requests, no tuple per request.
+        self._numbers = array("d")
+        self._texts: dict[tuple[str, str], int] = {}
+        self._codes = array("q")
         # Speculative decoding: per-request verification steps and accepted drafts, kept
         # (and written as columns) only when it is on, so other runs' files do not change.
         self._spec: dict[int, tuple[int, int]] | None = {} if speculative else None
@@ -74,24 +77,27 @@ class Recorder:
         self._requeues: list[tuple[int, float, float]] = []
 
     def request(self, r: Request) -> None:
-        self._rows.append((r.id, r.arrival_s, r.replica, r.prompt, r.output,
-                           r.first_scheduled_s, r.first_token_s, r.finish_s,
-                           r.preemptions, r.status, r.retries, r.reason, r.generated,
-                           r.cached_tokens))
+        self._numbers.extend((r.id, r.arrival_s, r.replica, r.prompt, r.output,
+                              r.first_scheduled_s, r.first_token_s, r.finish_s,
+                              r.preemptions, r.retries, r.generated, r.cached_tokens))
+        texts = self._texts
+        self._codes.append(texts.setdefault((r.status, r.reason), len(texts)))
         if self._spec is not None:
             self._spec[r.id] = (r.spec_steps, r.spec_accepted)
         if r.requeued is not None:
             self._requeues += [(r.id, a, b) for a, b in r.requeued]
-        if len(self._rows) >= self._chunk:
-            self._pack()
 
-    def _pack(self) -> None:
-        if self._rows:
-            packed = np.array(self._rows, dtype=REQUEST_DTYPE)  # one C loop over the tuples
-            self._chunks.append(pd.DataFrame(
-                {c: pd.Categorical(packed[c]) if c in _TEXT else packed[c]
-                 for c in REQUEST_RECORD}))
-            self._rows = []
+    def _request_rows(self) -> pd.DataFrame:
+        """The request rows as recorded (REQUEST_RECORD columns, in completion order)."""
+        if not self._codes:
+            return pd.DataFrame(columns=REQUEST_RECORD)
+        flat = np.frombuffer(self._numbers, dtype=np.float64).reshape(-1, len(_NUMBERS))
+        cols = {c: flat[:, i].astype(REQUEST_DTYPE[c]) for i, c in enumerate(_NUMBERS)}
+        texts = np.empty((len(self._texts), 2), dtype=object)
+        texts[:] = list(self._texts)
+        codes = np.frombuffer(self._codes, dtype=np.int64)
+        cols["status"], cols["reason"] = texts[codes, 0], texts[codes, 1]
+        return pd.DataFrame({c: cols[c] for c in REQUEST_RECORD})
 
     def requests_frame(self) -> pd.DataFrame:
         """Per-request table, ordered by request id, with derived latencies.
@@ -100,11 +106,7 @@ class Recorder:
         one-token outputs; e2e = finish - arrival, NaN unless completed (a request that was
         not served has no latency). A rejected request never ran: its finish is NaN too.
         """
-        self._pack()
-        if self._chunks:
-            df = pd.concat(self._chunks, ignore_index=True)
-        else:
-            df = pd.DataFrame(columns=REQUEST_RECORD)
+        df = self._request_rows()
         df["status"] = df["status"].astype(str)
         df["reason"] = df["reason"].astype(str)
         df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
