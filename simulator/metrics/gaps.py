@@ -49,10 +49,10 @@ class GapHistogram:
         consecutive times, ``count`` of each (buffered; binned in bulk)."""
         if len(times) < 2 or count <= 0:
             return
-        if isinstance(times, np.ndarray):
-            self._times.frombytes(np.ascontiguousarray(times, dtype=np.float64).tobytes())
+        if type(times) is list:
+            self._times.fromlist(times)  # faster than extend
         else:
-            self._times.extend(times)
+            self._times.frombytes(np.asarray(times, dtype=np.float64).tobytes())
         self._lens.append(len(times))
         self._weights.append(count)
         self._pending += len(times)

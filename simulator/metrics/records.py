@@ -55,7 +55,7 @@ class Recorder:
         # per step outlives the call, for the garbage collector to traverse and for
         # steps_frame to read back from all over the heap.
         self._flat = array("d")
-        self.step = self._flat.extend if keep_steps else None
+        self.step = self._step if keep_steps else None
         self._bulk: list[dict] = []  # decode runs' records, as columns
         # Short decode runs' records in compact form (``step_run``), expanded at the end.
         self._runs = (array("d"), array("d"), array("d"), array("q"))
@@ -77,9 +77,9 @@ class Recorder:
         self._requeues: list[tuple[int, float, float]] = []
 
     def request(self, r: Request) -> None:
-        self._numbers.extend((r.id, r.arrival_s, r.replica, r.prompt, r.output,
-                              r.first_scheduled_s, r.first_token_s, r.finish_s,
-                              r.preemptions, r.retries, r.generated, r.cached_tokens))
+        self._numbers.fromlist([r.id, r.arrival_s, r.replica, r.prompt, r.output,
+                                r.first_scheduled_s, r.first_token_s, r.finish_s,
+                                r.preemptions, r.retries, r.generated, r.cached_tokens])
         texts = self._texts
         self._codes.append(texts.setdefault((r.status, r.reason), len(texts)))
         if self._spec is not None:
@@ -132,6 +132,9 @@ class Recorder:
                             ).astype({"request_id": np.int64, "requeued_s": float,
                                       "readmitted_s": float})
 
+    def _step(self, row: tuple) -> None:
+        self._flat.fromlist(list(row))  # array.fromlist: twice as fast as extend
+
     def _step_run(self, run: tuple) -> None:
         """Records of a short decode run in compact form: ``(replica, ends, off, n,
         computes, comm, used, needs, kv)`` for ``m = len(computes)`` steps, as
@@ -140,10 +143,10 @@ class Recorder:
         scattered over a long run's memory costs several times more at the end."""
         replica, ends, off, n, computes, comm, used, needs, kv = run
         heads, times, work, blocks = self._runs
-        heads.extend((replica, off, n, comm, used, kv, len(computes)))
-        times.extend(ends)
-        work.extend(computes)
-        blocks.extend(needs)
+        heads.fromlist([replica, off, n, comm, used, kv, len(computes)])
+        times.fromlist(ends)  # lists (fromlist: faster than extend)
+        work.fromlist(computes)
+        blocks.fromlist(needs)
 
     def step_bulk(self, columns: dict) -> None:
         """Records of many steps at once, as equal-length column arrays."""
