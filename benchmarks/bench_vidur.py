@@ -9,7 +9,7 @@ Warm cache, as Vidur was measured: the package's byte code is compiled first (a 
 install does it; an editable install under PYTHONDONTWRITEBYTECODE=1, as in this sandbox,
 would otherwise recompile every module at each start, ~0.5 s).
 
-Run: python benchmarks/bench_vidur.py [--repeat N] [--phases]
+Run: python benchmarks/bench_vidur.py [--repeat N] [--phases] [--profile none]
 
 ``--phases`` also times, in fresh processes (best of N), the CPU seconds of the imports,
 ``simulator.run`` with and without step records and ``write_result``: figures that a busy
@@ -82,12 +82,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--phases", action="store_true", help="also time the phases in-process")
+    ap.add_argument("--profile", help='[engine] profile of the scenario (e.g. "none"; '
+                    "default: the simulator's default)")
     args = ap.parse_args()
     package = Path(simulator.__file__).parent
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         scenario = Path(tmp) / "vidur.toml"
-        scenario.write_text(SCENARIO)
+        scenario.write_text(SCENARIO if args.profile is None else SCENARIO.replace(
+            "[engine]\n", f'[engine]\nprofile = "{args.profile}"\n'))
         walls, cpus = [], []
         for _ in range(args.repeat):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -10,6 +10,8 @@ test_moe.py).
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import random
 import subprocess
@@ -22,8 +24,21 @@ import pytest
 from conftest import toy_scenario
 from test_fast_forward import _assert_identical, _both
 
+import simulator
+from simulator.engine.clock import SCALE
 from simulator.engine.decoderun import DecodeRuns
-from simulator.metrics.records import _stable_order
+from simulator.engine.request import Request
+from simulator.io import chrome_trace
+from simulator.metrics import alerts as alerts_module
+from simulator.metrics.gaps import GapHistogram
+from simulator.metrics.records import (
+    REQUEST_DTYPE,
+    REQUEST_RECORD,
+    STEP_COLUMNS,
+    STEP_DTYPE,
+    Recorder,
+    _stable_order,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,3 +162,156 @@ def test_a_dense_run_imports_neither_scipy_nor_parquet():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", ["trace.json.gz", "trace.json"])
+def test_trace_blocks_and_compressing_thread_keep_the_content(tmp_path, monkeypatch, name):
+    """The steps' events formatted in blocks (and, gzipped, compressed in a second thread
+    as they come) give the text of formatting all rows at once: blocks of 7 rows against
+    one block, on a TP2 run whose steps all carry an all-reduce span."""
+    res = simulator.run(toy_scenario(
+        parallel={"tp": 2},
+        workload={"arrival": "poisson", "rate_per_s": 10.0, "num_requests": 40,
+                  "prompt_tokens": 60, "output_tokens": 30}))
+    assert len(res.steps) > 50 and (res.steps["comm_s"] > 0).all()
+    texts = []
+    for rows in (7, 10**9):
+        monkeypatch.setattr(chrome_trace, "BLOCK_ROWS", rows)
+        path = tmp_path / f"{rows}-{name}"
+        chrome_trace.write_trace(path, res.requests, res.steps)
+        data = path.read_bytes()
+        texts.append(gzip.decompress(data) if name.endswith(".gz") else data)
+    assert texts[0] == texts[1]
+    trace = json.loads(texts[0])["traceEvents"]
+    spans = [e for e in trace if e.get("cat") == "step"]
+    comm = [e for e in trace if e.get("cat") == "comm"]
+    assert len(spans) == len(comm) == len(res.steps)
+    # The span events come in step order, then the all-reduce ones, block after block.
+    assert [e["ts"] for e in spans] == np.round(res.steps["start_s"] * 1e6, 3).tolist()
+
+
+def test_compact_run_records_equal_a_tuple_per_step():
+    """``Recorder.step`` (each tuple's numbers copied into a flat array of doubles) and
+    ``Recorder.step_run`` (a short decode run's records as one entry, expanded by
+    ``run_columns``) give the table of the tuples themselves, bit for bit: the tuple per
+    step that the engine builds, packed into their dtypes, in time order."""
+    rng = random.Random(5)
+    compact, flat, rows = Recorder(), Recorder(), []
+    t = 0.0
+    for _ in range(300):
+        # A prefill step as a tuple, then a run of m decode steps.
+        row = (0, 0, 0, t + 0.001, t + 0.01, 50, 3, 4, 0.008, 0.0005, 40, 1275.0, 0, 90, 4)
+        compact.step(row)
+        rows.append(row)
+        t += 0.01
+        n, kv, used, m = rng.randint(1, 9), rng.randint(1, 5000), rng.randint(0, 900), \
+            rng.randint(1, 20)
+        off, comm = round(rng.uniform(0, 0.004) * SCALE) / SCALE, rng.uniform(0, 1e-3)
+        computes = [rng.uniform(1e-3, 2e-2) for _ in range(m)]
+        needs = [rng.randint(0, 2) for _ in range(m)]
+        ends = [t]
+        for c in computes:
+            ends.append(ends[-1] + round((off + c + comm) * SCALE) / SCALE)
+        compact.step_run((0, ends, off, n, computes, comm, used, needs, kv))
+        for j in range(m):
+            used += needs[j]
+            rows.append((0, 0, 0, ends[j] + off, ends[j + 1], 0, n, n, computes[j], comm,
+                         used, 0.0, 0, kv + (j + 1) * n, n))
+        t = ends[-1]
+    for row in rows:
+        flat.step(row)
+    packed = np.array(rows, dtype=STEP_DTYPE)
+    want = pd.DataFrame({c: packed[c] for c in STEP_COLUMNS})
+    assert len(want) > 1000
+    pd.testing.assert_frame_equal(compact.steps_frame(), want, check_exact=True)
+    pd.testing.assert_frame_equal(flat.steps_frame(), want, check_exact=True)
+    assert Recorder(keep_steps=False).step_run is None  # the engine then builds tuples
+    assert Recorder().steps_frame().empty
+
+
+def test_gap_buffers_bin_what_the_definition_bins(monkeypatch):
+    """``GapHistogram`` buffers single gaps and runs' times in flat arrays (runs given as
+    lists or numpy arrays) and bins them at flushes: its counts, total and mean are those of
+    binning every gap directly (``np.diff`` of each run, ``count`` of each), also across
+    several flushes."""
+    monkeypatch.setattr(GapHistogram, "FLUSH", 97)  # many flushes
+    rng = np.random.default_rng(8)
+    h, gaps, weights = GapHistogram(), [], []
+    for i in range(400):
+        if i % 3 == 0:
+            g, c = float(rng.uniform(1e-4, 0.2)), int(rng.integers(0, 4))
+            h.add(g, c)
+            if c > 0:
+                gaps.append([g])
+                weights.append([c])
+        else:
+            times = np.cumsum(rng.uniform(1e-3, 5e-2, int(rng.integers(1, 30))))
+            c = int(rng.integers(0, 6))
+            h.add_run(times if i % 2 else times.tolist(), c)
+            if len(times) > 1 and c > 0:
+                gaps.append(np.diff(times))
+                weights.append(np.full(len(times) - 1, c))
+    g, w = np.concatenate(gaps), np.concatenate(weights)
+    idx = np.clip(((np.log(g) - np.log(1e-6)) * h._scale).astype(np.int64) + 1, 1,
+                  len(h.edges) - 1)
+    assert h.total == w.sum()
+    assert h.counts.tolist() == np.bincount(idx, weights=w, minlength=len(h.counts)).astype(
+        np.int64).tolist()
+    assert h.mean == pytest.approx((g * w).sum() / w.sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize("steps", [True, False])
+def test_a_lone_replicas_alerts_reuse_the_cluster_table(monkeypatch, steps):
+    """A replica that served every request (none rerouted) and ran every step takes the
+    cluster's window table for its rules instead of recomputing it: the same events as
+    recomputing, on an overloaded run where every rule fires."""
+    sc = toy_scenario(
+        workload={"arrival": "poisson", "rate_per_s": 300.0, "num_requests": 400,
+                  "prompt_tokens": {"dist": "uniform", "min": 20, "max": 900},
+                  "output_tokens": {"dist": "uniform", "min": 1, "max": 120}},
+        engine={"max_num_seqs": 8},
+        alerts={"ttft_p99_s": 0.05, "e2e_p99_s": 0.5, "batch_efficiency_min": 0.5,
+                "queue_len_max": 3, "oldest_queued_s": 0.05, "waiting_ttft_s": 0.05,
+                "min_completions": 3},
+        output={"steps": steps, "window_s": 0.1})
+    calls = []
+    whole = alerts_module._whole
+    monkeypatch.setattr(alerts_module, "_whole", lambda *a: calls.append(whole(*a)) or calls[-1])
+    fast = simulator.run(sc).alerts
+    monkeypatch.setattr(alerts_module, "_whole", lambda *a: False)
+    slow = simulator.run(sc).alerts
+    assert calls == [True]
+    assert set(slow["replica"]) == {"all", "0"}
+    assert len(set(slow["rule"])) == (6 if steps else 5)
+    pd.testing.assert_frame_equal(fast, slow, check_exact=True)
+
+
+def test_request_rows_from_flat_numbers_equal_the_tuples():
+    """``Recorder.request`` copies a request's numbers into a flat array of doubles and its
+    (status, reason) into a code: ``requests_frame`` gives the table of packing the tuples
+    into their dtypes (NaN times, large ids, repeated and distinct texts, out of order)."""
+    rng = random.Random(3)
+    rec, rows = Recorder(), []
+    for i in rng.sample(range(10**12, 10**12 + 500), 200):
+        r = Request(i, rng.uniform(0, 100), rng.randint(1, 4000), rng.randint(1, 900))
+        r.replica = rng.randint(-1, 3)
+        r.status, r.reason = rng.choice([("completed", ""), ("rejected", f"too long {i}"),
+                                         ("dropped", "no replica up")])
+        if r.status == "completed":
+            r.first_scheduled_s, r.first_token_s = r.arrival_s + 0.5, r.arrival_s + 0.75
+            r.finish_s = r.arrival_s + rng.uniform(1, 9)
+        r.preemptions, r.retries = rng.randint(0, 3), rng.randint(0, 2)
+        r.generated, r.cached_tokens = rng.randint(0, 900), rng.randint(0, 64)
+        rec.request(r)
+        rows.append((r.id, r.arrival_s, r.replica, r.prompt, r.output, r.first_scheduled_s,
+                     r.first_token_s, r.finish_s, r.preemptions, r.status, r.retries,
+                     r.reason, r.generated, r.cached_tokens))
+    got = rec.requests_frame()
+    packed = np.array(sorted(rows), dtype=REQUEST_DTYPE)
+    for c in REQUEST_RECORD:
+        want = packed[c]
+        if c == "finish_s":  # a rejected request's finish is NaN in the table
+            want = np.where(packed["status"] == "rejected", np.nan, want)
+        assert got[c].tolist() == pytest.approx(want.tolist(), nan_ok=True, rel=0, abs=0), c
+    assert got["request_id"].dtype == np.int64 and got["arrival_s"].dtype == np.float64
+    assert Recorder().requests_frame().empty

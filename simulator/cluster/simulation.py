@@ -96,7 +96,7 @@ class Cluster:
                        done, self.recorder.step, fast=eng.fast_forward,
                        swap_s_per_block=rp.swap_s_per_block,
                        record_bulk=self.recorder.step_bulk, token_delay_s=eng.token_delay_s,
-                       async_admission=eng.cpu_overlap)
+                       async_admission=eng.cpu_overlap, record_run=self.recorder.step_run)
 
     def _init_state(self) -> None:
         """The workload, completion and failure state of a cluster whose ``replicas``

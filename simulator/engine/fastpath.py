@@ -62,9 +62,21 @@ class DecodeRunPath:
         horizon = self.next_arrival() if self.next_arrival is not None else float("inf")
         # Async admission: a newcomer joins a step later, so plan past the arrival.
         plan_h = float("inf") if self.lag else horizon
+        compact = None  # a short run's records, kept as one tuple (see _compact)
         if extra >= (VECTOR_MIN if rec is None else VECTOR_MIN_RECORDS):
             ends, busy, bulk = self._decode_many(end, batch, needs or [0] * extra,
                                                  rec is not None)
+        elif self._one_stage and rec is not None and self.record_run is not None:
+            ends, computes, comm = self._decode_times(end, batch, extra, plan_h, now)
+            busy = [c + comm for c in computes[: len(ends) - 1]]
+            lead = end is None
+            compact = (self.index, ends, ticks(self.overhead), n, computes, comm,
+                       batch.kv_blocks, [0, *needs] if lead else needs,
+                       batch.decode_kv - n if lead else batch.decode_kv)
+            if lead:  # the scheduled step came first: keep it apart from the rest
+                first = (n, busy[0])
+                ends, busy = ends[1:], busy[1:]
+            extra = len(ends) - 1
         elif self._one_stage:
             if rec is not None and end is None and self.run_ahead and not self.lag:
                 # Running ahead (no faults): every step the loop records is applied (each
@@ -126,6 +138,7 @@ class DecodeRunPath:
                     self._count(1, *first)
                 self._record(first_rows)
                 self._keep(rows, bulk, done - 1)
+                self._compact(compact, end is None, done - 1)
                 self._count(done - 1, (done - 1) * n, self._busy_of(busy, done - 1))
             return now
         self._runs[s] = None
@@ -151,6 +164,8 @@ class DecodeRunPath:
                     record(row)
                 for row in rows[:steps]:
                     record(row)
+                if compact is not None:
+                    self._compact(compact, end is None, steps)
             return float(ends[steps])
         if first is not None:
             self._count(1, *first)
@@ -176,6 +191,15 @@ class DecodeRunPath:
             return sum(busy[:steps])
         return [sum(b[i] for b in busy[:steps]) for i in range(len(self.stages))]
 
+    def _compact(self, run: tuple | None, lead: bool, steps: int) -> None:
+        """Records of a short run kept in compact form: the scheduled step if it came
+        first (``lead``) and the first ``steps`` extra steps (as ``record_run`` takes them)."""
+        m = lead + steps
+        if run is not None and m:
+            index, ends, off, n, computes, comm, used, needs, kv = run
+            self.record_run((index, ends[: m + 1], off, n, computes[:m], comm, used, needs[:m],
+                             kv))
+
     def _keep(self, rows: list[tuple], bulk: dict | None, steps: int) -> None:
         """Records of the first ``steps`` extra steps of a run (rows or bulk columns)."""
         if bulk is not None:
@@ -193,20 +217,15 @@ class DecodeRunPath:
         each step allocates; without records it is just the number of steps). With ``end``
         None the scheduled step (no swap) starts at ``now`` and is computed first: the times
         then start with ``now`` and the busy times with the scheduled step's."""
+        if rec is None:
+            ends, computes, comm = self._decode_times(end, batch, needs, horizon, now)
+            return ends, [c + comm for c in computes[: len(ends) - 1]]
         n = batch.n_decode
         first = end is None
         kv0 = batch.decode_kv - n if first else batch.decode_kv
-        k = (needs if rec is None else len(needs)) + first
-        computes, comm = self._stage0.decode_run(n, kv0, k)
+        computes, comm = self._stage0.decode_run(n, kv0, len(needs) + first)
         off = self.overhead  # + 0 swapped blocks * swap_s, as _inline adds it
         t = now if first else end
-        if rec is None:
-            # Each end from its start as _inline computes it, summed left to right (C loops).
-            ends = list(accumulate([round((off + c + comm) * SCALE) / SCALE for c in computes],
-                                   initial=t))
-            if horizon < ends[-1]:  # keep the steps that start by the horizon (and the first)
-                ends = ends[: max(bisect.bisect_right(ends, horizon), first) + 1]
-            return ends, [c + comm for c in computes[: len(ends) - 1]]
         off_ticks = ticks(off)
         ends, busy = [t], []
         used, index = batch.kv_blocks, self.index
@@ -223,6 +242,24 @@ class DecodeRunPath:
             ends.append(t)
             busy.append(compute + comm)
         return ends, busy
+
+    def _decode_times(self, end: float | None, batch: Batch, extra: int, horizon: float,
+                      now: float) -> tuple[list[float], list[float], float]:
+        """The times of :meth:`_decode_few` without its records, in C loops: the end of
+        each step (the scheduled one first; with ``end`` None it is computed too and the
+        times start with ``now``), each computed step's compute time and the communication
+        time. Stops once a step starts after ``horizon`` (the first computed step is kept)."""
+        n = batch.n_decode
+        first = end is None
+        kv0 = batch.decode_kv - n if first else batch.decode_kv
+        computes, comm = self._stage0.decode_run(n, kv0, extra + first)
+        off = self.overhead  # + 0 swapped blocks * swap_s, as _inline adds it
+        # Each end from its start as _inline computes it, summed left to right.
+        ends = list(accumulate([round((off + c + comm) * SCALE) / SCALE for c in computes],
+                               initial=now if first else end))
+        if horizon < ends[-1]:  # keep the steps that start by the horizon (and the first)
+            ends = ends[: max(bisect.bisect_right(ends, horizon), first) + 1]
+        return ends, computes, comm
 
     def _decode_many(self, end: float, batch: Batch, needs: list[int], records: bool
                      ) -> tuple[np.ndarray, np.ndarray, dict | None]:

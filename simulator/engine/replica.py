@@ -88,6 +88,10 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         joins step n + 2 at the earliest; an idle replica schedules at once. Applies to a
         one-stage, one-stream replica (vLLM keeps ``pp`` batches in flight with pipeline
         parallelism and adds none for async scheduling); see docs/cost-model.md.
+    record_run : callable(tuple) or None
+        Receives a short decode run's records of a one-stage replica in compact form (see
+        :meth:`simulator.metrics.records.Recorder.step_run`) instead of a tuple per step;
+        None: ``record_step`` gets them.
 
     Attributes
     ----------
@@ -105,7 +109,8 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                  record_step: Callable[[tuple], None] | None, fast: bool = True,
                  swap_s_per_block: float = 0.0,
                  record_bulk: Callable[[dict], None] | None = None,
-                 token_delay_s: float = 0.0, async_admission: bool = False):
+                 token_delay_s: float = 0.0, async_admission: bool = False,
+                 record_run: Callable[[tuple], None] | None = None):
         self.env, self.index = env, index
         self.streams, self.stages, self.sends = streams, stages, sends
         self.overhead = step_overhead_s
@@ -114,6 +119,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         self._one_stage, self._stage0 = len(stages) == 1, stages[0]
         self.on_finish, self.record_step = on_finish, record_step
         self.record_bulk = record_bulk
+        self.record_run = record_run if record_step is not None else None
         self._idle: list[simpy.Event | None] = [None] * len(streams)
         self._running = [False] * len(streams)  # in a decode run that an arrival may cut
         self._run_len = [MIN_RUN] * len(streams)  # steps to plan in the next decode run

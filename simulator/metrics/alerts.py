@@ -111,6 +111,18 @@ def _latency_rules(ts: pd.DataFrame, requests: pd.DataFrame, edges: np.ndarray,
     return ts
 
 
+def _whole(r: int, g: pd.DataFrame, requests: pd.DataFrame, steps: pd.DataFrame | None,
+           cluster_ts: pd.DataFrame, edges: np.ndarray) -> bool:
+    """Whether replica ``r`` (its requests ``g``) served every request, none of them
+    rerouted (requeued after a failure, which only the cluster's table counts), and ran every
+    step, over the cluster table's windows: its rule columns are then the cluster's, the
+    same functions of the same rows."""
+    return (len(g) == len(requests) and not requests["retries"].to_numpy().any()
+            and len(cluster_ts) == len(edges) - 1
+            and np.array_equal(cluster_ts["window_end_s"].to_numpy(), edges[1:])
+            and (steps is None or steps.empty or bool((steps["replica"].to_numpy() == r).all())))
+
+
 def alerts(requests: pd.DataFrame, steps: pd.DataFrame | None, cluster_ts: pd.DataFrame,
            thresholds: dict[str, float], *, window_s: float, budget: int,
            max_num_seqs: int, stream_blocks: int) -> pd.DataFrame:
@@ -122,8 +134,12 @@ def alerts(requests: pd.DataFrame, steps: pd.DataFrame | None, cluster_ts: pd.Da
     """
     least = int(thresholds.get("min_completions", 1))
     edges = window_edges(float(cluster_ts["window_end_s"].iloc[-1]), window_s)
-    rows = transitions(_latency_rules(cluster_ts, requests, edges, least), thresholds, "all")
+    cluster = _latency_rules(cluster_ts, requests, edges, least)
+    rows = transitions(cluster, thresholds, "all")
     for r, g in requests[requests["replica"] >= 0].groupby("replica"):
+        if _whole(r, g, requests, steps, cluster_ts, edges):
+            rows += transitions(cluster, thresholds, str(r))
+            continue
         ts = _latency_rules(request_windows(g, edges), g, edges, least)
         if steps is not None and not steps.empty:
             eff = step_windows(steps[steps["replica"] == r], edges, budget, {},

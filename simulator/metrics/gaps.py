@@ -9,6 +9,7 @@ bin's geometric middle); the mean is exact.
 from __future__ import annotations
 
 import math
+from array import array
 
 import numpy as np
 
@@ -22,10 +23,12 @@ class GapHistogram:
     FLUSH = 1 << 20
 
     def __init__(self) -> None:
-        self._runs: list[tuple[np.ndarray, int]] = []
+        # Buffered samples as flat arrays of numbers, filled while the values are fresh in
+        # the cache: runs' times end to end with each run's length and count, and single
+        # gaps with their counts.
+        self._times, self._lens, self._weights = array("d"), array("q"), array("q")
         self._pending = 0
-        self._gaps: list[float] = []  # single gaps waiting to be binned, with their counts
-        self._counts: list[int] = []
+        self._gaps, self._counts = array("d"), array("q")
         self.edges = np.logspace(np.log10(LO), np.log10(HI), 9 * PER_DECADE + 1)
         self.counts = np.zeros(len(self.edges) + 1, dtype=np.int64)
         self._total = 0
@@ -46,29 +49,33 @@ class GapHistogram:
         consecutive times, ``count`` of each (buffered; binned in bulk)."""
         if len(times) < 2 or count <= 0:
             return
-        self._runs.append((np.asarray(times, dtype=float), count))
+        if type(times) is list:
+            self._times.fromlist(times)  # faster than extend
+        else:
+            self._times.frombytes(np.asarray(times, dtype=np.float64).tobytes())
+        self._lens.append(len(times))
+        self._weights.append(count)
         self._pending += len(times)
         if self._pending >= self.FLUSH:
             self._flush()
 
     def _flush(self) -> None:
-        if not self._runs and not self._gaps:
+        if not self._lens and not self._gaps:
             return
-        gaps, weights = [np.asarray(self._gaps, dtype=float)], [np.asarray(self._counts,
-                                                                           dtype=np.int64)]
-        if self._runs:
+        gaps = [np.frombuffer(self._gaps, dtype=np.float64)]
+        weights = [np.frombuffer(self._counts, dtype=np.int64)]
+        if self._lens:
             # All runs' times end to end, differenced once; the differences across two runs'
             # boundary are dropped.
-            times = np.concatenate([t for t, _ in self._runs])
-            lens = np.fromiter((len(t) for t, _ in self._runs), dtype=np.int64,
-                               count=len(self._runs))
+            times = np.frombuffer(self._times, dtype=np.float64)
+            lens = np.frombuffer(self._lens, dtype=np.int64)
             keep = np.ones(len(times) - 1, dtype=bool)
             keep[np.cumsum(lens)[:-1] - 1] = False
             gaps.append(np.diff(times)[keep])
-            weights.append(np.repeat(np.fromiter((c for _, c in self._runs), dtype=np.int64,
-                                                 count=len(self._runs)), lens - 1))
+            weights.append(np.repeat(np.frombuffer(self._weights, dtype=np.int64), lens - 1))
         gaps, weights = np.concatenate(gaps), np.concatenate(weights)
-        self._runs, self._pending, self._gaps, self._counts = [], 0, [], []
+        self._times, self._lens, self._weights = array("d"), array("q"), array("q")
+        self._pending, self._gaps, self._counts = 0, array("d"), array("q")
         with np.errstate(divide="ignore"):
             idx = ((np.log(gaps) - self._log_lo) * self._scale).astype(np.int64) + 1
         idx = np.where(gaps < LO, 0, np.where(gaps >= HI, len(self.edges),
