@@ -68,30 +68,30 @@ def group_roofline_ms(concurrency: int) -> float:
                                "bf16", t, pairs, 0.0, 0.0, concurrency)
 
 
+def row(label: str, **kw) -> str:
+    """One table row: mean / median steady-state TTFT (ms) at 1, 8 and 32 clients."""
+    cells = [f"{m:.0f} / {md:.0f}" for m, md in (steady_ttft_ms(c, **kw) for c in (1, 8, 32))]
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
 def main() -> None:
     print("| setting | TTFT mean / median ms, C = 1 | C = 8 | C = 32 |")
     print("|---|---|---|---|")
     for label, engine in SETTINGS:
-        cells = [f"{m:.0f} / {md:.0f}" for m, md in (steady_ttft_ms(c, **engine)
-                                                     for c in (1, 8, 32))]
-        print(f"| {label} | " + " | ".join(cells) + " |")
+        print(row(label, **engine))
     print()
     print("| --request-rate (budget 8192) | C = 1 | C = 8 | C = 32 |")
     print("|---|---|---|---|")
     for rate in RATES:
-        cells = [f"{m:.0f} / {md:.0f}" for m, md in (steady_ttft_ms(c, rate)
-                                                     for c in (1, 8, 32))]
-        print(f"| {'inf' if rate is None else f'{rate:g} req/s'} | " + " | ".join(cells) + " |")
+        print(row("inf" if rate is None else f"{rate:g} req/s", rate=rate))
     print()
     print("| output tokens (budget 8192) | C = 1 | C = 8 | C = 32 |")
     print("|---|---|---|---|")
     for spread in SPREADS:
         out = OUTPUT if spread is None else {"dist": "uniform", "min": spread[0],
                                              "max": spread[1]}
-        cells = [f"{m:.0f} / {md:.0f}" for m, md in (steady_ttft_ms(c, None, out)
-                                                     for c in (1, 8, 32))]
-        label = "500" if spread is None else f"{spread[0]}-{spread[1]}"
-        print(f"| {label} | " + " | ".join(cells) + " |")
+        print(row("500" if spread is None else f"{spread[0]}-{spread[1]}", rate=None,
+                  output=out))
     print()
     for c in (1, 8):
         print(f"roofline of one step prefilling {c} x {PROMPT} tokens: "

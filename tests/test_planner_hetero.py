@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import tomli_w
+from test_planner_search import CONST
 
 from simulator.cluster.build import build_plan
 from simulator.cluster.pools import build_pools
@@ -39,13 +40,9 @@ from simulator.sweep import resolve_point
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "data" / "plan_golden"
 
-#: Llama-3.1-8B, constant lengths (the hand computation needs no means).
-SC = {"name": "golden", "seed": 2, "model": {"name": "llama-3.1-8b"},
-      "cluster": {"topology": "dgx-h100", "nodes": 1},
-      "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 2048},
-      "workload": {"arrival": "poisson", "rate_per_s": 10.0, "num_requests": 40,
-                   "prompt_tokens": 1000, "output_tokens": 101},
-      "slo": {"ttft_s": 1.0, "tpot_s": 0.05}}
+#: Llama-3.1-8B, constant lengths (the hand computation needs no means): the search
+#: tests' scenario under its own name.
+SC = {**CONST, "name": "golden"}
 KINDS = ["dgx-h100", "dgx-a100"]
 
 #: The plans whose plan.csv must not change (tests/data/plan_golden, written by main's
