@@ -129,8 +129,8 @@ class AttentionShape:
         """Seconds per unit of each aggregate, for :func:`prefill_time` and the engine."""
         s, bw = self.sms, self.bandwidth * p.bandwidth_eff
         pair = self.hq * (4.0 * self.d / (self.peak * p.compute_eff) + p.exp_sm_s / s)
-        # The last query tile walks all its keys on one SM: (2 pairs / tokens) keys for a
-        # causal prompt, at 4 * block_q * d FLOPs per key.
+        # The last query tile walks all its keys on one SM (K of prefill_time: 2 pairs /
+        # tokens for a causal prompt from scratch), at 4 * block_q * d FLOPs per key.
         serial = (2.0 * 4.0 * p.block_q * self.d * s / (self.peak * p.serial_eff)
                   if p.block_q else 0.0)
         token = (self.hq * p.token_head_sm_s + self.hk * p.token_kv_head_sm_s) / s
@@ -165,13 +165,21 @@ def prefill_time(shape: AttentionShape, p: PrefillParams, tokens, pairs, ctx, se
     -----
     ``t = floor + seqs n_kv c_s + tokens (n_q c_t + n_kv c_tk) + ||(T_c, T_serial, T_m)||_p``
     ``T_c = (pairs + tokens b_k / 2) n_q (4d / (peak eta_c) + c_exp)``,
-    ``T_serial = (2 pairs / tokens) 4 b_q d / (peak / SMs * eta_s)`` and ``T_m = (tokens
-    (Q + O) + (ctx + tokens) KV) / (BW * eta_b)``.
+    ``T_serial = K 4 b_q d / (peak / SMs * eta_s)`` and ``T_m = (tokens (Q + O) + (ctx +
+    tokens) KV) / (BW * eta_b)``.
+
+    ``K`` is the key loop of a chunk's last query tile, ``c + x`` for a chunk of ``x``
+    tokens after ``c`` cached ones. From the aggregates: ``K = 2 pairs / tokens - ctx /
+    seqs`` (``2 pairs / tokens = 2c + x + 1`` for one chunk: its mean query row sees ``c +
+    (x + 1) / 2`` keys), exact for one chunk and for equal chunks, and at least ``pairs /
+    tokens`` (the mean row's keys) when ``seqs`` undercounts the chunks. Without cached
+    tokens ``K = 2 pairs / tokens``, as the H100 fit (prompts from scratch) saw it.
     """
     floor, seq, tok, pair, waste, serial, qo, kv, ov = shape.prefill_coeffs(p)
     tokens, pairs, ctx, seqs = (np.asarray(x, dtype=float) for x in (tokens, pairs, ctx, seqs))
     compute = (pairs + tokens * waste) * pair
-    crit = serial * pairs / np.maximum(tokens, 1.0)
+    per = pairs / np.maximum(tokens, 1.0)  # half of K without cached tokens
+    crit = serial * np.maximum(per - ctx / (2.0 * np.maximum(seqs, 1.0)), 0.5 * per)
     memory = qo * tokens + kv * (ctx + tokens)
     return floor + seq * seqs + tok * tokens + combine(ov, compute, crit, memory)
 

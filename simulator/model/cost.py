@@ -220,7 +220,8 @@ class StageCost:
     def prefill_attention(self, tokens: int, pairs: float, ctx: float, seqs: int) -> float:
         """:func:`simulator.calibration.forms.prefill_time` of one layer (scalar)."""
         compute = (pairs + tokens * self._pwaste) * self._ppair
-        serial = self._pserial * pairs / tokens
+        per = pairs / tokens  # the last query tile's key loop (forms.prefill_time)
+        serial = self._pserial * (max(per - ctx / (2.0 * seqs), 0.5 * per) if ctx else per)
         memory = self._pqo * tokens + self._pkv * (ctx + tokens)
         return (self._pfloor + self._pseq * seqs + self._ptok * tokens
                 + _pnorm(self._pp, compute, serial, memory))
