@@ -59,3 +59,25 @@ def test_undercounted_chunks_fall_back_to_the_mean_rows_keys():
     tokens, pairs, ctx, _ = chunks([10, 10], [1000, 1000])
     t = forms.prefill_time(SHAPE, ONLY_SERIAL, tokens, pairs, ctx, 1)
     assert float(t) == pytest.approx(UNIT * 1005.5, rel=1e-6)
+
+
+def test_a_verification_step_counts_its_sequences_not_its_sampled_positions():
+    """Speculative verification of n sequences with k drafts samples n (k + 1) positions
+    but runs n chunks of k + 1 tokens: StageCost.step takes ``seqs = n`` from the engine,
+    so the key loop is ``c + k + 2`` (the mean KV c), not ``2c + k + 2 - c / (k + 1)``."""
+    from simulator.hardware.specs import load_gpu
+    from simulator.model.cost import StageCost
+    from simulator.model.spec import load_model
+    from simulator.parallel.collective import AllReduceCost
+
+    m, g = load_model("llama-3.1-8b"), load_gpu("h100_sxm")
+    cost = StageCost(m, g, 1, m.layers, True, True, "bf16", "bf16", AllReduceCost((), 1))
+    n, k, c = 4, 3, 3000
+    tokens, pairs, ctx = n * (k + 1), (k + 1) * n * c + n * (k + 1) * (k + 2) / 2, n * c
+    by_seqs = cost.step(tokens, pairs, ctx, 0, n * (k + 1), n)
+    by_sampled = cost.step(tokens, pairs, ctx, 0, n * (k + 1))
+    attn = (cost.prefill_attention(tokens, pairs, ctx, n)
+            - cost.prefill_attention(tokens, pairs, ctx, n * (k + 1)))
+    assert attn < 0  # the shorter key loop
+    assert by_seqs[0] - by_sampled[0] == pytest.approx(m.layers * attn, rel=1e-9)
+    assert by_seqs[1] == by_sampled[1]

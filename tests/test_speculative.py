@@ -116,12 +116,13 @@ def test_acceptance_one_gives_k_plus_one_tokens_per_step_and_never_overshoots(to
 
 def test_verification_is_priced_as_a_chunk_after_the_kv(toy):
     """A verification step of one sequence holding c KV tokens costs what a prefill chunk of
-    k + 1 tokens after c cached ones costs (the same StageCost.step call)."""
+    k + 1 tokens after c cached ones costs (the same StageCost.step call): one sequence,
+    though it samples k + 1 positions."""
     res = _one(toy, 9, {**SPEC, "acceptance": 1.0, "method": "ngram"})
     decode = res.steps[res.steps["prefill_tokens"] == 0]
     stage = res.plan.replicas[0].stages[0]
     for c, (_, row) in zip((100, 104), decode.iterrows(), strict=False):
-        compute, comm = stage.step(4, 4 * c + 4 * 5 / 2, c, 0, 4)
+        compute, comm = stage.step(4, 4 * c + 4 * 5 / 2, c, 0, 4, 1)
         assert row["compute_s"] == compute and row["comm_s"] == comm
         assert row["prefill_pairs"] == 4 * c + 10 and row["prefill_ctx"] == c
         assert row["end_s"] - row["start_s"] == pytest.approx(compute + comm, abs=2e-9)

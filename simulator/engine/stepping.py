@@ -40,7 +40,8 @@ class InlineSteps:
     def _inline(self, start: float, tokens: int, pairs: float, ctx: int, decode_kv: int,
                 sampled: int, prefill_tokens: int, n_decode: int, batch_size: int,
                 kv_blocks: int, rec: Callable[[tuple], None] | None,
-                swap_blocks: int = 0, draft_s: float = 0.0) -> tuple[float, object]:
+                swap_blocks: int = 0, draft_s: float = 0.0,
+                seqs: int = 0) -> tuple[float, object]:
         """End time and busy time (a float for one stage, else per stage) of a step starting
         at ``start`` with nothing overlapping; records each stage's span (overhead and swap,
         stage, hand-off, stage, ...). Times are on the clock's grid (``start`` is), so the end
@@ -49,7 +50,7 @@ class InlineSteps:
         if draft_s:  # speculative drafts run on the replica's GPUs before the forward
             off += draft_s
         if self._one_stage:  # the loop below for a single stage, unrolled (hot path)
-            compute, comm = self._stage0.step(tokens, pairs, ctx, decode_kv, sampled)
+            compute, comm = self._stage0.step(tokens, pairs, ctx, decode_kv, sampled, seqs)
             end = round((off + compute + comm) * SCALE) / SCALE
             if rec is not None:  # (ticks(off), inline)
                 rec((self.index, 0, 0, start + round(off * SCALE) / SCALE, start + end,
@@ -59,7 +60,7 @@ class InlineSteps:
         busy = []
         last = len(self.stages) - 1
         for i, cost in enumerate(self.stages):
-            compute, comm = cost.step(tokens, pairs, ctx, decode_kv, sampled)
+            compute, comm = cost.step(tokens, pairs, ctx, decode_kv, sampled, seqs)
             end = off + compute + comm
             busy.append(compute + comm)
             if rec is not None:

@@ -232,7 +232,7 @@ class StageCost:
         return (self._dfloor + max(per, stream)) + self._dexp * min(per, stream)
 
     def step(self, tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
-             sampled: int) -> tuple[float, float]:
+             sampled: int, seqs: int = 0) -> tuple[float, float]:
         """Compute and communication seconds of this stage for one micro-batch.
 
         Parameters
@@ -246,6 +246,10 @@ class StageCost:
             Sum of KV lengths read by the decoding sequences.
         sampled : int
             Sequences that sample a token at the end of the step.
+        seqs : int, optional
+            Sequences of the prefill kernel when the caller knows them (speculative
+            verification: every decoder is a chunk of k + 1 tokens, while ``sampled``
+            counts its k + 1 positions); 0: one in a mixed step, else ``sampled``.
 
         Notes
         -----
@@ -261,7 +265,7 @@ class StageCost:
         fixed = self._fixed.get(padded) or self._fixed_time(padded)
         if prefill_pairs:
             attn = self.prefill_attention(tokens, prefill_pairs, prefill_ctx,
-                                          1 if decode_kv or not sampled else sampled)
+                                          seqs or (1 if decode_kv or not sampled else sampled))
             if decode_kv:
                 attn += self._decode(sampled, max(self._dkv * decode_kv,
                                                   self._dflop * decode_kv))

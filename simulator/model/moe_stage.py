@@ -293,11 +293,13 @@ class MoEStageCost(StageCost):
 
     def _prefill_core(self, tokens: int, prefill_pairs: float, prefill_ctx: float,
                       decode_kv: float, sampled: int, idx: int,
-                      mode: str) -> tuple[float, float]:
-        """(compute without all-to-all and LM head, all-to-all) of a step with prefill."""
+                      mode: str, seqs: int = 0) -> tuple[float, float]:
+        """(compute without all-to-all and LM head, all-to-all) of a step with prefill;
+        ``seqs`` as in :meth:`StageCost.step`."""
         s = self.split
         fixed0 = (self._fixed.get(tokens) or self._fixed_time(tokens))[0]
         seqs_d = math.ceil(sampled / s)
+        seqs_p = math.ceil(seqs / s) if seqs else (1 if decode_kv or not sampled else seqs_d)
         t_r = self._rank_tokens(tokens)
 
         def attention(pairs, ctx, kv):
@@ -311,8 +313,7 @@ class MoEStageCost(StageCost):
                                           max(kv, seqs_d), self.kv_dtype,
                                           self.weight_dtype))
                 return a
-            a = self.prefill_attention(t_r, pairs, ctx, 1 if decode_kv or not sampled
-                                       else seqs_d)
+            a = self.prefill_attention(t_r, pairs, ctx, seqs_p)
             if kv:
                 a += self._decode(seqs_d, max(self._dkv * kv, self._dflop * kv))
             return a
@@ -328,7 +329,7 @@ class MoEStageCost(StageCost):
                 self.n_moe * float(tab.a2a_s[idx]))
 
     def step(self, tokens: int, prefill_pairs: float, prefill_ctx: float, decode_kv: float,
-             sampled: int) -> tuple[float, float]:
+             sampled: int, seqs: int = 0) -> tuple[float, float]:
         """See :meth:`StageCost.step`; here on the slowest rank of the stage."""
         if tokens <= 0:
             return 0.0, 0.0
@@ -342,10 +343,10 @@ class MoEStageCost(StageCost):
         if self.tbo:
             compute = float(self._overlap(*self._prefill_core(
                 math.ceil(tokens / 2), prefill_pairs / 2, prefill_ctx / 2, decode_kv / 2,
-                math.ceil(sampled / 2), idx, mode)))
+                math.ceil(sampled / 2), idx, mode, math.ceil(seqs / 2))))
         else:
             compute, a2a = self._prefill_core(tokens, prefill_pairs, prefill_ctx, decode_kv,
-                                              sampled, idx, mode)
+                                              sampled, idx, mode, seqs)
             compute += a2a
         if self.last and sampled:
             compute += (self._head.get(sampled) or self.head_time(sampled))[0]

@@ -60,8 +60,9 @@ class StepModel:
                         for c in stages)
 
     def cycle(self, tokens: float, pairs: float, ctx: float, decode_kv: float,
-              sampled: float) -> float:
-        """Seconds between two steps of one stream.
+              sampled: float, seqs: float = 0.0) -> float:
+        """Seconds between two steps of one stream (``seqs``: the prefill kernel's
+        sequences where known, as in :meth:`simulator.model.cost.StageCost.step`).
 
         Notes
         -----
@@ -74,8 +75,8 @@ class StepModel:
         t = snap(tokens) if self.snap else max(1, round(tokens))
         worst = 0.0
         for stages, sends in self.replicas:
-            times = [sum(c.step(t, pairs, ctx, round(decode_kv), max(0, round(sampled))))
-                     for c in stages]
+            times = [sum(c.step(t, pairs, ctx, round(decode_kv), max(0, round(sampled)),
+                                max(0, round(seqs)))) for c in stages]
             fixed = self.overhead_s + sum(lat + t * per for lat, per in sends)
             rounds = fixed + (self.streams + len(stages) - 1) * max(times)
             worst = max(worst, fixed + sum(times), rounds)
@@ -240,14 +241,15 @@ def spec_step(model: StepModel, spec: SpecStep, batch: float, prefill: float,
     -----
     With ``kv = batch (P + O/2)`` the decoders' KV: tokens ``batch (k + 1) + x``, causal
     pairs ``pairs(x) + (k + 1) kv + batch (k + 1)(k + 2) / 2``, cached ``cached(x) + kv``,
-    sampled ``batch (k + 1) + x / P``; draft time ``draft(batch, kv, k)``.
+    sampled ``batch (k + 1) + x / P`` by ``batch + x / P`` sequences; draft time ``draft(batch,
+    kv, k)``.
     """
     k = spec.k
     tokens, pairs, cached, kv, sampled = _mix(batch, prefill, prompt, output)
     tokens += batch * k
     pairs += (k + 1) * kv + batch * (k + 1) * (k + 2) / 2
     n = max(1, round(batch))
-    return (model.cycle(tokens, pairs, cached + kv, 0.0, sampled + batch * k)
+    return (model.cycle(tokens, pairs, cached + kv, 0.0, sampled + batch * k, sampled)
             + spec.draft(n, round(kv), k))
 
 
