@@ -29,7 +29,7 @@ LAT, PER_TOKEN = 2.0**-12, 2.0**-18  # hand-off between stages: s, s per token
 class ConstCost:
     """A StageCost stub: ``compute = A + B * decode_kv + C * tokens``, ``comm = COMM``."""
 
-    def step(self, tokens, pairs, ctx, decode_kv, sampled):
+    def step(self, tokens, pairs, ctx, decode_kv, sampled, seqs=0):
         return A + B * decode_kv + C * tokens, COMM
 
     def decode_run(self, n, decode_kv, k):
