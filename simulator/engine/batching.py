@@ -49,6 +49,14 @@ class Batch:
         self.spec = 0  # speculative tokens per decoder (simulator.engine.speculative)
         self.draft_s = 0.0  # seconds drafting them, before the step's forward
 
+    @property
+    def kernel_seqs(self) -> int:
+        """Sequences of the step's prefill kernel where the step cost cannot infer them
+        (``seqs`` of :meth:`simulator.model.cost.StageCost.step`): a speculative step
+        verifies each decoder as a chunk of ``spec + 1`` tokens, one sequence that samples
+        ``spec + 1`` positions; 0 otherwise."""
+        return self.batch_size if self.spec else 0
+
 
 class ContinuousBatcher(Preemption, DecodeRuns):
     """Scheduler state of one micro-batch stream (one virtual engine) of a replica.

@@ -64,7 +64,7 @@ class StagePipeline:
                     return
             b = mb.batch
             compute, comm = cost.step(b.tokens, b.prefill_pairs, b.prefill_ctx, b.decode_kv,
-                                      b.sampled, b.batch_size if b.spec else 0)
+                                      b.sampled, b.kernel_seqs)
             start = env.now
             if self._active == 0:
                 self._active_since = start

@@ -291,7 +291,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                                              batch.batch_size, batch.kv_blocks,
                                              rows.append if self.record_step else None,
                                              batch.swap_blocks, batch.draft_s,
-                                             batch.batch_size if batch.spec else 0)
+                                             batch.kernel_seqs)
                     # Counted once it happened, as recorded: a failure cuts it from both.
                     if extra:
                         now = yield from self._decode_run(s, batch, end, extra, gen, now, rows,

@@ -59,7 +59,7 @@ from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, Links
-from simulator.planner.candidates import _memory, _point, spec_options
+from simulator.planner.candidates import _memory, _point, spec_options, without_spec
 from simulator.planner.estimate import ITERATIONS, StepModel, _mix, drafts_per_step, spec_step
 from simulator.planner.poolaxes import (
     PREFILL_BUDGET,  # noqa: F401 (re-exported)
@@ -123,9 +123,8 @@ def shapes(base: dict, s: Scenario, model: ModelSpec, gpus: int, probe: Limits,
         if key in out:
             continue
         try:
-            cp = build_plan(load_scenario(resolve_point(
-                {k: v for k, v in base.items() if k != "speculative"},
-                _point(lay, probe, moe), s.seed)))
+            cp = build_plan(load_scenario(resolve_point(without_spec(base),
+                                                        _point(lay, probe, moe), s.seed)))
             mem = _memory(cp, probe)
         except ScenarioError:
             continue

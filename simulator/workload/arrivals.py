@@ -9,13 +9,18 @@ from simulator.errors import ScenarioError
 from simulator.io.schema import MAX_TIME_S, WorkloadKeys
 
 
+def _gamma_gaps(rate: float, cv: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` gamma gaps with mean ``1 / rate`` and coefficient of variation ``cv``."""
+    shape = 1.0 / cv**2
+    return rng.gamma(shape, 1.0 / rate / shape, size=n)
+
+
 def _gaps(w: WorkloadKeys, n: int, rng: np.random.Generator) -> np.ndarray:
     mean = 1.0 / w.rate_per_s
     if w.arrival == "poisson":
         return rng.exponential(mean, size=n)
     if w.arrival == "gamma":
-        shape = 1.0 / w.cv**2  # gaps with mean 1/rate and coefficient of variation cv
-        return rng.gamma(shape, mean / shape, size=n)
+        return _gamma_gaps(w.rate_per_s, w.cv, n, rng)
     return np.full(n, mean)  # constant
 
 
@@ -45,8 +50,7 @@ def release_times(w: WorkloadKeys, rng: np.random.Generator) -> np.ndarray:
     a Poisson process), summed and rescaled so that the last is exactly N/R; request i is
     then sent at the later of its release and the moment one of the C clients is free.
     """
-    shape = 1.0 / w.cv**2
-    t = np.cumsum(rng.gamma(shape, 1.0 / (w.rate_per_s * shape), size=w.num_requests))
+    t = np.cumsum(_gamma_gaps(w.rate_per_s, w.cv, w.num_requests, rng))
     return t * (w.num_requests / w.rate_per_s / t[-1])
 
 
