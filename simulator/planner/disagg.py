@@ -48,7 +48,7 @@ Pool figures are computed once per pool option; the pairs are combined with nump
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -378,7 +378,9 @@ def pair_rows(pres: list[PoolSide], decs: list[PoolSide], kv_of, gpus: int,
 
 def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
     """The ``[[pools]]`` of a disaggregated candidate row: prefill on the plan's ``nodes``,
-    decode sharing them, both packed, each with its engine limits."""
+    decode sharing them, both packed, each with its engine limits; a row with ``spec_k >
+    0`` gives the decode pool its ``[pools.speculative]`` (the scenario's section at that
+    k), the speculation of the decode pool only."""
     e = s.engine
 
     def pool(name: str, tp, pp, dp, ep, adp, engine: dict) -> dict:
@@ -399,5 +401,9 @@ def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
                {"max_num_seqs": int(row["max_num_seqs"]),
                 "max_num_batched_tokens": int(row["max_num_batched_tokens"])})
     dec["same_nodes_as"] = "prefill"
+    k = row.get("spec_k")
+    if s.speculative is not None and k is not None and k == k and int(k) > 0:
+        dec["speculative"] = {**{f: v for f, v in asdict(s.speculative).items()
+                                 if v is not None}, "num_speculative_tokens": int(k)}
     return [pre, dec]
 
