@@ -12,8 +12,9 @@ the model and a useful KV cache fit at its TP degree (pp > 1 only where the mode
 The estimate of a pair (prefill pool p, decode pool d), at offered rate lambda, mean prompt
 P and output O (docs/planner.md, "Disaggregated layouts"):
 
-- prefill pool, at each token budget searched
-  (:data:`~simulator.planner.poolaxes.PREFILL_BUDGETS` and the scenario's): a full step
+- prefill pool, at each token budget and ``max_num_seqs`` searched
+  (:data:`~simulator.planner.poolaxes.PREFILL_BUDGETS`,
+  :data:`~simulator.planner.poolaxes.PREFILL_SEQS` and the scenario's): a full step
   of ``F = min(budget, max_num_seqs P)`` tokens holds ``F / P`` prompts in ``s(F)``, so the
   pool's capacity is ``X_p = dp_p M_p (F / P) / s(F)``; the step a prompt joins at the
   load holds its own ``c = min(P, budget)`` tokens and, when the stream is busy (fraction
@@ -22,8 +23,8 @@ P and output O (docs/planner.md, "Disaggregated layouts"):
   TTFT = ``ceil(P / budget) s(x)`` plus the M/D/1 wait ``rho_p / (2 (1 - rho_p)) s(x) P /
   x`` (the work a prompt brings to that step), ``rho_p = lambda / X_p``; the p99 takes the
   p99 prompt and 4.6 x the wait. A bigger budget raises ``X_p`` but lets ``s(x)`` grow
-  with the load; budgets another beats on all three figures are dropped
-  (:func:`~simulator.planner.poolaxes.pareto_budgets`);
+  with the load; options another beats on all three figures are dropped
+  (:func:`~simulator.planner.poolaxes.pareto_limits`);
 - decode pool: decode-only steps, ``cycle(B)`` for B sequences at context P + O/2; the batch
   at the load solves ``B = lambda / (dp_d M_d) O cycle(B)`` (capped by max_num_seqs and the
   KV cache), capacity ``X_d = dp_d M_d B_max / (O cycle(B_max))``, TPOT = ``cycle(B) +
@@ -53,19 +54,18 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from simulator.cluster.build import ClusterPlan, build_plan
-from simulator.cluster.transfer import kv_flows
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
-from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
-from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, Links
+from simulator.model.spec import ModelSpec
 from simulator.planner.candidates import _memory, _point, spec_options, without_spec
 from simulator.planner.estimate import ITERATIONS, StepModel, _mix, drafts_per_step, spec_step
+from simulator.planner.kvprice import KVPrice
 from simulator.planner.poolaxes import (
     PREFILL_BUDGET,  # noqa: F401 (re-exported)
     joined_step,
     kv_contended,
-    pareto_budgets,
+    pareto_limits,
     prefill_engine,
     prefill_limits,
     spec_plan,
@@ -80,8 +80,6 @@ from simulator.planner.space import (
     moe_label,
 )
 from simulator.sweep import resolve_point
-from simulator.topology.flows import Flow, finish_times
-from simulator.topology.graph import Paths, gpu_name
 
 
 @dataclass(frozen=True)
@@ -143,10 +141,10 @@ def _model(cp: ClusterPlan) -> StepModel:
 def prefill_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
                   limits: list[Limits]) -> list[PoolSide]:
     """The prefill pool of shape ``lay`` with every dp that leaves a GPU for decode, at
-    every token budget of ``limits`` whose full step fits the KV cache (module docstring:
-    the step a prompt joins at the load, capacity, M/D/1 wait); an option that another
-    budget of the same replicas beats on capacity and both TTFTs is dropped
-    (:func:`pareto_budgets`)."""
+    every engine limit of ``limits`` (the first with the scenario's ``max_num_seqs``)
+    whose full step fits the KV cache (module docstring: the step a prompt joins at the
+    load, capacity, M/D/1 wait); an option that another of the same replicas beats on
+    capacity and both TTFTs is dropped (:func:`pareto_limits`)."""
     m, streams = _model(cp), cp.streams_per_replica
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
     p99 = max(stats.prompt_p99, p)
@@ -184,7 +182,7 @@ def prefill_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
             out.append(PoolSide(lay, dp, lim, mem.kv_tokens, cap, pre + wait,
                                 math.ceil(p99 / budget) * max(alone99, s_load) + 4.6 * wait,
                                 pre, tokens / p))
-    return pareto_budgets(out)
+    return pareto_limits(out, limits[0].max_num_seqs)
 
 
 def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
@@ -237,46 +235,6 @@ def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
                                     math.nan, cycle(batch), batch, gain(batch),
                                     spec.k if spec else 0))
     return out
-
-
-class KVPrice:
-    """Uncontended seconds per token (and the latency) of a prompt's KV from prefill
-    replica 0 to decode replica 0 as the packed placement puts them, over the plan's
-    graph (cached per shape pair and decode offset)."""
-
-    def __init__(self, cp: ClusterPlan, model: ModelSpec, kv_dtype: str):
-        self.g, self.model = cp.graph, model
-        self.per_node = cp.node.gpus_per_node
-        self.total = sum(1 for _, d in self.g.nodes(data=True) if d.get("kind") == "gpu")
-        self.paths = Paths(self.g)
-        self.links = Links(self.paths)
-        self.capacity = {(a, b): d["bandwidth_Bps"] * BANDWIDTH_EFFICIENCY
-                         for a, b, d in self.g.edges(data=True)}
-        self.kv_bytes = BYTES_PER_DTYPE[kv_dtype]
-        self._cache: dict[tuple, tuple[float, float]] = {}
-
-    def __call__(self, pre: Layout, dec: Layout, first: int) -> tuple[float, float]:
-        """``(seconds_per_token, latency_s)``; nan when the decode replica has no room."""
-        start = first
-        if dec.tp <= self.per_node and start % self.per_node + dec.tp > self.per_node:
-            start = -(-start // self.per_node) * self.per_node  # a TP group stays in a node
-        key = (pre.tp, pre.pp, pre.attention_dp, dec.tp, dec.pp, dec.attention_dp, start)
-        if key not in self._cache:
-            if start + dec.tp * dec.pp > self.total:
-                self._cache[key] = (math.nan, math.nan)
-            else:
-                src = [[gpu_name(j * pre.tp + i) for i in range(pre.tp)]
-                       for j in range(pre.pp)]
-                dst = [[gpu_name(start + j * dec.tp + i) for i in range(dec.tp)]
-                       for j in range(dec.pp)]
-                flows = kv_flows(self.model, self.kv_bytes, src, dst,
-                                 0 if pre.attention_dp else None,
-                                 0 if dec.attention_dp else None)
-                alone = finish_times([Flow(self.links(a, b), x) for a, b, x in flows],
-                                     self.capacity)
-                self._cache[key] = (float(np.max(alone)),
-                                    max(self.paths.latency(a, b) for a, b, _ in flows))
-        return self._cache[key]
 
 
 def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: WorkloadStats,
