@@ -1,26 +1,31 @@
 """Issue #21, the pools' engine limits: the prefill pool's ``max_num_seqs`` searched
 (poolaxes.prefill_limits, pareto_limits), estimated by hand here, and carried by plan.csv
-and recommended.toml."""
+and recommended.toml; the wait for a decode slot (poolaxes.decode_wait), by hand and
+against the simulation."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
+import numpy as np
 import pytest
 from test_planner_poolaxes import _tp1
 from test_planner_search import CONST, _setup
 
+from simulator import run
 from simulator.io.scenario import load_scenario
 from simulator.model.spec import load_model
 from simulator.planner import plan
-from simulator.planner.disagg import _model, pools_of, prefill_sides, shapes
+from simulator.planner.disagg import _model, disagg_rows, pools_of, prefill_sides, shapes
 from simulator.planner.estimate import _mix
 from simulator.planner.poolaxes import (
     PREFILL_BUDGET,
     PREFILL_BUDGETS,
     PREFILL_SEQS,
     SEQS_MARGIN,
+    decode_wait,
     pareto_limits,
     prefill_limits,
 )
@@ -130,3 +135,68 @@ def test_plan_carries_the_prefill_max_num_seqs(tmp_path):
     rec = recommended_scenario(dataclasses.replace(r, best=row))
     assert rec["pools"][0]["engine"]["max_num_seqs"] == 1
     load_scenario(rec)
+
+
+# -- the decode-admission wait -------------------------------------------------------------
+
+def test_decode_wait_by_hand():
+    """One slot: the Pollaczek-Khinchine M/G/1 wait, ``rho S / (1 - rho) (1 + Cs^2) / 2``;
+    two slots: Erlang C is ``a^2 / (2 + a)``; past the slots' capacity: inf; a closed loop:
+    none; far below the knee the wait vanishes (64 slots at half load)."""
+    s = np.array([0.5, 0.5, 0.75, 0.5, 0.5])
+    slots = np.array([1, 2, 2, 1, 64])
+    w = decode_wait(1.5, slots, s, 0.25)
+    rho = 0.75
+    assert w[0] == pytest.approx(rho * 0.5 / (1 - rho) * 1.25 / 2, rel=1e-12)
+    a = 0.75  # 1.5 req/s x 0.5 s on two slots
+    assert w[1] == pytest.approx(a * a / (2 + a) * 0.5 / (2 - a) * 1.25 / 2, rel=1e-12)
+    a = 1.125
+    assert w[2] == pytest.approx(a * a / (2 + a) * 0.75 / (2 - a) * 1.25 / 2, rel=1e-12)
+    w = decode_wait(2.0, slots, s, 0.0)
+    assert w[3] == math.inf and np.isfinite(w[1])  # a = 1 on one slot: no steady state
+    assert decode_wait(64.0, slots, s, 1.0)[4] < 1e-6 * 0.5
+    assert list(decode_wait(None, slots, s, 1.0)) == [0.0] * 5
+
+
+def _decode_bound(rate: float, requests: int):
+    """CONST with ``max_num_seqs`` 8 at ``rate``: the TP1 + TP1 pair whose decode replica
+    holds 8 sequences (~11.6 req/s of 101-token replies), estimated and simulated."""
+    sc = copy.deepcopy(CONST)
+    sc["engine"]["max_num_seqs"] = 8
+    sc["workload"].update(rate_per_s=rate, num_requests=requests)
+    base, s, st = _setup(sc, requests)
+    rows = disagg_rows(base, s, load_model("llama-3.1-8b"), 2, st, 1501, 10.0, 1.0)
+    r = next(x for x in rows if x["max_num_seqs"] == 8 and x["status"] == "feasible")
+    return r, st, base, s
+
+
+def test_decode_wait_joins_the_pair_tpot():
+    """At 10 req/s into 8 decode slots the pair's TPOT is the step plus the transfer and
+    the M/G/c wait over the O - 1 later tokens; ``S = t_kv + O cycle(B)``, ``Cs^2 = 0``
+    (constant replies)."""
+    r, st, _, _ = _decode_bound(10.0, 400)
+    o = st.output_mean
+    assert st.output_cv2 == 0.0
+    service = r["est_kv_transfer_s"] + o * r["est_cycle_s"]
+    (w,) = decode_wait(st.rate_per_s, np.array([8.0]), np.array([service]), 0.0)
+    assert 0.05 < w < 1.0  # near the knee: tens of ms per token
+    assert r["est_tpot_s"] == pytest.approx(
+        r["est_cycle_s"] + (r["est_kv_transfer_s"] + w) / (o - 1), rel=1e-12)
+
+
+def test_decode_wait_against_the_simulation():
+    """1,000 requests at 10 req/s into 8 decode slots (utilization 0.87): the simulated mean
+    wait for admission (requests.csv ``decode_wait_s``) is within 20% of the estimate, and
+    the TPOT with the wait is closer to the simulation than the one without."""
+    r, st, base, s = _decode_bound(10.0, 1000)
+    o = st.output_mean
+    data = copy.deepcopy(base)
+    data["pools"] = pools_of(r, 1, s)
+    q = run(data).requests
+    sim = q["decode_wait_s"].mean()
+    est = (r["est_tpot_s"] - r["est_cycle_s"]) * (o - 1) - r["est_kv_transfer_s"]
+    assert sim > 0.05
+    assert abs(est - sim) < 0.2 * sim
+    without = r["est_tpot_s"] - est / (o - 1)
+    tpot = q["tpot_s"].mean()
+    assert abs(r["est_tpot_s"] - tpot) < 0.5 * abs(without - tpot)

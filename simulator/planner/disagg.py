@@ -39,6 +39,10 @@ P and output O (docs/planner.md, "Disaggregated layouts"):
   the busiest end, ``lambda / min(dp_p, dp_d)`` per second, contend: processor sharing,
   ``t_kv = T / (1 - rho_kv) + latency`` with ``rho_kv = lambda T / min(dp_p, dp_d)``
   (:func:`~simulator.planner.poolaxes.kv_contended`);
+- decode admission: a prefilled request waits for one of the decode pool's ``c = dp_d M_d
+  B_max`` sequence slots, each held ``S = t_kv + (O / g) cycle(B)``: the M/G/c wait ``W``
+  of :func:`~simulator.planner.poolaxes.decode_wait` (Allen-Cunneen), which delays the
+  second token: TPOT gains ``W / (O - 1)``;
 - the pair: capacity ``min(X_p, X_d, min(dp_p, dp_d) / T)``; meets the SLOs by estimate
   when both pools and the links keep up, the prefill pool's p99 TTFT and the TPOT are
   within the targets.
@@ -63,6 +67,7 @@ from simulator.planner.estimate import ITERATIONS, StepModel, _mix, drafts_per_s
 from simulator.planner.kvprice import KVPrice
 from simulator.planner.poolaxes import (
     PREFILL_BUDGET,  # noqa: F401 (re-exported)
+    decode_wait,
     joined_step,
     kv_contended,
     pareto_limits,
@@ -98,6 +103,7 @@ class PoolSide:
     batch: float
     gain: float = 1.0  # decode: output tokens per sequence and step (1 + E[A] speculating)
     spec_k: int = 0  # decode: speculative tokens per step (0: off)
+    slots: float = math.nan  # decode: sequences the pool holds at once, dp M B_max
 
     @property
     def gpus(self) -> int:
@@ -233,7 +239,7 @@ def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
                 out.append(PoolSide(lay, dp, lim, mem.kv_tokens,
                                     lanes * b_max * gain(b_max) / (o * c_max), math.nan,
                                     math.nan, cycle(batch), batch, gain(batch),
-                                    spec.k if spec else 0))
+                                    spec.k if spec else 0, lanes * b_max))
     return out
 
 
@@ -303,7 +309,10 @@ def pair_rows(pres: list[PoolSide], decs: list[PoolSide], kv_of, gpus: int,
     rho = rate / cap if rate is not None else np.zeros(len(i))
     ttft_p99 = np.array([pres[a].ttft_p99_s for a in i])
     ttft = np.array([pres[a].ttft_s for a in i])
-    tpot = np.array([decs[b].cycle_s / decs[b].gain for b in j]) + t_kv / max(o - 1, 1.0)
+    step = np.array([decs[b].cycle_s / decs[b].gain for b in j])  # s per output token
+    wait = decode_wait(rate, np.array([decs[b].slots for b in j]), t_kv + o * step,
+                       stats.output_cv2)
+    tpot = step + (t_kv + wait) / max(o - 1, 1.0)
     ok = (rho < 1) & (ttft_p99 <= ttft_slo_s) & (tpot <= tpot_slo_s) & np.isfinite(t_kv)
     served = np.minimum(rate, cap) if rate is not None else cap
     rows = []

@@ -191,3 +191,49 @@ def kv_contended(alone_s: np.ndarray, latency_s: np.ndarray, rate: float | None,
     t = np.where(keeps_up, alone / (1 - np.where(keeps_up, rho, 0.0)), np.inf)
     with np.errstate(divide="ignore"):
         return t + latency_s, ends / alone
+
+
+def decode_wait(rate: float | None, slots: np.ndarray, service_s: np.ndarray,
+                service_cv2: float) -> np.ndarray:
+    """Mean seconds a request whose prompt is prefilled waits for a decode slot (per pair).
+
+    Parameters
+    ----------
+    rate : float or None
+        Offered requests per second (None, a closed loop: no wait, the clients fix the
+        batch).
+    slots : array
+        Sequences the decode pool holds at once, ``c = dp_d M_d B_max`` (``max_num_seqs``
+        or the KV cache per stream, whichever binds).
+    service_s : array
+        Seconds a request holds its slot: its KV transfer plus its decode residence, ``S =
+        t_kv + (O / g) cycle(B)`` at the batch B the pool carries.
+    service_cv2 : float
+        Squared coefficient of variation of S (that of the output lengths).
+
+    Notes
+    -----
+    A prefilled request waits first come first served for a decode replica with a free
+    sequence slot and the KV blocks of its prompt (:mod:`simulator.cluster.disagg`); the
+    slot is claimed before the KV moves and freed when the request finishes. So the decode
+    pool is c servers with Poisson arrivals and service S: M/G/c. Its mean wait by the
+    Allen-Cunneen approximation (Allen, Probability, Statistics and Queueing Theory, 2nd
+    ed., 1990, sec. 6.4): the M/M/c (Erlang C) wait times ``(1 + Cs^2) / 2``, ``W = C(c, a)
+    S / (c - a) (1 + Cs^2) / 2`` with ``a = lambda S`` erlangs; ``C(c, a)`` from the Erlang
+    B recursion ``B_k = a B_(k-1) / (k + a B_(k-1))``, ``C = c B_c / (c - a (1 - B_c))``.
+    ``a >= c``: the slots cannot keep up (inf). The wait delays the second token, so it
+    joins the TPOT as ``W / (O - 1)``; below the knee it vanishes (C falls
+    exponentially in ``c - a``).
+    """
+    service = np.asarray(service_s, dtype=float)
+    if rate is None:
+        return np.zeros_like(service)
+    c = np.maximum(1, np.floor(np.asarray(slots, dtype=float) + 1e-9)).astype(int)
+    a = rate * service
+    b = np.ones_like(a)
+    for k in range(1, int(c.max()) + 1 if len(c) else 1):
+        b = np.where(k <= c, a * b / (k + a * b), b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        erlang_c = c * b / (c - a * (1 - b))
+        w = erlang_c * service / (c - a) * (1 + service_cv2) / 2
+    return np.where(a < c, w, np.inf)
