@@ -28,10 +28,11 @@ P and output O (docs/planner.md, "Disaggregated layouts"):
 - decode pool: decode-only steps, ``cycle(B)`` for B sequences at context P + O/2; the batch
   at the load solves ``B = lambda / (dp_d M_d) O cycle(B)`` (capped by max_num_seqs and the
   KV cache), capacity ``X_d = dp_d M_d B_max / (O cycle(B_max))``, TPOT = ``cycle(B) +
-  t_kv / (O - 1)`` (the transfer lands between the first and second token); with a
+  (t_kv + W) / (O - 1)`` (the transfer and the admission wait W, below, land between the
+  first and second token); with a
   ``[speculative]`` section also at each k searched, a step yielding ``g = 1 + E[A]``
   tokens: ``B = lambda / (dp_d M_d) (O / g) cycle(B)``, ``X_d`` times g, TPOT ``cycle(B) /
-  g + t_kv / (O - 1)``;
+  g + (t_kv + W) / (O - 1)``;
 - KV transfer: P tokens of KV from a prefill replica to a decode replica, priced as
   :mod:`simulator.cluster.transfer` prices it uncontended (the max-min fluid finish of the
   per-GPU-pair flows of :func:`~simulator.cluster.transfer.kv_flows` over the graph,
