@@ -258,7 +258,8 @@ def test_pooled_run_speculates_on_the_decode_pool():
 def test_disaggregated_speculative_pick_is_simulated_and_recommended(tmp_path):
     """At 0.5 req/s the estimate ranks the speculating decode pool first among the pairs
     by TPOT; it is simulated (status ok) and its simulated TPOT beats the plain pair's;
-    the recommended.toml of such a row carries the k and the pools, and loads."""
+    the recommended.toml of such a row carries the pools, the k on the decode pool, and
+    loads."""
     r = plan(SPEC, gpus=2, top=8, requests=30, jobs=1, disagg=True, objective="min_tpot")
     t = r.table
     dis = t[t["kind"] == "disaggregated"]
@@ -268,7 +269,8 @@ def test_disaggregated_speculative_pick_is_simulated_and_recommended(tmp_path):
     assert set(r.rank_correlations) >= {"disaggregated", "disaggregated+spec"}
     best = on.iloc[0]
     rec = recommended_scenario(dataclasses.replace(r, best=best))
-    assert rec["speculative"]["num_speculative_tokens"] == int(best["spec_k"])
+    assert "speculative" not in rec  # on the decode pool only (tests/test_pool_speculation)
+    assert rec["pools"][1]["speculative"]["num_speculative_tokens"] == int(best["spec_k"])
     assert [p["role"] for p in rec["pools"]] == ["prefill", "decode"]
     load_scenario(rec)
 

@@ -77,8 +77,10 @@ class PooledPlan:
 def pool_scenario(s: Scenario, pool: PoolKeys, topology: str, nodes: int) -> Scenario:
     """The scenario a pool runs as on its own: its node preset and count, its layout (MoE
     keys ``ep``, ``attention_dp``, ``redundant_experts`` included), its engine overrides and
-    KV dtype; no pools, no faults; ``[speculative]`` for decode and mixed pools only (a
-    prefill pool emits one token per request: it never decodes, nor holds a drafter)."""
+    KV dtype; no pools, no faults; its speculation (``PoolKeys.speculative_of``: the
+    scenario's ``[speculative]``, the pool's ``[pools.speculative]`` keys over it, or none
+    with ``speculative = false``) for decode and mixed pools only (a prefill pool emits one
+    token per request: it never decodes, nor holds a drafter)."""
     engine = replace(s.engine, **(pool.engine or {}))
     return replace(s, cluster=replace(s.cluster, topology=topology, nodes=nodes),
                    parallel=ParallelKeys(tp=pool.tp, pp=pool.pp, dp=pool.dp,
@@ -88,7 +90,7 @@ def pool_scenario(s: Scenario, pool: PoolKeys, topology: str, nodes: int) -> Sce
                    engine=engine, model=replace(s.model, kv_dtype=pool.kv_dtype
                                                 or s.model.kv_dtype),
                    pools=(), faults=(), random_faults=None,
-                   speculative=None if pool.role == "prefill" else s.speculative)
+                   speculative=pool.speculative_of(s.speculative))
 
 
 def joined_graph(nodes: list[NodeSpec]) -> nx.DiGraph:
@@ -237,6 +239,9 @@ def describe_pools(plan: PooledPlan) -> str:
         sp, mem = pool.spec, pool.plan.memory
         moe = (f" ep={sp.ep}" if sp.ep > 1 else "") + (" attention_dp" if sp.attention_dp
                                                          else "")
+        spec = pool.plan.scenario.speculative
+        moe += (f", speculative {spec.method} k={spec.num_speculative_tokens}"
+                if spec is not None else "")
         lines.append(f"  pool {sp.name} ({sp.role})  {pool.plan.node.name}, tp={sp.tp} "
                      f"pp={sp.pp} dp={sp.dp}{moe}, KV {pool.kv_dtype} {mem.kv_tokens} tokens per "
                      f"replica, weights {max(mem.weights_per_gpu) / 2**30:.1f} GiB per GPU")

@@ -213,7 +213,9 @@ def _recording(s: Scenario, keep_steps: bool, energy: bool, plan: ClusterPlan | 
     but energy is asked for (``run(energy=...)``, ``output.energy``)."""
     keep = s.output.steps and keep_steps
     fold = step_fold(plan, stages) if energy and not keep else None
-    return Recorder(keep_steps=keep, speculative=s.speculative is not None, fold=fold), fold
+    spec = (any(p.plan.speculative is not None for p in plan.pools)  # per pool
+            if isinstance(plan, PooledPlan) else s.speculative is not None)
+    return Recorder(keep_steps=keep, speculative=spec, fold=fold), fold
 
 
 @contextmanager

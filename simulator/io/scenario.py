@@ -158,6 +158,12 @@ def _check_value(key: str, f: dataclasses.Field, value: Any, problems: list[str]
         return value
     if kind == "acceptance":  # a number or a list: checked in _speculative_problems
         return value
+    if kind == "pool_speculative":  # false or a table: checked in _pool_speculative
+        if value is True or not isinstance(value, (bool, dict)):
+            problems.append(f"{key}: expected false (this pool does not speculate) or a table "
+                            f"of [speculative] keys, got {_type_name(value)} {_excerpt(value)}")
+            return f.default
+        return value
     if kind == "table":
         if not isinstance(value, dict):
             problems.append(f"{key}: expected a table, got {_type_name(value)} {value!r}")
@@ -322,6 +328,11 @@ def load_scenario(source: str | Path | dict | Scenario,
         already.add("workload.num_requests")
     problems += [p for p in _workload_problems(scenario) if p.split(":", 1)[0] not in already]
     problems += [p for p in _speculative_problems(spec) if p.split(":", 1)[0] not in already]
+    own = _speculative_problems(spec)
+    for i, pool in enumerate(pools):  # a [pools.speculative] table over the section
+        if isinstance(pool.speculative, dict):
+            problems += [f"pools[{i}].{p}" for p in _speculative_problems(
+                pool.speculative_of(spec)) if p not in own]
     if problems:
         raise ScenarioError(problems, source=origin)
     return scenario
@@ -392,7 +403,7 @@ def _pools(raw: Any, problems: list[str]) -> tuple[PoolKeys, ...]:
                 problems.append(f"{key}.engine.profile: not allowed per pool (set [engine] "
                                 f"profile for the whole cluster)")
             _build_section(f"{key}.engine", EngineKeys, pool.engine, problems)
-        pools.append(pool)
+        pools.append(_pool_speculative(key, pool, problems))
     names = [p.name for p in pools]
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"pools.name: {n!r} names more than one pool (names must be unique)")
@@ -407,6 +418,26 @@ def _pools(raw: Any, problems: list[str]) -> tuple[PoolKeys, ...]:
         problems.append("pools.role: a prefill pool needs a decode pool (add a [[pools]] "
                         "entry with role = \"decode\")")
     return tuple(pools)
+
+
+def _pool_speculative(key: str, pool: PoolKeys, problems: list[str]) -> PoolKeys:
+    """``pool`` with its ``speculative`` table checked as a ``[speculative]`` section and
+    kept as the checked values of the keys it sets (``PoolKeys.speculative_of`` lays them
+    over the scenario's section); a prefill pool may not set it."""
+    if pool.speculative is None:
+        return pool
+    if pool.role == "prefill":
+        problems.append(f"{key}.speculative: a prefill pool never speculates (it emits one "
+                        f"token per request and holds no drafter), got "
+                        f"{_excerpt(pool.speculative)}; allowed on decode and mixed pools")
+        return dataclasses.replace(pool, speculative=None)
+    if not isinstance(pool.speculative, dict):
+        return pool
+    own: list[str] = []
+    checked = _build_section("speculative", SpeculativeKeys, pool.speculative, own)
+    problems += [f"{key}.{p}" for p in own]
+    keys = {k: getattr(checked, k) for k in pool.speculative if hasattr(checked, k)}
+    return dataclasses.replace(pool, speculative=keys)
 
 
 def _workload_problems(s: Scenario) -> list[str]:

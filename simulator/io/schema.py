@@ -7,7 +7,7 @@ Derived values (KV blocks, world size) are never stored here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 #: Weight dtypes (int4: weight-only; fp8, int8, fp4: weights and activations) and KV dtypes
@@ -273,6 +273,19 @@ class PoolKeys:
     ep: int = _f(1, min=1, max=1024)
     attention_dp: bool = _f(False)
     redundant_experts: int = _f(0, min=0, max=4096)
+    # Decode and mixed pools: None speculates as [speculative] says (if present); false: this
+    # pool does not; a table: [speculative] keys for this pool, over the section's.
+    speculative: bool | dict | None = _f(None, kind="pool_speculative", optional=True)
+
+    def speculative_of(self, top: SpeculativeKeys | None) -> SpeculativeKeys | None:
+        """This pool's speculation: none for a prefill pool or ``speculative = false``, the
+        ``[pools.speculative]`` keys over ``top`` (the scenario's section, or the defaults
+        without one), or ``top`` itself."""
+        if self.role == "prefill" or self.speculative is False:
+            return None
+        if isinstance(self.speculative, dict):
+            return replace(top or SpeculativeKeys(), **self.speculative)
+        return top
 
 
 @dataclass(frozen=True)

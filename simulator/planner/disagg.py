@@ -12,8 +12,9 @@ the model and a useful KV cache fit at its TP degree (pp > 1 only where the mode
 The estimate of a pair (prefill pool p, decode pool d), at offered rate lambda, mean prompt
 P and output O (docs/planner.md, "Disaggregated layouts"):
 
-- prefill pool, at each token budget searched
-  (:data:`~simulator.planner.poolaxes.PREFILL_BUDGETS` and the scenario's): a full step
+- prefill pool, at each token budget and ``max_num_seqs`` searched
+  (:data:`~simulator.planner.poolaxes.PREFILL_BUDGETS`,
+  :data:`~simulator.planner.poolaxes.PREFILL_SEQS` and the scenario's): a full step
   of ``F = min(budget, max_num_seqs P)`` tokens holds ``F / P`` prompts in ``s(F)``, so the
   pool's capacity is ``X_p = dp_p M_p (F / P) / s(F)``; the step a prompt joins at the
   load holds its own ``c = min(P, budget)`` tokens and, when the stream is busy (fraction
@@ -22,15 +23,16 @@ P and output O (docs/planner.md, "Disaggregated layouts"):
   TTFT = ``ceil(P / budget) s(x)`` plus the M/D/1 wait ``rho_p / (2 (1 - rho_p)) s(x) P /
   x`` (the work a prompt brings to that step), ``rho_p = lambda / X_p``; the p99 takes the
   p99 prompt and 4.6 x the wait. A bigger budget raises ``X_p`` but lets ``s(x)`` grow
-  with the load; budgets another beats on all three figures are dropped
-  (:func:`~simulator.planner.poolaxes.pareto_budgets`);
+  with the load; options another beats on all three figures are dropped
+  (:func:`~simulator.planner.poolaxes.pareto_limits`);
 - decode pool: decode-only steps, ``cycle(B)`` for B sequences at context P + O/2; the batch
   at the load solves ``B = lambda / (dp_d M_d) O cycle(B)`` (capped by max_num_seqs and the
   KV cache), capacity ``X_d = dp_d M_d B_max / (O cycle(B_max))``, TPOT = ``cycle(B) +
-  t_kv / (O - 1)`` (the transfer lands between the first and second token); with a
+  (t_kv + W) / (O - 1)`` (the transfer and the admission wait W, below, land between the
+  first and second token); with a
   ``[speculative]`` section also at each k searched, a step yielding ``g = 1 + E[A]``
   tokens: ``B = lambda / (dp_d M_d) (O / g) cycle(B)``, ``X_d`` times g, TPOT ``cycle(B) /
-  g + t_kv / (O - 1)``;
+  g + (t_kv + W) / (O - 1)``;
 - KV transfer: P tokens of KV from a prefill replica to a decode replica, priced as
   :mod:`simulator.cluster.transfer` prices it uncontended (the max-min fluid finish of the
   per-GPU-pair flows of :func:`~simulator.cluster.transfer.kv_flows` over the graph,
@@ -38,6 +40,10 @@ P and output O (docs/planner.md, "Disaggregated layouts"):
   the busiest end, ``lambda / min(dp_p, dp_d)`` per second, contend: processor sharing,
   ``t_kv = T / (1 - rho_kv) + latency`` with ``rho_kv = lambda T / min(dp_p, dp_d)``
   (:func:`~simulator.planner.poolaxes.kv_contended`);
+- decode admission: a prefilled request waits for one of the decode pool's ``c = dp_d M_d
+  B_max`` sequence slots, each held ``S = t_kv + (O / g) cycle(B)``: the M/G/c wait ``W``
+  of :func:`~simulator.planner.poolaxes.decode_wait` (Allen-Cunneen), which delays the
+  second token: TPOT gains ``W / (O - 1)``;
 - the pair: capacity ``min(X_p, X_d, min(dp_p, dp_d) / T)``; meets the SLOs by estimate
   when both pools and the links keep up, the prefill pool's p99 TTFT and the TPOT are
   within the targets.
@@ -48,24 +54,24 @@ Pool figures are computed once per pool option; the pairs are combined with nump
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from simulator.cluster.build import ClusterPlan, build_plan
-from simulator.cluster.transfer import kv_flows
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
-from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
-from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, Links
+from simulator.model.spec import ModelSpec
 from simulator.planner.candidates import _memory, _point, spec_options, without_spec
 from simulator.planner.estimate import ITERATIONS, StepModel, _mix, drafts_per_step, spec_step
+from simulator.planner.kvprice import KVPrice
 from simulator.planner.poolaxes import (
     PREFILL_BUDGET,  # noqa: F401 (re-exported)
+    decode_wait,
     joined_step,
     kv_contended,
-    pareto_budgets,
+    pareto_limits,
     prefill_engine,
     prefill_limits,
     spec_plan,
@@ -80,8 +86,6 @@ from simulator.planner.space import (
     moe_label,
 )
 from simulator.sweep import resolve_point
-from simulator.topology.flows import Flow, finish_times
-from simulator.topology.graph import Paths, gpu_name
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ class PoolSide:
     batch: float
     gain: float = 1.0  # decode: output tokens per sequence and step (1 + E[A] speculating)
     spec_k: int = 0  # decode: speculative tokens per step (0: off)
+    slots: float = math.nan  # decode: sequences the pool holds at once, dp M B_max
 
     @property
     def gpus(self) -> int:
@@ -143,10 +148,10 @@ def _model(cp: ClusterPlan) -> StepModel:
 def prefill_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
                   limits: list[Limits]) -> list[PoolSide]:
     """The prefill pool of shape ``lay`` with every dp that leaves a GPU for decode, at
-    every token budget of ``limits`` whose full step fits the KV cache (module docstring:
-    the step a prompt joins at the load, capacity, M/D/1 wait); an option that another
-    budget of the same replicas beats on capacity and both TTFTs is dropped
-    (:func:`pareto_budgets`)."""
+    every engine limit of ``limits`` (the first with the scenario's ``max_num_seqs``)
+    whose full step fits the KV cache (module docstring: the step a prompt joins at the
+    load, capacity, M/D/1 wait); an option that another of the same replicas beats on
+    capacity and both TTFTs is dropped (:func:`pareto_limits`)."""
     m, streams = _model(cp), cp.streams_per_replica
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
     p99 = max(stats.prompt_p99, p)
@@ -184,7 +189,7 @@ def prefill_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
             out.append(PoolSide(lay, dp, lim, mem.kv_tokens, cap, pre + wait,
                                 math.ceil(p99 / budget) * max(alone99, s_load) + 4.6 * wait,
                                 pre, tokens / p))
-    return pareto_budgets(out)
+    return pareto_limits(out, limits[0].max_num_seqs)
 
 
 def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
@@ -235,48 +240,8 @@ def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
                 out.append(PoolSide(lay, dp, lim, mem.kv_tokens,
                                     lanes * b_max * gain(b_max) / (o * c_max), math.nan,
                                     math.nan, cycle(batch), batch, gain(batch),
-                                    spec.k if spec else 0))
+                                    spec.k if spec else 0, lanes * b_max))
     return out
-
-
-class KVPrice:
-    """Uncontended seconds per token (and the latency) of a prompt's KV from prefill
-    replica 0 to decode replica 0 as the packed placement puts them, over the plan's
-    graph (cached per shape pair and decode offset)."""
-
-    def __init__(self, cp: ClusterPlan, model: ModelSpec, kv_dtype: str):
-        self.g, self.model = cp.graph, model
-        self.per_node = cp.node.gpus_per_node
-        self.total = sum(1 for _, d in self.g.nodes(data=True) if d.get("kind") == "gpu")
-        self.paths = Paths(self.g)
-        self.links = Links(self.paths)
-        self.capacity = {(a, b): d["bandwidth_Bps"] * BANDWIDTH_EFFICIENCY
-                         for a, b, d in self.g.edges(data=True)}
-        self.kv_bytes = BYTES_PER_DTYPE[kv_dtype]
-        self._cache: dict[tuple, tuple[float, float]] = {}
-
-    def __call__(self, pre: Layout, dec: Layout, first: int) -> tuple[float, float]:
-        """``(seconds_per_token, latency_s)``; nan when the decode replica has no room."""
-        start = first
-        if dec.tp <= self.per_node and start % self.per_node + dec.tp > self.per_node:
-            start = -(-start // self.per_node) * self.per_node  # a TP group stays in a node
-        key = (pre.tp, pre.pp, pre.attention_dp, dec.tp, dec.pp, dec.attention_dp, start)
-        if key not in self._cache:
-            if start + dec.tp * dec.pp > self.total:
-                self._cache[key] = (math.nan, math.nan)
-            else:
-                src = [[gpu_name(j * pre.tp + i) for i in range(pre.tp)]
-                       for j in range(pre.pp)]
-                dst = [[gpu_name(start + j * dec.tp + i) for i in range(dec.tp)]
-                       for j in range(dec.pp)]
-                flows = kv_flows(self.model, self.kv_bytes, src, dst,
-                                 0 if pre.attention_dp else None,
-                                 0 if dec.attention_dp else None)
-                alone = finish_times([Flow(self.links(a, b), x) for a, b, x in flows],
-                                     self.capacity)
-                self._cache[key] = (float(np.max(alone)),
-                                    max(self.paths.latency(a, b) for a, b, _ in flows))
-        return self._cache[key]
 
 
 def disagg_rows(base: dict, s: Scenario, model: ModelSpec, gpus: int, stats: WorkloadStats,
@@ -345,7 +310,10 @@ def pair_rows(pres: list[PoolSide], decs: list[PoolSide], kv_of, gpus: int,
     rho = rate / cap if rate is not None else np.zeros(len(i))
     ttft_p99 = np.array([pres[a].ttft_p99_s for a in i])
     ttft = np.array([pres[a].ttft_s for a in i])
-    tpot = np.array([decs[b].cycle_s / decs[b].gain for b in j]) + t_kv / max(o - 1, 1.0)
+    step = np.array([decs[b].cycle_s / decs[b].gain for b in j])  # s per output token
+    wait = decode_wait(rate, np.array([decs[b].slots for b in j]), t_kv + o * step,
+                       stats.output_cv2)
+    tpot = step + (t_kv + wait) / max(o - 1, 1.0)
     ok = (rho < 1) & (ttft_p99 <= ttft_slo_s) & (tpot <= tpot_slo_s) & np.isfinite(t_kv)
     served = np.minimum(rate, cap) if rate is not None else cap
     rows = []
@@ -378,7 +346,9 @@ def pair_rows(pres: list[PoolSide], decs: list[PoolSide], kv_of, gpus: int,
 
 def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
     """The ``[[pools]]`` of a disaggregated candidate row: prefill on the plan's ``nodes``,
-    decode sharing them, both packed, each with its engine limits."""
+    decode sharing them, both packed, each with its engine limits; a row with ``spec_k >
+    0`` gives the decode pool its ``[pools.speculative]`` (the scenario's section at that
+    k), the speculation of the decode pool only."""
     e = s.engine
 
     def pool(name: str, tp, pp, dp, ep, adp, engine: dict) -> dict:
@@ -399,5 +369,9 @@ def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
                {"max_num_seqs": int(row["max_num_seqs"]),
                 "max_num_batched_tokens": int(row["max_num_batched_tokens"])})
     dec["same_nodes_as"] = "prefill"
+    k = row.get("spec_k")
+    if s.speculative is not None and k is not None and k == k and int(k) > 0:
+        dec["speculative"] = {**{f: v for f, v in asdict(s.speculative).items()
+                                 if v is not None}, "num_speculative_tokens": int(k)}
     return [pre, dec]
 

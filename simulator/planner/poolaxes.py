@@ -1,7 +1,7 @@
 """The disaggregated pools' search axes (docs/planner.md, "Disaggregated layouts"): the
-prefill pool's token budgets, the step a prompt joins at the load and the Pareto filter
-over budgets, the decode pool's speculation, the KV transfers' contention on the links;
-used by :mod:`simulator.planner.disagg`.
+prefill pool's token budgets and ``max_num_seqs``, the step a prompt joins at the load and
+the Pareto filter over them, the decode pool's speculation, the KV transfers' contention
+on the links; used by :mod:`simulator.planner.disagg`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.planner.candidates import _point
-from simulator.planner.estimate import ITERATIONS
+from simulator.planner.estimate import ITERATIONS, SNAP_STEP
 from simulator.planner.space import TOKEN_BUDGETS, Layout, Limits
 from simulator.sweep import resolve_point
 
@@ -22,6 +22,12 @@ from simulator.sweep import resolve_point
 PREFILL_BUDGET = max(TOKEN_BUDGETS)
 #: Token budgets of the prefill pool searched (the scenario's own joins them).
 PREFILL_BUDGETS = (1024, 2048, 4096, 8192, 16384)
+#: ``max_num_seqs`` of the prefill pool searched (the scenario's own joins them): the most
+#: prompts a prefill step batches, which caps the step a prompt joins below the budget.
+PREFILL_SEQS = (1, 2, 4, 8)
+#: Relative margin by which another ``max_num_seqs`` must beat the scenario's options
+#: (:func:`pareto_limits`): the estimate's token grid.
+SEQS_MARGIN = SNAP_STEP
 
 
 def joined_step(step, first: float, full: float, arriving: float) -> float:
@@ -78,17 +84,53 @@ def pareto_budgets(sides: list) -> list:
     return keep
 
 
+def pareto_limits(sides: list, seqs: int) -> list:
+    """``sides`` (:class:`simulator.planner.disagg.PoolSide`, in search order) filtered
+    over both prefill axes: those of the scenario's ``max_num_seqs`` ``seqs`` by
+    :func:`pareto_budgets` among themselves (as before the ``max_num_seqs`` axis), then
+    the options of another ``max_num_seqs`` on the Pareto front of all that beat every
+    kept option of the same replicas by more than ``SEQS_MARGIN`` on capacity, mean or p99
+    TTFT.
+
+    Notes
+    -----
+    In the estimate a prefill step holds ``F = min(budget, max_num_seqs P)`` tokens, so a
+    smaller ``max_num_seqs`` mostly repeats a smaller budget's cap (Limits(4, 16384) and
+    Limits(64, 1024) both cap 256-token prompts at 1024 tokens); it differs where ``n P``
+    falls between two budgets (one 1000-token prompt against a 1024-token budget: 1.3%
+    less TTFT, 0.7% less capacity). Differences under the estimate's token grid
+    (:data:`~simulator.planner.estimate.SNAP_STEP`, 2%) are not resolved by it, and such a
+    twin would only take a simulation slot from a distinct option, so it is dropped.
+    """
+    own = pareto_budgets([a for a in sides if a.limits.max_num_seqs == seqs])
+    m = SEQS_MARGIN
+
+    def near(a, b) -> bool:
+        """b is within the margin of a, or better, on all three figures."""
+        return ((b.lay, b.dp) == (a.lay, a.dp) and b.capacity >= a.capacity * (1 - m)
+                and b.ttft_s <= a.ttft_s * (1 + m) and b.ttft_p99_s <= a.ttft_p99_s * (1 + m))
+
+    new = [a for a in pareto_budgets(sides) if a.limits.max_num_seqs != seqs
+           and not any(near(a, b) for b in own)]
+    keep = {id(a) for a in own + new}
+    return [a for a in sides if id(a) in keep]
+
+
 def prefill_limits(e) -> list[Limits]:
-    """The prefill pool's engine limits searched: the scenario's ``max_num_seqs`` x every
-    budget of ``PREFILL_BUDGETS`` and the scenario's own; a scheduler that does not split
-    prompts keeps budgets >= the scenario's, and ``sarathi`` (whose chunk size is its
-    budget) keeps the one budget ``max(PREFILL_BUDGET, max_num_batched_tokens)``."""
+    """The prefill pool's engine limits searched: every budget of ``PREFILL_BUDGETS`` and
+    the scenario's own with the scenario's ``max_num_seqs``, then with each other of
+    ``PREFILL_SEQS`` (in this order: the first of equal options stays, and ties in the
+    ranking keep it, :func:`pareto_budgets`);
+    a scheduler that does not split prompts keeps budgets >= the scenario's, and
+    ``sarathi`` (whose chunk size is its budget) keeps the one budget ``max(PREFILL_BUDGET,
+    max_num_batched_tokens)``."""
+    seqs = [e.max_num_seqs, *(n for n in PREFILL_SEQS if n != e.max_num_seqs)]
     if e.scheduler == "sarathi":
-        return [Limits(e.max_num_seqs, max(PREFILL_BUDGET, e.max_num_batched_tokens))]
+        return [Limits(n, max(PREFILL_BUDGET, e.max_num_batched_tokens)) for n in seqs]
     budgets = sorted({*PREFILL_BUDGETS, e.max_num_batched_tokens})
     if not SCHEDULERS[e.scheduler].CHUNKED:
         budgets = [b for b in budgets if b >= e.max_num_batched_tokens]
-    return [Limits(e.max_num_seqs, b) for b in budgets]
+    return [Limits(n, b) for n in seqs for b in budgets]
 
 
 def prefill_engine(row, e) -> dict:
@@ -149,3 +191,49 @@ def kv_contended(alone_s: np.ndarray, latency_s: np.ndarray, rate: float | None,
     t = np.where(keeps_up, alone / (1 - np.where(keeps_up, rho, 0.0)), np.inf)
     with np.errstate(divide="ignore"):
         return t + latency_s, ends / alone
+
+
+def decode_wait(rate: float | None, slots: np.ndarray, service_s: np.ndarray,
+                service_cv2: float) -> np.ndarray:
+    """Mean seconds a request whose prompt is prefilled waits for a decode slot (per pair).
+
+    Parameters
+    ----------
+    rate : float or None
+        Offered requests per second (None, a closed loop: no wait, the clients fix the
+        batch).
+    slots : array
+        Sequences the decode pool holds at once, ``c = dp_d M_d B_max`` (``max_num_seqs``
+        or the KV cache per stream, whichever binds).
+    service_s : array
+        Seconds a request holds its slot: its KV transfer plus its decode residence, ``S =
+        t_kv + (O / g) cycle(B)`` at the batch B the pool carries.
+    service_cv2 : float
+        Squared coefficient of variation of S (that of the output lengths).
+
+    Notes
+    -----
+    A prefilled request waits first come first served for a decode replica with a free
+    sequence slot and the KV blocks of its prompt (:mod:`simulator.cluster.disagg`); the
+    slot is claimed before the KV moves and freed when the request finishes. So the decode
+    pool is c servers with Poisson arrivals and service S: M/G/c. Its mean wait by the
+    Allen-Cunneen approximation (Allen, Probability, Statistics and Queueing Theory, 2nd
+    ed., 1990, sec. 6.4): the M/M/c (Erlang C) wait times ``(1 + Cs^2) / 2``, ``W = C(c, a)
+    S / (c - a) (1 + Cs^2) / 2`` with ``a = lambda S`` erlangs; ``C(c, a)`` from the Erlang
+    B recursion ``B_k = a B_(k-1) / (k + a B_(k-1))``, ``C = c B_c / (c - a (1 - B_c))``.
+    ``a >= c``: the slots cannot keep up (inf). The wait delays the second token, so it
+    joins the TPOT as ``W / (O - 1)``; below the knee it vanishes (C falls
+    exponentially in ``c - a``).
+    """
+    service = np.asarray(service_s, dtype=float)
+    if rate is None:
+        return np.zeros_like(service)
+    c = np.maximum(1, np.floor(np.asarray(slots, dtype=float) + 1e-9)).astype(int)
+    a = rate * service
+    b = np.ones_like(a)
+    for k in range(1, int(c.max()) + 1 if len(c) else 1):
+        b = np.where(k <= c, a * b / (k + a * b), b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        erlang_c = c * b / (c - a * (1 - b))
+        w = erlang_c * service / (c - a) * (1 + service_cv2) / 2
+    return np.where(a < c, w, np.inf)

@@ -65,6 +65,7 @@ def recommended_scenario(result: PlanResult) -> dict | None:
     if best.get("kind") == "disaggregated":
         data["name"] = f"{s.name}-disagg"
         data["pools"] = pools_of(best, s.cluster.nodes, s)
+        data.pop("speculative", None)  # the decode pool's own (pools_of), if any
     if cross_kind(best):  # pools on two node kinds (simulator.planner.hetero)
         data = cross_point(data, best, s)
     return _absolute(data, Path(s.base_dir))

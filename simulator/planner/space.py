@@ -118,6 +118,7 @@ class WorkloadStats:
     output_mean: float
     longest: int  # prompt + output of the longest request
     requests: int
+    output_cv2: float = 1.0  # squared coefficient of variation of the output lengths
 
 
 def workload_stats(s: Scenario, requests: pd.DataFrame | None) -> WorkloadStats:
@@ -135,7 +136,8 @@ def workload_stats(s: Scenario, requests: pd.DataFrame | None) -> WorkloadStats:
     span = float(t.max() - t.min())
     rate = (len(t) - 1) / span if len(t) > 1 and span > 0 else float("inf")
     return WorkloadStats(rate, None, float(p.mean()), float(np.percentile(p, 99)),
-                         float(o.mean()), int((p + o).max()), len(t))
+                         float(o.mean()), int((p + o).max()), len(t),
+                         float(o.var() / o.mean() ** 2) if o.mean() > 0 else 0.0)
 
 
 def _length_mean(spec) -> float:
