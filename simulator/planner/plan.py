@@ -40,7 +40,6 @@ from simulator.planner.nearmiss import (
     group_of,
     margins,
 )
-from simulator.planner.pools import without_pools
 from simulator.planner.ranking import (  # noqa: F401 - _rank_key, rank_correlation: API
     PREFILL_COLUMNS,
     _layout,
@@ -49,7 +48,7 @@ from simulator.planner.ranking import (  # noqa: F401 - _rank_key, rank_correlat
     group_correlations,
     rank_correlation,
 )
-from simulator.planner.simulate import base_scenario, simulate_many
+from simulator.planner.simulate import base_scenario, simulate_many, without_pools
 from simulator.planner.space import (
     Layout,
     Limits,
