@@ -63,6 +63,16 @@ def test_labels_avoid_other_points_and_the_legend(tmp_path):
     plt.close(fig)
 
 
+def test_a_point_without_a_value_keeps_its_label_and_the_others_place_theirs():
+    fig, ax = plt.subplots()
+    ax.scatter([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    placed = label_points(ax, [(1.0, float("nan"), "none"), (2.0, 2.0, "two")])
+    assert [a.get_text() for a in placed] == ["none", "two"]
+    assert tuple(placed[1].xyann) == (4, 3)  # nothing in its way: the first offset
+    fig.canvas.draw()  # the label of a point off the scales draws nothing, breaks nothing
+    plt.close(fig)
+
+
 def test_pareto_plot_writes_the_figure(tmp_path):
     t = pd.DataFrame({"tp": [2, 2, 8], "pp": [1, 1, 1], "dp": [1, 1, 1],
                       "spec_k": [3, 5, 0], "rank": [1, 2, 3], "slo_met": [True, True, True],

@@ -88,7 +88,8 @@ def label_points(ax, labels: list[tuple[float, float, str]], fontsize: float = 7
             box = a.get_window_extent(renderer).extents
             cost = (sum(_overlap(box, o) for o in obstacles)
                     + (box[2] - box[0]) * (box[3] - box[1]) - _overlap(box, frame))
-            if cost < best_cost:
+            cost = cost if np.isfinite(cost) else np.inf  # a point off the scales (NaN)
+            if best is None or cost < best_cost:
                 if best is not None:
                     best.remove()
                 best, best_cost = a, cost
