@@ -8,8 +8,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
 
-from simulator.planner.plots import label_points, pareto_plot  # noqa: E402
+from simulator.planner.plots import LABEL_OFFSETS, LEADER_PT, label_points, pareto_plot  # noqa: E402
 
 
 def _boxes(annotations):
@@ -60,6 +61,24 @@ def test_labels_avoid_other_points_and_the_legend(tmp_path):
     assert not box.contains(*other)
     legend = ax.get_legend().get_window_extent(r)
     assert not any(a.get_window_extent(r).overlaps(legend) for a in placed)
+    plt.close(fig)
+
+
+def test_a_crowd_of_points_gets_labels_in_turn_and_leader_lines_when_far():
+    # Seven points a pixel or two apart: each label takes the next free offset in
+    # LABEL_OFFSETS' order; the seventh lands 19 points below its point and gets a line.
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ys = [5.0, 5.02, 4.98, 5.04, 4.96, 5.06, 4.94]
+    ax.scatter([0.0, 20.0, *[10.0] * len(ys)], [0.0, 10.0, *ys])
+    placed = label_points(ax, [(10.0, y, f"label {i}") for i, y in enumerate(ys)])
+    assert [tuple(a.xyann) for a in placed] == LABEL_OFFSETS[:len(ys)]
+    assert [a.arrow_patch is not None for a in placed] == [
+        abs(dy) > LEADER_PT for _, dy in LABEL_OFFSETS[:len(ys)]] == [False] * 6 + [True]
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    text = [Text.get_window_extent(a, r) for a in placed]  # the text, without its line
+    assert not any(text[i].overlaps(text[j]) for i in range(len(ys))
+                   for j in range(i + 1, len(ys)))
     plt.close(fig)
 
 

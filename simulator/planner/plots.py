@@ -36,6 +36,8 @@ LABEL_OFFSETS = [(dx, dy) for dy in (3, -10, 12, -19, 21, -28, 30, -37)
                  for dx in (4, -4)]
 #: Width of a scatter marker in points (matplotlib's default: ``s = 36``, 6 points wide).
 MARKER_PT = 6.0
+#: A label placed further than this above or below its point (points) gets a leader line.
+LEADER_PT = 12
 
 
 def _overlap(a, b) -> float:
@@ -52,7 +54,8 @@ def label_points(ax, labels: list[tuple[float, float, str]], fontsize: float = 7
     Each label, in order, takes the first offset of :data:`LABEL_OFFSETS` whose box
     (its window extent) overlaps none of the labels already placed, the markers of the
     axes' scatter points other than its own, the legend, nor leaves the axes; when every
-    offset collides it takes the one with the least overlap. The figure is drawn first, so
+    offset collides it takes the one with the least overlap; a label that lands more than
+    :data:`LEADER_PT` above or below its point gets a thin line to it. The figure is drawn first, so
     that the axes limits and the legend's place are final; the legend is then pinned where
     it was drawn (``loc="best"`` would otherwise move it around the labels on the next
     draw). Sizes are in display pixels, so a later ``savefig`` at another dpi scales
@@ -98,6 +101,13 @@ def label_points(ax, labels: list[tuple[float, float, str]], fontsize: float = 7
             if cost == 0:
                 break
         taken.append(best.get_window_extent(renderer).extents)
+        if abs(best.xyann[1]) > LEADER_PT:  # far from its point: a thin line leads to it
+            dx, dy = best.xyann
+            best.remove()
+            best = ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(dx, dy),
+                               ha="left" if dx > 0 else "right", fontsize=fontsize,
+                               arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.5,
+                                           "shrinkA": 0, "shrinkB": MARKER_PT / 2})
         out.append(best)
     return out
 
