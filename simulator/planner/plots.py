@@ -29,6 +29,89 @@ def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return front
 
 
+#: Where a point's label goes, tried in turn (offset from the point in typographic points;
+#: a negative x offset right-aligns the label): right and above first, then right below,
+#: left, and further out above and below.
+LABEL_OFFSETS = [(dx, dy) for dy in (3, -10, 12, -19, 21, -28, 30, -37)
+                 for dx in (4, -4)]
+#: Width of a scatter marker in points (matplotlib's default: ``s = 36``, 6 points wide).
+MARKER_PT = 6.0
+#: A label placed further than this above or below its point (points) gets a leader line.
+LEADER_PT = 12
+
+
+def _overlap(a, b) -> float:
+    """Area (pixels^2) that boxes ``a`` and ``b`` (x0, y0, x1, y1) share."""
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    return max(w, 0.0) * max(h, 0.0)
+
+
+def label_points(ax, labels: list[tuple[float, float, str]], fontsize: float = 7) -> list:
+    """Annotate ``(x, y, text)`` points of ``ax`` so that no two labels overlap where room
+    allows.
+
+    Each label, in order, takes the first offset of :data:`LABEL_OFFSETS` whose box
+    (its window extent) overlaps none of the labels already placed, the markers of the
+    axes' scatter points other than its own, the legend, nor leaves the axes; when every
+    offset collides it takes the one with the least overlap; a label that lands more than
+    :data:`LEADER_PT` above or below its point gets a thin line to it. The figure is drawn first, so
+    that the axes limits and the legend's place are final; the legend is then pinned where
+    it was drawn (``loc="best"`` would otherwise move it around the labels on the next
+    draw). Sizes are in display pixels, so a later ``savefig`` at another dpi scales
+    everything alike and keeps them apart.
+
+    Returns
+    -------
+    list of matplotlib.text.Annotation
+        One per label, in order.
+    """
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer).extents
+    taken = []
+    legend = ax.get_legend()
+    if legend is not None:
+        box = legend.get_window_extent(renderer)
+        legend.set_loc(tuple(ax.transAxes.inverted().transform((box.x0, box.y0))))
+        taken.append(box.extents)
+    r = MARKER_PT / 2 * fig.dpi / 72.0  # a scatter marker's half width, pixels
+    centres = [xy for c in ax.collections if len(c.get_offsets())
+               for xy in c.get_offset_transform().transform(c.get_offsets())]
+    out = []
+    for xi, yi, text in labels:
+        own = ax.transData.transform((xi, yi))
+        obstacles = taken + [(u - r, v - r, u + r, v + r) for u, v in centres
+                             if not np.allclose((u, v), own)]
+        best, best_cost = None, np.inf
+        for dx, dy in LABEL_OFFSETS:
+            a = ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(dx, dy),
+                            ha="left" if dx > 0 else "right", fontsize=fontsize)
+            box = a.get_window_extent(renderer).extents
+            cost = (sum(_overlap(box, o) for o in obstacles)
+                    + (box[2] - box[0]) * (box[3] - box[1]) - _overlap(box, frame))
+            cost = cost if np.isfinite(cost) else np.inf  # a point off the scales (NaN)
+            if best is None or cost < best_cost:
+                if best is not None:
+                    best.remove()
+                best, best_cost = a, cost
+            else:
+                a.remove()
+            if cost == 0:
+                break
+        taken.append(best.get_window_extent(renderer).extents)
+        if abs(best.xyann[1]) > LEADER_PT:  # far from its point: a thin line leads to it
+            dx, dy = best.xyann
+            best.remove()
+            best = ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(dx, dy),
+                               ha="left" if dx > 0 else "right", fontsize=fontsize,
+                               arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.5,
+                                           "shrinkA": 0, "shrinkB": MARKER_PT / 2})
+        out.append(best)
+    return out
+
+
 def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     """Throughput per GPU, and per dollar when the rows carry ``gpu_hour_usd``, against
     tokens/s per user (1 / TPOT p50) of the simulated candidates; the Pareto front joined,
@@ -47,6 +130,7 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
         panels.append((usd, "output tokens per dollar"))
     met = ok["slo_met"].to_numpy(dtype=bool)
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    ax_labels = []
     for ax, (y, ylabel) in zip(axes[0], panels, strict=True):
         front = pareto_front(x, y)
         ax.scatter(x[met], y[met], color="tab:blue", label="meets the SLOs", zorder=3)
@@ -56,6 +140,7 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
         ax.plot(x[front][order], y[front][order], color="tab:blue", alpha=0.5,
                 linestyle="--", label="Pareto front")
         drawn: set[str] = set()
+        labels = []
         for (_, r), xi, yi in zip(ok.iterrows(), x, y, strict=True):
             text = f"{int(r['tp'])}/{int(r['pp'])}/{int(r['dp'])}"
             if r.get("kind") == "disaggregated":  # prefill pool + decode pool
@@ -73,15 +158,17 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
             if text in drawn:  # engine-limit variants of a layout: one label
                 continue
             drawn.add(text)
-            ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 3),
-                        fontsize=7)
+            labels.append((xi, yi, text))
         ax.set_xlabel("tokens/s per user (1 / TPOT p50); labels: TP/PP/DP "
                       "(P.../D...: prefill/decode pools, k: drafts)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+        ax_labels.append((ax, labels))
     fig.suptitle(title or "plan: TP/PP/DP of the simulated candidates", fontsize=10)
     fig.tight_layout()
+    for ax, labels in ax_labels:  # placed once the axes have their final size
+        label_points(ax, labels)
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)

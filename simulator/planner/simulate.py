@@ -1,6 +1,8 @@
 """Simulate candidates (resolved scenario dicts) in a process pool and reduce each run to the
 row the planner ranks: latency quantiles, throughput per GPU, whether the SLOs hold and
-whether the layout keeps up with the offered load.
+whether the layout keeps up with the offered load; and the scenario dict every candidate
+starts from (:func:`base_scenario`; :func:`without_pools` turns a scenario's ``[[pools]]``
+into the nodes the search lays its own layouts on).
 
 A run that the cluster build refuses (a ScenarioError) becomes a row with ``status =
 "error"`` and the message; any other exception is a bug and propagates.
@@ -45,6 +47,30 @@ def base_scenario(scenario, overrides: list[str] | None = None,
         data["workload"]["num_requests"] = min(n, requests) if n else requests
     data["output"] = {**data.get("output", {}), "steps": False, "trace": False}
     return data
+
+
+def without_pools(base: dict) -> dict:
+    """A scenario dict without its ``[[pools]]``: the search's budget is the nodes of its
+    pools (those not sharing another's) as ``[cluster]`` topology and nodes.
+
+    Raises
+    ------
+    ScenarioError
+        The pools use several node presets (the search takes one).
+    """
+    pools = base.pop("pools", None)
+    if pools:
+        # A pool that shares another's nodes is on that pool's preset (the pools builder
+        # refuses any other), so only the pools that bring nodes name presets.
+        own = [p for p in pools if "same_nodes_as" not in p]
+        tops = {p.get("topology", base["cluster"]["topology"]) for p in own}
+        if len(tops) > 1:
+            raise ScenarioError(f"plan: the pools use several node presets "
+                                f"({', '.join(sorted(tops))}); the search takes one "
+                                f"(set [cluster] topology and nodes, without pools)")
+        base["cluster"] = {**base["cluster"], "topology": tops.pop(),
+                           "nodes": sum(p.get("nodes", 1) for p in own)}
+    return base
 
 
 def placement_text(plan: ClusterPlan) -> str:
