@@ -32,7 +32,7 @@ from simulator.planner.explain import (
     versus,
     versus_groups,
 )
-from simulator.planner.hetero import ONE_SWITCH, CrossPairs
+from simulator.planner.hetero import CrossPairs
 from simulator.planner.nearmiss import group_of
 from simulator.planner.plan import (
     RULE,
@@ -135,8 +135,6 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> 
             comparison += "; " + versus_groups(best, table, objective)
     if errors:
         comparison += "; out of the search: " + "; ".join(errors)
-    if first.scenario.cluster.fabric == "leaf_spine" and table.apply(cross_kind, axis=1).any():
-        comparison += "; " + ONE_SWITCH
     error = None if best is not None else no_slo(table, slo, q, own.stats)
     return PlanResult(own.scenario, objective, q, own.gpus, own.cluster_gpus, own.stats,
                       cands, table, results[rule_kind].rule, results[rule_kind].rule_why,
