@@ -152,10 +152,18 @@ class MixedDP:
         job = (limits, probe, need, stats, s.slo.ttft_s, s.slo.tpot_s, model.moe is not None)
         out = []
         for mix in mixes(self.nodes, model, gpus):
+            sides = [(kind, n, self.nodes[kind].gpus_per_node)
+                     for kind, n in ((mix.a, mix.n_a), (mix.b, mix.n_b))]
+            # A shape one node of a kind cannot run is out on any number of its nodes (a
+            # replica's memory and KV do not depend on dp): the one-node rows say why.
+            ones = [self._part(kind, 1, replace(mix.shape, dp=mix.dp(per, 1)), job)
+                    for kind, _, per in sides]
+            fits = all(cp is not None for _, cp in ones)
             parts = []
-            for kind, n in ((mix.a, mix.n_a), (mix.b, mix.n_b)):
-                lay = replace(mix.shape, dp=mix.dp(self.nodes[kind].gpus_per_node, n))
-                parts.append((lay, *self._part(kind, n, lay, job)))
+            for (kind, n, per), (rows, _) in zip(sides, ones, strict=True):
+                lay = replace(mix.shape, dp=mix.dp(per, n))
+                parts.append((lay, *self._part(kind, n, lay, job)) if fits
+                             else (lay, rows, None))
             for lim in limits:
                 key = (lim.max_num_seqs, lim.max_num_batched_tokens, lim.chunk_size)
                 out.append(self._row(mix, lim, [(lay, rows[key], cp)
