@@ -141,12 +141,12 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str],
     if mixed is not None:
         m_cands, m_table, wall = mixed
         cands = pd.concat([cands, m_cands.reindex(columns=[*cands.columns, *MIX_COLUMNS])],
-                          ignore_index=True)
+                          ignore_index=True).astype({"mix_dp": "Int64"})
         if not m_table.empty:
             sim_s = float(m_table["wall_time_s"].sum())
             table = pd.concat([table, m_table.reindex(columns=[*table.columns,
                                                                *MIX_COLUMNS])],
-                              ignore_index=True)
+                              ignore_index=True).astype({"mix_dp": "Int64"})
     order = sorted(range(len(table)), key=lambda i: _rank_key(objective)(table.iloc[i]))
     table = table.iloc[order].reset_index(drop=True)
     table["rank"] = range(1, len(table) + 1)
