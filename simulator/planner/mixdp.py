@@ -138,8 +138,8 @@ class MixedDP:
             cp = None
             if any(r["status"] == "feasible" for r in rows):
                 probe, moe = job[1], job[-1]
-                cp = build_plan(load_scenario(resolve_point(base, _point(lay, probe, moe),
-                                                            seed)))
+                cp = build_plan(load_scenario(without_spec(  # mixes do not speculate
+                    resolve_point(base, _point(lay, probe, moe), seed))))
             self._built[key] = ({(r["max_num_seqs"], r["max_num_batched_tokens"],
                                   r["chunk_size"]): r for r in rows}, cp)
         return self._built[key]
