@@ -28,7 +28,7 @@ from simulator.model.spec import load_model
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY
 from simulator.planner import plan
 from simulator.planner.estimate import StepModel, _mix
-from simulator.planner.hetero import ONE_SWITCH, CrossPairs, cross_point, cross_pools, pool_nodes
+from simulator.planner.hetero import CrossPairs, cross_point, cross_pools, pool_nodes
 from simulator.planner.kinds import budget, plan_kinds
 from simulator.planner.nearmiss import est_slo, margins
 from simulator.planner.objectives import est_power_w
@@ -161,9 +161,11 @@ def test_pool_nodes():
     assert pool_nodes(16, 1, 1, 8) == 2
 
 
-def test_leaf_spine_cross_pairs_join_through_one_switch(tmp_path):
-    """leaf_spine cannot join two presets: a cross-kind pair is priced and run over one
-    switch (the same KV price as without leaf_spine), and the answer says so."""
+def test_leaf_spine_cross_pairs_priced_on_the_leaf_spine(tmp_path):
+    """A cross-kind pair on a leaf-spine over both presets (simulator/topology/mixed.py).
+    Rail-optimized: prefill GPU 0 and decode GPU 8 share rail 0's leaf, the same links as
+    through one switch, so the same KV price. One leaf per node at 8:1 with 4 spines: the
+    A100 leaf's uplink, 8 x 25 GB/s / 8 / 4 = 6.25 GB/s, bounds the transfer (by hand)."""
     base, s, st = _setup()
     model = load_model("llama-3.1-8b")
     plain = CrossPairs(KINDS).rows(base, s, model, 2, st, 1000, 1.0, 0.05)
@@ -173,13 +175,28 @@ def test_leaf_spine_cross_pairs_join_through_one_switch(tmp_path):
     assert {r["status"] for r in rows} == {"feasible"}
     assert [r["est_kv_transfer_s"] for r in rows] == [r["est_kv_transfer_s"] for r in plain]
     point = cross_point(copy.deepcopy(ls_base), pd.Series(rows[0]), ls)
-    assert point["cluster"]["fabric"] == "single_switch"
-    assert [p.plan.node.name for p in build_pools(load_scenario(point)).pools] == KINDS
-    r = plan_kinds({**SC, "cluster": {**SC["cluster"], "fabric": "leaf_spine"}}, KINDS,
+    assert point["cluster"]["fabric"] == "leaf_spine"
+    pooled = build_pools(load_scenario(point))
+    assert [p.plan.node.name for p in pooled.pools] == KINDS
+    assert pooled.graph.graph["name"] == "1 x dgx-h100 + 1 x dgx-a100"
+    racks_base = resolve_point(base, {"cluster.fabric": "leaf_spine",
+                                      "cluster.rail_optimized": False,
+                                      "cluster.oversubscription": 8.0}, s.seed)
+    racks = CrossPairs(KINDS).rows(racks_base, load_scenario(racks_base), model, 2, st,
+                                   1000, 1.0, 0.05)
+    r = racks[0]
+    h, a = load_node("dgx-h100"), load_node("dgx-a100")
+    latency = (h.host.latency_s / 2 + h.nic.latency_s + h.switch_latency_s / 2
+               + 2 * h.switch_latency_s  # leaf0 - spine - leaf1
+               + a.nic.latency_s + a.switch_latency_s / 2 + a.host.latency_s / 2)
+    alone = 1000 * 131072 / (6.25e9 * BANDWIDTH_EFFICIENCY)
+    t_kv = alone / (1 - st.rate_per_s * alone) + latency
+    assert r["est_kv_transfer_s"] == pytest.approx(t_kv, rel=1e-9)
+    p = plan_kinds({**SC, "cluster": {**SC["cluster"], "fabric": "leaf_spine"}}, KINDS,
                    gpus=2, top=2, requests=40, jobs=1, disagg=True)
-    assert ONE_SWITCH in r.comparison
-    cross = r.table[r.table["decode_node"].notna()
-                    & (r.table["decode_node"] != r.table["node"])]
+    assert "one switch" not in p.comparison
+    cross = p.table[p.table["decode_node"].notna()
+                    & (p.table["decode_node"] != p.table["node"])]
     assert len(cross) and (cross["status"] == "ok").all()
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator import ScenarioError, run
+from simulator import run
 from simulator.cluster.outcome import stage_hardware
 from simulator.hardware.prices import GPU_HOUR_USD
 from simulator.metrics.power import NODE_OVERHEAD_W, StepFold, gpu_power_w, pool_power
@@ -274,12 +274,3 @@ def test_pools_on_a_leaf_spine_fabric():
     moved = racks.requests["kv_transfer_s"].notna()
     assert moved.all() and (racks.requests["kv_transfer_s"] > flat["kv_transfer_s"]).all()
     assert np.isfinite(racks.summary["energy_j"])
-
-
-def test_leaf_spine_over_two_presets_is_one_clear_error():
-    pools = [{"name": "p", "role": "prefill", "nodes": 1, "tp": 8},
-             {"name": "d", "role": "decode", "nodes": 1, "tp": 8, "topology": "dgx-a100"}]
-    with pytest.raises(ScenarioError) as exc:
-        run(scenario(pools, cluster={"fabric": "leaf_spine"}))
-    msg = str(exc.value)
-    assert "cluster.fabric" in msg and "dgx-h100, dgx-a100" in msg and "single_switch" in msg

@@ -8,7 +8,8 @@ whether tp divides the heads, and sizes the KV cache. Its replicas are then plac
 joined graph (the GPUs of the pool's nodes that earlier pools sharing them left free) and
 priced on that graph. Every node's NICs sit on one fabric switch, so a KV transfer between
 pools crosses NIC, switch, NIC, or NVLink when both GPUs share a node; with ``leaf_spine``
-(pools of one node preset) it crosses the leaves and spines as without pools.
+it crosses the leaves and spines as without pools (over several presets:
+:mod:`simulator.topology.mixed`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from simulator.io.schema import ParallelKeys, PoolKeys, Scenario
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, load_model
 from simulator.parallel.placement import ReplicaPlacement, place
 from simulator.topology.graph import Paths, add_server, build_graph, nvlink_domains
+from simulator.topology.mixed import leaf_spine_graph
 
 
 @dataclass(frozen=True)
@@ -118,24 +120,16 @@ def fabric_graph(s: Scenario, nodes: list[NodeSpec]) -> nx.DiGraph:
     """The pools' nodes joined by ``[cluster] fabric``: :func:`joined_graph` (one switch),
     or for ``leaf_spine`` the leaf-spine graph of
     :func:`simulator.topology.graph.build_graph` when every node is of one preset (the same
-    node numbering and GPU indices as :func:`joined_graph`).
-
-    Raises
-    ------
-    ScenarioError
-        ``leaf_spine`` over nodes of different presets: the builder wires one preset's
-        rails (NIC r of every node on leaf r) and sizes a leaf's uplinks from one NIC
-        bandwidth, which nodes with different GPU counts or NICs do not have.
+    node numbering and GPU indices as :func:`joined_graph`), else of
+    :func:`simulator.topology.mixed.leaf_spine_graph` (each node's NICs on the rails, every
+    link at its own preset's line rate).
     """
     c = s.cluster
     if c.fabric != "leaf_spine":
         return joined_graph(nodes)
     if any(n != nodes[0] for n in nodes):
-        kinds = ", ".join(dict.fromkeys(n.name for n in nodes))
-        raise ScenarioError(f"cluster.fabric: \"leaf_spine\" with [[pools]] needs every "
-                            f"pool on one node preset (these pools use {kinds}; a leaf-spine's "
-                            f"rails and uplinks are sized from one preset's NICs; allowed: "
-                            f"single_switch, or pools of one topology)")
+        return leaf_spine_graph(nodes, c.oversubscription, c.spines, c.rail_optimized,
+                                c.nodes_per_leaf)
     return build_graph(nodes[0], len(nodes), "leaf_spine", c.oversubscription, c.spines,
                        c.rail_optimized, c.nodes_per_leaf)
 
@@ -148,8 +142,7 @@ def build_pools(s: Scenario) -> PooledPlan:
     ScenarioError
         One message naming the pool and the key: a layout the model does not fit (from the
         pool's own build), a ``same_nodes_as`` naming no earlier pool or another preset, a
-        KV dtype that differs between prefill and decode pools, ``leaf_spine`` over pools
-        of different node presets (:func:`fabric_graph`).
+        KV dtype that differs between prefill and decode pools.
     """
     try:
         return _build(s)

@@ -191,6 +191,7 @@ def compare(best: pd.Series | None, rule_row: pd.Series | None, rule: Layout | N
 
 def _group(r: pd.Series) -> str:
     kind = r.get("kind") if isinstance(r.get("kind"), str) else "colocated"
+    kind += " on two node kinds" if isinstance(r.get("mix_node"), str) else ""
     k = r.get("spec_k")
     return kind + (" with speculation" if k is not None and k == k and int(k) > 0 else "")
 

@@ -7,19 +7,19 @@ Each kind's pool options are those of a same-kind search on that kind's nodes
 (:func:`simulator.planner.disagg.pool_options`: every replica shape, dp and decode
 engine limit), the pairs are estimated by :func:`simulator.planner.disagg.pair_rows`, and
 the KV transfer is priced by :class:`simulator.planner.disagg.KVPrice` on the graph the
-simulator builds for these pools (:func:`simulator.cluster.pools.joined_graph`: the
-prefill pool's nodes, then the decode pool's, every NIC on one fabric switch), from the
-first prefill replica to the first decode replica as the ``packed`` placement puts them:
-GPU, NIC, switch, NIC, GPU. The estimate's cost and power take each pool's own node kind: the
-pair's dollars per hour are ``g_p x price_p + g_d x price_d`` and its power the sum of each
-pool's nodes (:func:`simulator.planner.objectives.est_power_w`).
+simulator builds for these pools (:func:`simulator.cluster.pools.fabric_graph`: the
+prefill pool's nodes, then the decode pool's, every NIC on one fabric switch, or with
+``[cluster] fabric = "leaf_spine"`` on the leaf-spine of
+:func:`simulator.topology.mixed.leaf_spine_graph`), from the first prefill replica to
+the first decode replica as the ``packed`` placement puts them: GPU, NIC, switch (or leaf,
+and spines off the rail), NIC, GPU. The estimate's cost and power take each pool's own
+node kind: the pair's dollars per hour are ``g_p x price_p + g_d x price_d`` and its
+power the sum of each pool's nodes (:func:`simulator.planner.objectives.est_power_w`).
 
 A cross-kind row carries ``decode_node`` (the decode pool's kind); the plan of the prefill
 kind ranks it (:func:`simulator.planner.plan.plan` with ``cross``), in a simulation group of
 its own (``disaggregated+cross``); its ``[[pools]]`` (:func:`cross_pools`) give each pool
-its ``topology`` and whole nodes. ``[cluster] fabric = "leaf_spine"`` cannot join two
-presets (docs/disaggregation.md, "Limits"): a cross-kind pair's pools join through one
-switch, the fabric that works (:func:`cross_point`), and the plan's answer says so.
+its ``topology`` and whole nodes, on the scenario's fabric (:func:`cross_point`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import replace
 import pandas as pd
 
 from simulator.cluster.build import cluster_node
-from simulator.cluster.pools import joined_graph
+from simulator.cluster.pools import fabric_graph
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
@@ -89,10 +89,11 @@ class CrossPairs:
 
     def _price(self, s_p: Scenario, plan_p, n_p: int, s_d: Scenario, n_d: int,
                model: ModelSpec) -> KVPrice:
-        """The KV price on the pooled graph of ``n_p`` prefill and ``n_d`` decode nodes."""
+        """The KV price on the pooled graph of ``n_p`` prefill and ``n_d`` decode nodes,
+        joined by the scenario's fabric."""
         key = (s_p.cluster.topology, n_p, s_d.cluster.topology, n_d)
         if key not in self._prices:
-            graph = joined_graph([cluster_node(s_p)] * n_p + [cluster_node(s_d)] * n_d)
+            graph = fabric_graph(s_p, [cluster_node(s_p)] * n_p + [cluster_node(s_d)] * n_d)
             self._prices[key] = KVPrice(replace(plan_p, graph=graph), model,
                                         s_p.model.kv_dtype)
         return self._prices[key]
@@ -183,16 +184,8 @@ def cross_pools(row, s: Scenario) -> list[dict]:
     return [pre, dec]
 
 
-#: What the plan says when a cross-kind pair's fabric is not the scenario's.
-ONE_SWITCH = ("cross-kind pairs join through one switch ([cluster] fabric \"leaf_spine\" "
-              "wires one node preset's rails; docs/disaggregation.md, Limits)")
-
-
 def cross_point(data: dict, row, s: Scenario) -> dict:
     """``data`` (a scenario dict) with the ``[[pools]]`` of a cross-kind row
-    (:func:`cross_pools`) and, where ``[cluster] fabric`` is ``leaf_spine`` (which cannot
-    join two presets), ``single_switch``: the graph the estimate priced."""
+    (:func:`cross_pools`), on the scenario's fabric (the graph the estimate priced)."""
     data["pools"] = cross_pools(row, s)
-    if data["cluster"].get("fabric") == "leaf_spine":
-        data["cluster"] = {**data["cluster"], "fabric": "single_switch"}
     return data

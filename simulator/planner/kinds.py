@@ -9,13 +9,17 @@ column. With ``disagg`` and two kinds or more, each kind's search also ranks the
 whose prefill pool is on its nodes and decode pool on another kind's
 (:mod:`simulator.planner.hetero`); the merged tables then carry ``decode_node`` (every
 disaggregated row: its decode pool's kind; ``node`` is its prefill pool's) and their
-``pools`` label names both kinds. Goodput per GPU does not see prices: use
-``goodput_per_usd`` to weigh a cheaper kind against a faster one.
+``pools`` label names both kinds. With two kinds or more, the replicas of one colocated
+layout may also fill whole nodes of two kinds behind one router
+(:mod:`simulator.planner.mixdp`): those rows carry ``mix_node`` and ``mix_dp``. Goodput
+per GPU does not see prices: use ``goodput_per_usd`` to weigh a cheaper kind against a
+faster one.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 
 import pandas as pd
@@ -24,6 +28,7 @@ from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
+from simulator.model.spec import load_model
 from simulator.planner.explain import (
     compare,
     label,
@@ -32,9 +37,12 @@ from simulator.planner.explain import (
     versus,
     versus_groups,
 )
-from simulator.planner.hetero import ONE_SWITCH, CrossPairs
+from simulator.planner.hetero import CrossPairs
+from simulator.planner.mixdp import MIX_COLUMNS, MixedDP
 from simulator.planner.nearmiss import group_of
 from simulator.planner.plan import (
+    DEFAULT_REQUESTS,
+    DEFAULT_TOP,
     RULE,
     PlanResult,
     _rank_key,
@@ -42,6 +50,8 @@ from simulator.planner.plan import (
     plan,
     rank_correlation,
 )
+from simulator.planner.pools import without_pools
+from simulator.planner.simulate import base_scenario
 from simulator.planner.space import cross_kind, layout_label
 
 
@@ -83,7 +93,16 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
             errors.append(f"{kind}: {exc.problems[0]}")
     if not results:
         raise ScenarioError("--nodes: no node kind fits: " + "; ".join(errors))
-    return merge(results, objective, errors)
+    mixed = None
+    if len(kinds) > 1:  # replicas on two kinds behind one router (simulator.planner.mixdp)
+        t0, first = time.perf_counter(), next(iter(results.values()))
+        base = without_pools(base_scenario(scenario, overrides, kwargs.get(
+            "requests", DEFAULT_REQUESTS)))
+        found = MixedDP(base, kinds).search(
+            load_model(s.model.name, s.base_dir), gpus, first.stats, objective,
+            kwargs.get("top", DEFAULT_TOP), kwargs.get("jobs"), first.quantile)
+        mixed = (*found, time.perf_counter() - t0) if found is not None else None
+    return merge(results, objective, errors, mixed)
 
 
 def budget(s: Scenario) -> int:
@@ -109,12 +128,25 @@ def _tag(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     return df
 
 
-def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> PlanResult:
+def merge(results: dict[str, PlanResult], objective: str, errors: list[str],
+          mixed: tuple | None = None) -> PlanResult:
     """One PlanResult from per-kind ones: tables concatenated (``node`` column), ranked
-    again by the objective; the pick's kind gives the scenario (recommended.toml)."""
+    again by the objective; the pick's kind gives the scenario (recommended.toml).
+    ``mixed``: the candidates, simulated rows and seconds of the mixed-kind search
+    (:meth:`simulator.planner.mixdp.MixedDP.search`), whose rows join both tables."""
     first = next(iter(results.values()))
     table = pd.concat([_tag(r.table, k) for k, r in results.items()], ignore_index=True)
     cands = pd.concat([_tag(r.candidates, k) for k, r in results.items()], ignore_index=True)
+    wall = sim_s = 0.0
+    if mixed is not None:
+        m_cands, m_table, wall = mixed
+        cands = pd.concat([cands, m_cands.reindex(columns=[*cands.columns, *MIX_COLUMNS])],
+                          ignore_index=True).astype({"mix_dp": "Int64"})
+        if not m_table.empty:
+            sim_s = float(m_table["wall_time_s"].sum())
+            table = pd.concat([table, m_table.reindex(columns=[*table.columns,
+                                                               *MIX_COLUMNS])],
+                              ignore_index=True).astype({"mix_dp": "Int64"})
     order = sorted(range(len(table)), key=lambda i: _rank_key(objective)(table.iloc[i]))
     table = table.iloc[order].reset_index(drop=True)
     table["rank"] = range(1, len(table) + 1)
@@ -135,22 +167,23 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str]) -> 
             comparison += "; " + versus_groups(best, table, objective)
     if errors:
         comparison += "; out of the search: " + "; ".join(errors)
-    if first.scenario.cluster.fabric == "leaf_spine" and table.apply(cross_kind, axis=1).any():
-        comparison += "; " + ONE_SWITCH
     error = None if best is not None else no_slo(table, slo, q, own.stats)
     return PlanResult(own.scenario, objective, q, own.gpus, own.cluster_gpus, own.stats,
                       cands, table, results[rule_kind].rule, results[rule_kind].rule_why,
                       best, why, comparison, error,
-                      sum(r.wall_time_s for r in results.values()),
-                      sum(r.simulated_s for r in results.values()),
+                      wall + sum(r.wall_time_s for r in results.values()),
+                      sim_s + sum(r.simulated_s for r in results.values()),
                       rank_correlation(table, objective),
                       rank_correlations=group_correlations(table, objective),
                       margins=first.margins)
 
 
 def where(row) -> str:
-    """The node kind of a row, ``prefill kind -> decode kind`` for a cross-kind pair."""
-    dec = cross_kind(row)
+    """The node kind of a row, ``prefill kind -> decode kind`` for a cross-kind pair,
+    ``kind + kind`` for replicas on two kinds (simulator.planner.mixdp)."""
+    dec, mix = cross_kind(row), row.get("mix_node")
+    if isinstance(mix, str):
+        return f"{row['node']} + {mix}"
     return f"{row['node']} -> {dec}" if dec else row["node"]
 
 

@@ -115,10 +115,12 @@ def order(cands: pd.DataFrame, objective: str, stable) -> list:
 
 def group_of(row) -> str:
     """The simulation group of a candidate: ``colocated``, ``colocated+spec``,
-    ``disaggregated`` or ``disaggregated+cross`` (pools on two node kinds)."""
+    ``disaggregated``, ``disaggregated+cross`` (pools on two node kinds) or
+    ``colocated+mix`` (replicas on two node kinds behind one router)."""
     kind = row.get("kind")
     kind = kind if isinstance(kind, str) else "colocated"
     kind += "+cross" if cross_kind(row) else ""  # pools on two node kinds (hetero.py)
+    kind += "+mix" if isinstance(row.get("mix_node"), str) else ""  # DP on two (mixdp.py)
     k = row.get("spec_k")
     return kind + ("+spec" if k is not None and k == k and int(k) > 0 else "")
 

@@ -18,6 +18,7 @@ from simulator.io.scenario import to_dict
 from simulator.planner.capacity import CapacityResult
 from simulator.planner.disagg import pools_of
 from simulator.planner.hetero import cross_point
+from simulator.planner.mixdp import mix_kind, mix_pools
 from simulator.planner.nearmiss import MARGIN_QUANTILE
 from simulator.planner.plan import PlanResult
 from simulator.planner.plots import capacity_plot, pareto_plot
@@ -68,6 +69,9 @@ def recommended_scenario(result: PlanResult) -> dict | None:
         data.pop("speculative", None)  # the decode pool's own (pools_of), if any
     if cross_kind(best):  # pools on two node kinds (simulator.planner.hetero)
         data = cross_point(data, best, s)
+    if mix_kind(best):  # replicas on two node kinds (simulator.planner.mixdp)
+        data["name"] = f"{s.name}-mixed-dp"
+        data["pools"] = mix_pools(best, s)
     return _absolute(data, Path(s.base_dir))
 
 

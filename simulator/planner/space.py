@@ -62,6 +62,11 @@ def layout_label(row) -> str:
     own = (f"TP{int(row['tp'])} PP{int(row['pp'])} DP{int(row['dp'])}"
            + moe_label(row.get("ep"), row.get("attention_dp")))
     dec = cross_kind(row)  # each pool names its kind (simulator.planner.hetero)
+    mix = row.get("mix_node")  # colocated DP on two kinds (simulator.planner.mixdp)
+    if isinstance(mix, str):
+        shape = f"TP{int(row['tp'])} PP{int(row['pp'])} DP"
+        moe, n_b = moe_label(row.get("ep"), row.get("attention_dp")), int(row["mix_dp"])
+        return f"{kind} {shape}{int(row['dp']) - n_b}{moe} + {mix} {shape}{n_b}{moe}"
     if row.get("kind") == "disaggregated":
         own = (f"prefill {kind + ' ' if dec and isinstance(kind, str) else ''}"
                f"TP{int(row['prefill_tp'])} PP{int(row['prefill_pp'])} "
