@@ -50,8 +50,7 @@ from simulator.planner.plan import (
     plan,
     rank_correlation,
 )
-from simulator.planner.pools import without_pools
-from simulator.planner.simulate import base_scenario
+from simulator.planner.simulate import base_scenario, without_pools
 from simulator.planner.space import cross_kind, layout_label
 
 
