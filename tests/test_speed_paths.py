@@ -28,7 +28,7 @@ import simulator
 from simulator.engine.clock import SCALE
 from simulator.engine.decoderun import DecodeRuns
 from simulator.engine.request import Request
-from simulator.io import chrome_trace
+from simulator.io import chrome_trace, writers
 from simulator.metrics import alerts as alerts_module
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import (
@@ -319,3 +319,25 @@ def test_request_rows_from_flat_numbers_equal_the_tuples():
                                                     abs=0), c
     assert got["request_id"].dtype == np.int64 and got["arrival_s"].dtype == np.float64
     assert Recorder().requests_frame().empty
+
+
+def test_csv_batches_keep_the_bytes(tmp_path, monkeypatch):
+    """Arrow's CSV writer formatting :data:`writers.CSV_BATCH_ROWS` rows at a time writes
+    the bytes of one row at a time (its batches only bound what it formats together), and
+    the numbers read back as they were: floats in full precision, NaN as an empty field."""
+    res = simulator.run(toy_scenario(
+        parallel={"tp": 2},
+        workload={"arrival": "poisson", "rate_per_s": 10.0, "num_requests": 40,
+                  "prompt_tokens": 60, "output_tokens": 30}))
+    texts = {}
+    for rows in (1, 7, 10**6):
+        monkeypatch.setattr(writers, "CSV_BATCH_ROWS", rows)
+        for name in ("steps", "requests"):
+            writers.write_csv(getattr(res, name), tmp_path / f"{name}-{rows}.csv")
+            texts[name, rows] = (tmp_path / f"{name}-{rows}.csv").read_bytes()
+    for name in ("steps", "requests"):
+        assert texts[name, 1] == texts[name, 7] == texts[name, 10**6]
+        table = getattr(res, name)
+        numbers = table.select_dtypes("number").columns
+        back = pd.read_csv(tmp_path / f"{name}-7.csv")[numbers]
+        pd.testing.assert_frame_equal(back, table[numbers], check_dtype=False)
