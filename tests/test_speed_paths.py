@@ -341,3 +341,39 @@ def test_csv_batches_keep_the_bytes(tmp_path, monkeypatch):
         numbers = table.select_dtypes("number").columns
         back = pd.read_csv(tmp_path / f"{name}-7.csv")[numbers]
         pd.testing.assert_frame_equal(back, table[numbers], check_dtype=False)
+
+
+def _pct_by_window(times, values, edges, q):
+    """One column's windowed percentiles as the time series computed them column by
+    column: the rows with a time and a value, grouped by window, pandas' linear quantile."""
+    out = np.full(len(edges) - 1, np.nan)
+    ok = ~(np.isnan(times) | np.isnan(values))
+    idx = np.searchsorted(edges, times[ok], side="right") - 1
+    df = pd.DataFrame({"w": idx, "v": values[ok]})
+    df = df[(df["w"] >= 0) & (df["w"] < len(out))]
+    if not df.empty:
+        got = df.groupby("w")["v"].quantile(q / 100)
+        out[got.index.to_numpy()] = got.to_numpy()
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_windowed_percentiles_of_all_columns_at_once_equal_one_by_one(seed):
+    """``timeseries._pcts_by_window`` (one grouping for the three latency columns and both
+    percentiles) gives each column's percentiles bit for bit: times missing or outside the
+    windows, values missing in one column and not another, a column missing in a whole
+    window, windows without rows, and no row at all."""
+    from simulator.metrics.timeseries import _pcts_by_window
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    edges = np.arange(13) * 2.5
+    times = rng.uniform(-3, 35, n).round(1)  # ties, and rows before and after the windows
+    times[rng.random(n) < 0.1] = np.nan
+    values = {k: rng.lognormal(0, 1, n) for k in ("a", "b", "c")}
+    values["b"][rng.random(n) < 0.3] = np.nan
+    values["c"][(times >= 10) & (times < 15)] = np.nan  # windows 4 and 5 without a value
+    got = _pcts_by_window(times, values, edges, (50, 99, 0, 100))
+    for k, v in values.items():
+        for q in (50, 99, 0, 100):
+            np.testing.assert_array_equal(got[k, q], _pct_by_window(times, v, edges, q))
+    assert n == 0 or np.isnan(got["c", 50][4:6]).all()
