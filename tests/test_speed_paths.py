@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from conftest import toy_scenario
 from test_fast_forward import _assert_identical, _both
@@ -377,3 +379,23 @@ def test_windowed_percentiles_of_all_columns_at_once_equal_one_by_one(seed):
         for q in (50, 99, 0, 100):
             np.testing.assert_array_equal(got[k, q], _pct_by_window(times, v, edges, q))
     assert n == 0 or np.isnan(got["c", 50][4:6]).all()
+
+
+def _joined_row_by_row(*parts):
+    """Events joined as before: every column cast to text row by row, every part joined."""
+    texts = [p if isinstance(p, str) else pc.cast(pa.array(p), pa.string()) for p in parts]
+    return pc.binary_join_element_wise(*texts, ",\n", "").to_pylist()
+
+
+@pytest.mark.parametrize("columns", [
+    ([3, 3, 3], [0.0, 0.0, -0.0], [1.5, 2.5, 1e-07]),  # -0.0 prints apart from 0.0
+    ([7, 7], [0.1, 0.1], [2**53, 2**53]),  # every column of one value
+    ([1], [np.nan], [-4.0]),
+    ([5, 6, 5], [np.nan, np.nan, np.nan], [1e22, 1e22, 1e22]),
+])
+def test_trace_columns_of_one_value_join_as_literal_text(columns):
+    """``chrome_trace._events`` joins a column holding one value (bit for bit) as literal
+    text, merged with the literals around it: the text of joining each row's cast values."""
+    ints, a, b = (np.array(c) for c in columns)
+    parts = ('{"pid":', ints, ',"ts":', a, ',"dur":', b, "}")
+    assert chrome_trace._events(len(ints), *parts).to_pylist() == _joined_row_by_row(*parts)

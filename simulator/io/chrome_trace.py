@@ -54,17 +54,43 @@ def _step_name(prefill: np.ndarray, decode: np.ndarray) -> pa.Array:
 
 
 def _text(value) -> pa.Array | str:
-    """A column as Arrow strings (numbers in shortest round-trip form); text stays."""
+    """A column as Arrow strings (numbers in shortest round-trip form), or as one literal
+    text when every row holds the same bits (a lone replica's id, stage 0); text stays."""
     if isinstance(value, str) or (isinstance(value, pa.Array)
                                   and pa.types.is_string(value.type)):
         return value
-    arr = pa.array(np.asarray(value))
+    arr = np.asarray(value)
+    if _constant(arr):  # the text Arrow gives each row, once
+        return pc.cast(pa.array(arr[:1]), pa.string())[0].as_py()
+    arr = pa.array(arr)
     return arr if pa.types.is_string(arr.type) else pc.cast(arr, pa.string())
 
 
-def _events(*parts) -> pa.Array:
-    """One JSON event per row from alternating literal text and columns, each ending ',\\n'."""
-    joined = pc.binary_join_element_wise(*(_text(p) for p in parts), ",\n", "")
+def _constant(arr: np.ndarray) -> bool:
+    """Whether every element has the bits of the first (8-byte numbers only: -0.0 and 0.0
+    compare equal but print apart)."""
+    if len(arr) == 0 or arr.dtype.kind not in "iuf" or arr.dtype.itemsize != 8:
+        return False
+    bits = arr.view(np.uint64)
+    return bool((bits == bits[0]).all())
+
+
+def _events(rows: int, *parts) -> pa.Array:
+    """One JSON event per row (``rows`` of them) from alternating literal text and
+    columns, each ending ',\\n'.
+
+    A column of one value joins as literal text, and adjacent literals as one part: the
+    same text, joined from fewer parts (Arrow's join costs ~16 ns per row and part)."""
+    texts: list[pa.Array | str] = []
+    for part in (*parts, ",\n"):
+        text = _text(part)
+        if isinstance(text, str) and texts and isinstance(texts[-1], str):
+            texts[-1] += text
+        else:
+            texts.append(text)
+    if all(isinstance(t, str) for t in texts):  # every row the same event
+        return pa.array(["".join(texts)] * rows, pa.string())
+    joined = pc.binary_join_element_wise(*texts, "")
     return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
 
 
@@ -100,7 +126,8 @@ def _step_events(steps: pd.DataFrame) -> Iterator[pa.Array]:
         part = {c: v[b] for c, v in col.items()}
         comm = part["comm_s"] > 0
         if comm.any():
-            yield _events('{"ph":"X","name":"all-reduce","cat":"comm","pid":',
+            yield _events(int(comm.sum()),
+                          '{"ph":"X","name":"all-reduce","cat":"comm","pid":',
                           part["replica"][comm], ',"tid":', part["stage"][comm], ',"ts":',
                           _us(part["start_s"][comm] + part["compute_s"][comm]), ',"dur":',
                           _us(part["comm_s"][comm]), "}")
@@ -108,7 +135,7 @@ def _step_events(steps: pd.DataFrame) -> Iterator[pa.Array]:
 
 def _span_events(col: dict[str, np.ndarray]) -> pa.Array:
     start, end = col["start_s"], col["end_s"]
-    return _events('{"ph":"X","name":"',
+    return _events(len(start), '{"ph":"X","name":"',
                    _step_name(col["prefill_tokens"], col["decode_tokens"]),
                    '","cat":"step","pid":', col["replica"], ',"tid":', col["stage"],
                    ',"ts":', _us(start), ',"dur":', _us(end - start),
@@ -121,19 +148,22 @@ def _request_events(requests: pd.DataFrame) -> list[pa.Array]:
     done = requests[requests["status"] == "completed"]
     if done.empty:
         return []
-    col = {c: done[c].to_numpy() for c in done.columns}
+    col = {c: done[c].to_numpy() for c in ("request_id", "replica", "arrival_s",
+                                           "first_scheduled_s", "first_token_s",
+                                           "finish_s", "prompt_tokens", "output_tokens")}
     # Each column as text once: the ten events of a request repeat its id, replica, times.
     base = ('"cat":"request","id":', _text(col["request_id"]), ',"pid":',
             _text(col["replica"]), ',"tid":0')
     a, s, f, e = (_text(_us(col[k])) for k in ("arrival_s", "first_scheduled_s",
                                                 "first_token_s", "finish_s"))
-    out = [_events('{"ph":"b","name":"request",', *base, ',"ts":', a,
+    n = len(done)
+    out = [_events(n, '{"ph":"b","name":"request",', *base, ',"ts":', a,
                    ',"args":{"prompt_tokens":', col["prompt_tokens"], ',"output_tokens":',
                    col["output_tokens"], "}}")]
     for phase, t0, t1 in (("queued", a, s), ("prefill", s, f), ("decode", f, e)):
-        out.append(_events(f'{{"ph":"b","name":"{phase}",', *base, ',"ts":', t0, "}"))
-        out.append(_events(f'{{"ph":"e","name":"{phase}",', *base, ',"ts":', t1, "}"))
-    out.append(_events('{"ph":"e","name":"request",', *base, ',"ts":', e, "}"))
+        out.append(_events(n, f'{{"ph":"b","name":"{phase}",', *base, ',"ts":', t0, "}"))
+        out.append(_events(n, f'{{"ph":"e","name":"{phase}",', *base, ',"ts":', t1, "}"))
+    out.append(_events(n, '{"ph":"e","name":"request",', *base, ',"ts":', e, "}"))
     return out
 
 
@@ -152,7 +182,7 @@ def _transfer_events(requests: pd.DataFrame) -> list[pa.Array]:
     col = {c: moved[c].to_numpy() for c in ("request_id", "prefill_replica",
                                             "decode_replica", "kv_transfer_start_s",
                                             "kv_transfer_s", "kv_bytes", "decode_wait_s")}
-    return [_events('{"ph":"X","name":"kv transfer","cat":"transfer","pid":',
+    return [_events(len(moved), '{"ph":"X","name":"kv transfer","cat":"transfer","pid":',
                     str(TRANSFER_PID), ',"tid":', col["decode_replica"], ',"ts":',
                     _us(col["kv_transfer_start_s"]), ',"dur":', _us(col["kv_transfer_s"]),
                     ',"args":{"request":', col["request_id"], ',"from_replica":',
