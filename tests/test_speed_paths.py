@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from conftest import toy_scenario
 from test_fast_forward import _assert_identical, _both
@@ -28,7 +30,7 @@ import simulator
 from simulator.engine.clock import SCALE
 from simulator.engine.decoderun import DecodeRuns
 from simulator.engine.request import Request
-from simulator.io import chrome_trace
+from simulator.io import chrome_trace, writers
 from simulator.metrics import alerts as alerts_module
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import (
@@ -319,3 +321,81 @@ def test_request_rows_from_flat_numbers_equal_the_tuples():
                                                     abs=0), c
     assert got["request_id"].dtype == np.int64 and got["arrival_s"].dtype == np.float64
     assert Recorder().requests_frame().empty
+
+
+def test_csv_batches_keep_the_bytes(tmp_path, monkeypatch):
+    """Arrow's CSV writer formatting :data:`writers.CSV_BATCH_ROWS` rows at a time writes
+    the bytes of one row at a time (its batches only bound what it formats together), and
+    the numbers read back as they were: floats in full precision, NaN as an empty field."""
+    res = simulator.run(toy_scenario(
+        parallel={"tp": 2},
+        workload={"arrival": "poisson", "rate_per_s": 10.0, "num_requests": 40,
+                  "prompt_tokens": 60, "output_tokens": 30}))
+    texts = {}
+    for rows in (1, 7, 10**6):
+        monkeypatch.setattr(writers, "CSV_BATCH_ROWS", rows)
+        for name in ("steps", "requests"):
+            writers.write_csv(getattr(res, name), tmp_path / f"{name}-{rows}.csv")
+            texts[name, rows] = (tmp_path / f"{name}-{rows}.csv").read_bytes()
+    for name in ("steps", "requests"):
+        assert texts[name, 1] == texts[name, 7] == texts[name, 10**6]
+        table = getattr(res, name)
+        numbers = table.select_dtypes("number").columns
+        back = pd.read_csv(tmp_path / f"{name}-7.csv")[numbers]
+        pd.testing.assert_frame_equal(back, table[numbers], check_dtype=False)
+
+
+def _pct_by_window(times, values, edges, q):
+    """One column's windowed percentiles as the time series computed them column by
+    column: the rows with a time and a value, grouped by window, pandas' linear quantile."""
+    out = np.full(len(edges) - 1, np.nan)
+    ok = ~(np.isnan(times) | np.isnan(values))
+    idx = np.searchsorted(edges, times[ok], side="right") - 1
+    df = pd.DataFrame({"w": idx, "v": values[ok]})
+    df = df[(df["w"] >= 0) & (df["w"] < len(out))]
+    if not df.empty:
+        got = df.groupby("w")["v"].quantile(q / 100)
+        out[got.index.to_numpy()] = got.to_numpy()
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_windowed_percentiles_of_all_columns_at_once_equal_one_by_one(seed):
+    """``timeseries._pcts_by_window`` (one grouping for the three latency columns and both
+    percentiles) gives each column's percentiles bit for bit: times missing or outside the
+    windows, values missing in one column and not another, a column missing in a whole
+    window, windows without rows, and no row at all."""
+    from simulator.metrics.timeseries import _pcts_by_window
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    edges = np.arange(13) * 2.5
+    times = rng.uniform(-3, 35, n).round(1)  # ties, and rows before and after the windows
+    times[rng.random(n) < 0.1] = np.nan
+    values = {k: rng.lognormal(0, 1, n) for k in ("a", "b", "c")}
+    values["b"][rng.random(n) < 0.3] = np.nan
+    values["c"][(times >= 10) & (times < 15)] = np.nan  # windows 4 and 5 without a value
+    got = _pcts_by_window(times, values, edges, (50, 99, 0, 100))
+    for k, v in values.items():
+        for q in (50, 99, 0, 100):
+            np.testing.assert_array_equal(got[k, q], _pct_by_window(times, v, edges, q))
+    assert n == 0 or np.isnan(got["c", 50][4:6]).all()
+
+
+def _joined_row_by_row(*parts):
+    """Events joined as before: every column cast to text row by row, every part joined."""
+    texts = [p if isinstance(p, str) else pc.cast(pa.array(p), pa.string()) for p in parts]
+    return pc.binary_join_element_wise(*texts, ",\n", "").to_pylist()
+
+
+@pytest.mark.parametrize("columns", [
+    ([3, 3, 3], [0.0, 0.0, -0.0], [1.5, 2.5, 1e-07]),  # -0.0 prints apart from 0.0
+    ([7, 7], [0.1, 0.1], [2**53, 2**53]),  # every column of one value
+    ([1], [np.nan], [-4.0]),
+    ([5, 6, 5], [np.nan, np.nan, np.nan], [1e22, 1e22, 1e22]),
+])
+def test_trace_columns_of_one_value_join_as_literal_text(columns):
+    """``chrome_trace._events`` joins a column holding one value (bit for bit) as literal
+    text, merged with the literals around it: the text of joining each row's cast values."""
+    ints, a, b = (np.array(c) for c in columns)
+    parts = ('{"pid":', ints, ',"ts":', a, ',"dur":', b, "}")
+    assert chrome_trace._events(len(ints), *parts).to_pylist() == _joined_row_by_row(*parts)

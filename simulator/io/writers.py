@@ -39,6 +39,11 @@ def _clean(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
+#: Rows Arrow's CSV writer formats at a time: its default of 1,024 costs a third more CPU
+#: on a long run's step table (the Vidur workload's 212k rows: 0.17 -> 0.11 s, same bytes).
+CSV_BATCH_ROWS = 65_536
+
+
 def write_csv(df: pd.DataFrame, path: Path) -> None:
     """A DataFrame as CSV, through Arrow's C++ writer (about 8x faster than pandas for the
     hundreds of thousands of step rows of a long run). Floats keep full precision."""
@@ -46,7 +51,8 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
     with pa.OSFile(str(path), "wb") as sink:
         sink.write((",".join(df.columns) + "\n").encode())
         pacsv.write_csv(table, sink, pacsv.WriteOptions(include_header=False,
-                                                        quoting_style="none"))
+                                                        quoting_style="none",
+                                                        batch_size=CSV_BATCH_ROWS))
 
 
 def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = True) -> Path:

@@ -32,16 +32,26 @@ def _alive_at(start: np.ndarray, end: np.ndarray, at: np.ndarray) -> np.ndarray:
     return np.searchsorted(s, at, side="right") - np.searchsorted(e, at, side="right")
 
 
-def _pct_by_window(times: np.ndarray, values: np.ndarray, edges: np.ndarray,
-                   q: float) -> np.ndarray:
-    out = np.full(len(edges) - 1, np.nan)
-    ok = ~(np.isnan(times) | np.isnan(values))
-    idx = np.searchsorted(edges, times[ok], side="right") - 1
-    df = pd.DataFrame({"w": idx, "v": values[ok]})
-    df = df[(df["w"] >= 0) & (df["w"] < len(out))]
-    if not df.empty:
-        got = df.groupby("w")["v"].quantile(q / 100)
-        out[got.index.to_numpy()] = got.to_numpy()
+def _pcts_by_window(times: np.ndarray, values: dict[str, np.ndarray], edges: np.ndarray,
+                    qs: tuple[float, ...]) -> dict[tuple[str, float], np.ndarray]:
+    """Per window [edges[i], edges[i + 1]): the q-th percentiles (linear) of each of
+    ``values`` over the rows whose ``times`` fall in it, NaN values left out (NaN where
+    none is left). One grouping for every column and percentile: the rows share their
+    times, and pandas' grouped quantile skips each column's NaN on its own."""
+    n = len(edges) - 1
+    known = times[~np.isnan(times)]
+    idx = np.searchsorted(edges, known, side="right") - 1
+    inside = (idx >= 0) & (idx < n)
+    table = pd.DataFrame({k: v[~np.isnan(times)][inside] for k, v in values.items()})
+    out = {(k, q): np.full(n, np.nan) for k in values for q in qs}
+    if table.empty:
+        return out
+    grouped = table.groupby(idx[inside])
+    for q in qs:
+        got = grouped.quantile(q / 100)
+        rows = got.index.to_numpy()
+        for k in values:
+            out[k, q][rows] = got[k].to_numpy()
     return out
 
 
@@ -138,10 +148,12 @@ def request_windows(requests: pd.DataFrame, edges: np.ndarray,
         "oldest_queued_s": oldest_age(arr, queued_until, ends),
         "waiting_ttft_max_s": oldest_age(arr, no_token_until, ends),
     })
-    for metric in ("ttft_s", "tpot_s", "e2e_s"):
-        v = requests[metric].to_numpy(float)
+    metrics = ("ttft_s", "tpot_s", "e2e_s")
+    pcts = _pcts_by_window(fin_done, {m: requests[m].to_numpy(float) for m in metrics},
+                           edges, (50, 99))
+    for metric in metrics:
         for q in (50, 99):
-            out[f"{metric[:-2]}_p{q}_s"] = _pct_by_window(fin_done, v, edges, q)
+            out[f"{metric[:-2]}_p{q}_s"] = pcts[metric, q]
     if "cached_prompt_tokens" in requests:
         # Prefix hit rate of the requests that completed in the window (tokens).
         cached = np.histogram(fin_done[done], bins=edges, weights=requests[
