@@ -172,7 +172,7 @@ class OutputKeys:
     trace: bool = _f(True)  # write trace.json (Perfetto); needs steps
     window_s: float = _f(1.0, gt=0.0)  # timeseries.csv window
     format: str = _f("csv", choices=("csv", "parquet"))  # the four tables' file format
-    trace_gzip: bool = _f(True)  # trace.json.gz (about 8x smaller) rather than trace.json
+    trace_gzip: bool = _f(True)  # trace.json.gz (about 9x smaller) rather than trace.json
     # Energy, power and the MoE summary without step records (steps = false): folded from
     # the steps as the run goes, at about 1.6x the run time on decode-heavy runs. With step
     # records they come from the records at no cost, whatever this key says.
