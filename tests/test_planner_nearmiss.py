@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import copy
 import importlib
+import math
 
 import numpy as np
 import pandas as pd
 import pytest
 from test_planner_search import CONST, _setup
 
+from simulator.cluster.build import build_plan
+from simulator.io.scenario import load_scenario
 from simulator.io.schema import SloKeys
-from simulator.planner import nearmiss
+from simulator.model.spec import load_model
+from simulator.planner import enumeration, nearmiss
+from simulator.planner.disagg import disagg_rows
 from simulator.planner.enumeration import enumerate_candidates
+from simulator.planner.estimate import StepModel, _mix, batch_p99
+from simulator.sweep import resolve_point
 
 plan_module = importlib.import_module("simulator.planner.plan")
 
@@ -66,8 +73,10 @@ def _ranking() -> pd.DataFrame:
         "est_objective": [0.50, 0.45, 0.25, 0.30, 0.40, np.nan]})
 
 
-def _order(cands: pd.DataFrame, m: dict) -> str:
+def _order(cands: pd.DataFrame, m: dict, expect: bool = False) -> str:
     cands = cands.assign(est_slo=nearmiss.est_slo(cands, SLO, m))
+    if expect:  # as enumeration.rerank does once the error is measured
+        cands["est_chance"] = nearmiss.chance(cands, SLO, m)
     return "".join(cands.loc[nearmiss.order(cands, "goodput_per_gpu",
                                             lambda r: r["name"]), "name"])
 
@@ -95,6 +104,12 @@ def test_round_two_prefers_what_the_corrected_estimate_still_meets():
     assert list(nearmiss.est_slo(c, SLO, m)) == [
         "may miss", "may miss", "meets", "may meet", "misses", ""]
     assert _order(c, m) == "DCABEX"  # D (0.30) and C (0.25) first, then A, B
+    # The chance that the simulation meets both: A, B, E miss TPOT at every measured
+    # ratio (18.5 / 0.9 > 20 ms); C meets both at every ratio; D's TTFT (1.2 s) holds at
+    # the ratios >= 1.2: 3 of 4. Expected goodput: C 0.25, D 0.75 x 0.30 = 0.225.
+    assert nearmiss.chance(c, SLO, first) is None  # nothing measured yet
+    assert list(nearmiss.chance(c, SLO, m)) == [0.0, 0.0, 1.0, 0.75, 0.0, 0.0]
+    assert _order(c, m, expect=True) == "CDABEX"
 
 
 def test_may_miss_overrides_may_meet():
@@ -152,10 +167,48 @@ def test_plan_round_two_skips_the_flattered_candidates(monkeypatch):
     assert r.margins["tpot_optimism"] == pytest.approx(0.8)
     assert r.best is not None and int(r.best["tp"]) == 2
     assert r.best["tpot_slo_q_s"] <= target
-    # Without the optimism (the code before it), round 2 simulates flattered ones again.
+    # Without the optimism and the chance (the code before them), round 2 simulates
+    # flattered ones again.
     bounds = nearmiss._bounds
     monkeypatch.setattr(nearmiss, "_bounds", lambda x: {**bounds(x), "optimism": 1.0})
+    monkeypatch.setattr(enumeration, "chance", lambda *args: None)
     _, before = run()
     second = before[1]
     assert ((second["tp"] == 1) & (second["dp"] == 2)).all()
     assert (second["est_tpot_s"] > 0.8 * target).all()
+
+
+def test_batch_p99_by_hand():
+    """1 + B + 2.326 sqrt(B), at most b_max: at B = 15 (the TP4 decode pool of
+    docs/disaggregation.md), 25.0 sequences; capped by max_num_seqs."""
+    assert batch_p99(15.0, 64) == pytest.approx(1 + 15 + 2.326 * 15**0.5)
+    assert batch_p99(15.0, 64) == pytest.approx(25.009, abs=1e-3)
+    assert batch_p99(15.0, 20) == 20
+    assert batch_p99(0.0, 64) == 1.0  # alone
+
+
+def test_pair_tpot_p99_is_the_step_at_the_p99_batch():
+    """The pair's p99 TPOT differs from its mean TPOT by the step at the p99 batch minus
+    the step at the mean batch (the transfer and the admission wait are the same), priced
+    by the same stage costs as the simulator (Llama-3.1-8B TP1 decode, prompts of 1000
+    tokens, replies of 101); the SLO is judged on it."""
+    base, s, st = _setup(CONST)
+    rows = disagg_rows(base, s, load_model("llama-3.1-8b"), 2, st, 1000, 1.0, 0.05)
+    r = next(r for r in rows if r["max_num_seqs"] == 64
+             and r["prefill_max_num_batched_tokens"] == 16384)
+    cp = build_plan(load_scenario(resolve_point(base, {"parallel.tp": 1, "parallel.dp": 1},
+                                                s.seed)))
+    m = StepModel(cp, 0.0 if cp.scenario.engine.cpu_overlap else
+                  cp.scenario.engine.step_overhead_s, 1)
+    b = r["est_batch"]
+    b99 = 1 + b + 2.326 * math.sqrt(b)
+    assert b99 < 64  # max_num_seqs does not bind
+    tail = m.cycle(*_mix(b99, 0.0, 1000.0, 101.0)) - m.cycle(*_mix(b, 0.0, 1000.0, 101.0))
+    assert tail > 0
+    assert r["est_tpot_p99_s"] - r["est_tpot_s"] == pytest.approx(tail, rel=1e-9)
+    # A TPOT target between the mean and the p99 estimate: the pair misses it.
+    mid = (r["est_tpot_s"] + r["est_tpot_p99_s"]) / 2
+    rows = disagg_rows(base, s, load_model("llama-3.1-8b"), 2, st, 1000, 1.0, mid)
+    same = next(x for x in rows if x["max_num_seqs"] == 64
+                and x["prefill_max_num_batched_tokens"] == 16384)
+    assert same["est_goodput_req_per_s"] == 0.0 and r["est_goodput_req_per_s"] > 0

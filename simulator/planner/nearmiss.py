@@ -46,8 +46,22 @@ PRIOR_MARGIN = {"ttft": 4.4, "tpot": 1.3}
 #: Prior optimism (estimate / simulation, at most 1) before the plan has measured it: none,
 #: so that a plan's first round is the estimate's own ranking.
 PRIOR_OPTIMISM = {"ttft": 1.0, "tpot": 1.0}
-#: Columns compared: (estimate, simulated quantile) per target.
+#: Columns compared: (estimate, simulated quantile) per target; the TPOT estimate is
+#: ``est_tpot_p99_s`` where the candidate has one (disaggregated pairs, whose SLO it
+#: judges), else ``est_tpot_s`` (:func:`estimated`).
 PAIRS = {"ttft": ("est_ttft_p99_s", "ttft_slo_q_s"), "tpot": ("est_tpot_s", "tpot_slo_q_s")}
+#: The estimated p99 TPOT of a disaggregated pair (simulator.planner.estimate.batch_p99).
+TPOT_P99 = "est_tpot_p99_s"
+
+
+def estimated(table: pd.DataFrame, target: str) -> np.ndarray:
+    """The estimate of ``target`` per row: ``PAIRS[target][0]``, for TPOT the p99
+    estimate where the row has one."""
+    est = table[PAIRS[target][0]].astype(float).to_numpy()
+    if target == "tpot" and TPOT_P99 in table:
+        p99 = table[TPOT_P99].astype(float).to_numpy()
+        est = np.where(np.isfinite(p99), p99, est)
+    return est
 
 
 def ratios(table: pd.DataFrame, target: str, group: str | None = None) -> np.ndarray:
@@ -56,11 +70,11 @@ def ratios(table: pd.DataFrame, target: str, group: str | None = None) -> np.nda
     the table's ``group`` column)."""
     if table is None or table.empty or "status" not in table:
         return np.array([])
-    est, sim = PAIRS[target]
+    sim = PAIRS[target][1]
     ok = table[table["status"] == "ok"]
     if group is not None:
         ok = ok[ok["group"] == group] if "group" in ok else ok.iloc[:0]
-    a, b = ok[est].to_numpy(float), ok[sim].to_numpy(float)
+    a, b = estimated(ok, target), ok[sim].to_numpy(float)
     keep = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
     return a[keep] / b[keep]
 
@@ -74,11 +88,11 @@ def _bounds(r: np.ndarray) -> dict[str, float]:
 def margins(table: pd.DataFrame | None) -> dict:
     """The estimate's measured error: per target the margin (``m["ttft"]``,
     ``m["tpot"]``: the ``MARGIN_QUANTILE`` quantile of :func:`ratios`, at least 1, as an
-    optimistic estimate needs none) and the optimism (``m["ttft_optimism"]``,
-    ``m["tpot_optimism"]``: the ``1 - MARGIN_QUANTILE`` quantile, at most 1), over all the
-    simulated rows, or the priors with fewer than MIN_POINTS; and ``m["groups"]``, the same
-    per simulation group (the table's ``group`` column) that has MIN_POINTS rows of its
-    own."""
+    optimistic estimate needs none), the optimism (``m["ttft_optimism"]``,
+    ``m["tpot_optimism"]``: the ``1 - MARGIN_QUANTILE`` quantile, at most 1) and the
+    ratios themselves (``m["ttft_ratios"]``, sorted), over all the simulated rows, or the
+    priors (and no ratios) with fewer than MIN_POINTS; and ``m["groups"]``, the same per
+    simulation group (the table's ``group`` column) that has MIN_POINTS rows of its own."""
     out, groups = {}, {}
     names = (sorted(set(table.loc[table["status"] == "ok", "group"]))
              if table is not None and "group" in table and "status" in table else [])
@@ -87,25 +101,56 @@ def margins(table: pd.DataFrame | None) -> dict:
         b = (_bounds(r) if len(r) >= MIN_POINTS
              else {"margin": prior, "optimism": PRIOR_OPTIMISM[target]})
         out[target], out[f"{target}_optimism"] = b["margin"], b["optimism"]
+        if len(r) >= MIN_POINTS:
+            out[f"{target}_ratios"] = tuple(sorted(map(float, r)))
         for g in names:
             r = ratios(table, target, g)
             if len(r) >= MIN_POINTS:
                 b = _bounds(r)
                 groups.setdefault(g, {}).update({target: b["margin"],
-                                                 f"{target}_optimism": b["optimism"]})
+                                                 f"{target}_optimism": b["optimism"],
+                                                 f"{target}_ratios": tuple(sorted(map(float, r)))})
     out["groups"] = {g: {**{k: out[k] for k in out}, **v} for g, v in groups.items()}
     return out
 
 
-def _per_row(cands: pd.DataFrame, m: dict, key: str) -> np.ndarray:
+def _of_group(cands: pd.DataFrame, m: dict, key: str) -> list:
     """``m[key]`` per candidate: its group's (``m["groups"]``) where measured, else the
-    plan's."""
+    plan's (None where neither has it)."""
     groups = m.get("groups") or {}
-    default = m.get(key, 1.0)
-    if not groups or cands.empty:
-        return np.full(len(cands), default)
-    return np.array([groups.get(group_of(r), {}).get(key, default)
-                     for _, r in cands.iterrows()], float)
+    default = m.get(key)
+    if not groups:
+        return [default] * len(cands)
+    return [groups.get(group_of(r), {}).get(key, default) for _, r in cands.iterrows()]
+
+
+def _per_row(cands: pd.DataFrame, m: dict, key: str) -> np.ndarray:
+    """:func:`_of_group` as floats (the margins and optimism)."""
+    return np.array(_of_group(cands, m, key), float)
+
+
+def chance(cands: pd.DataFrame, slo: SloKeys, m: dict) -> np.ndarray | None:
+    """Per candidate, the chance that the simulation meets both SLOs given the measured
+    ratios (None before the plan has measured them, ``margins(None)``).
+
+    Notes
+    -----
+    The simulation's figure is ``estimate / r`` for a ratio ``r`` drawn from those
+    measured (the candidate's group's, else the plan's), so a target ``t`` holds with the
+    chance ``P(r >= estimate / t)``: the share of the measured ratios at least that. The
+    two targets are taken as independent, ``p = p_ttft p_tpot``. At ``p >= 0.9`` on both
+    the estimate ``meets`` them (``estimate <= t x optimism``), below 0.1 on one it
+    ``misses`` (``estimate > t x margin``), up to the interpolation of the quantiles.
+    """
+    if "ttft_ratios" not in m or "tpot_ratios" not in m:
+        return None
+    p = np.ones(len(cands))
+    for target, t in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s)):
+        need = estimated(cands, target) / t
+        have = _of_group(cands, m, f"{target}_ratios")
+        p *= np.array([np.mean(np.asarray(r) >= x) if np.isfinite(x) else 0.0
+                       for r, x in zip(have, need, strict=True)])
+    return p
 
 
 def est_slo(cands: pd.DataFrame, slo: SloKeys, m: dict) -> pd.Series:
@@ -118,7 +163,7 @@ def est_slo(cands: pd.DataFrame, slo: SloKeys, m: dict) -> pd.Series:
     meets = feasible & (cands["est_goodput_req_per_s"] > 0)
     util = cands["est_utilization"].astype(float)
     ttft = cands["est_ttft_p99_s"].astype(float).to_numpy()
-    tpot = cands["est_tpot_s"].astype(float).to_numpy()
+    tpot = estimated(cands, "tpot")
     near = (feasible & ~meets & (util < 1)
             & (ttft <= slo.ttft_s * _per_row(cands, m, "ttft"))
             & (tpot <= slo.tpot_s * _per_row(cands, m, "tpot")))
@@ -159,18 +204,25 @@ TIER = {"meets": 0, "may meet": 0, "may miss": 1, "misses": 2}
 
 
 def order(cands: pd.DataFrame, objective: str, stable) -> list:
-    """Index of the candidates in ranking order: those that meet or may meet the SLOs by
-    the estimate first, by the objective (3 significant digits; at equal value the ones
-    that meet before the ones that may), then those that may miss them, then the rest, by
-    the objective, then the excluded; ties by ``stable(row)``."""
+    """Index of the candidates in ranking order. Before the plan has measured the
+    estimate's error: those that meet or may meet the SLOs by the estimate first, by the
+    objective (3 significant digits; at equal value the ones that meet before the ones
+    that may), then those that may miss them, then the rest, by the objective. Once it
+    has (a column ``est_chance``, :func:`chance`), by the expected objective, ``est_chance
+    x est_objective`` (a missed SLO serves no goodput), then as before; for min_ttft and
+    min_tpot as before. The excluded last; ties by ``stable(row)``."""
+    lowest = objective in ("min_ttft", "min_tpot")
+    expect = "est_chance" in cands and not lowest
+
     def key(i) -> tuple:
         r = cands.loc[i]
         if r["status"] != "feasible":
             return (3, 0.0, 0, stable(r))
-        obj = r["est_objective"] if objective in ("min_ttft", "min_tpot") \
-            else -r["est_objective"]
-        return (TIER[r["est_slo"]], sig(obj), 0 if r["est_slo"] == "meets" else 1,
-                stable(r))
+        obj = r["est_objective"] if lowest else -r["est_objective"]
+        tier = (TIER[r["est_slo"]], sig(obj), 0 if r["est_slo"] == "meets" else 1)
+        if expect:
+            return (0, sig(obj * r["est_chance"]), *tier, stable(r))
+        return (*tier, stable(r))
     return sorted(cands.index, key=key)
 
 

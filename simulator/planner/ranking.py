@@ -70,6 +70,7 @@ def _sim_frame(cands: pd.DataFrame, picked: list[int], sims: dict) -> pd.DataFra
     return pd.DataFrame([{"status": sims[i]["status"], "group": group_of(cands.loc[i]),
                           "est_ttft_p99_s": cands.loc[i, "est_ttft_p99_s"],
                           "est_tpot_s": cands.loc[i, "est_tpot_s"],
+                          "est_tpot_p99_s": cands.loc[i].get("est_tpot_p99_s", math.nan),
                           "ttft_slo_q_s": sims[i].get("ttft_q_s", math.nan),
                           "tpot_slo_q_s": sims[i].get("tpot_q_s", math.nan)}
                          for i in picked])
