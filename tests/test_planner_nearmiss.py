@@ -105,10 +105,19 @@ def test_round_two_prefers_what_the_corrected_estimate_still_meets():
         "may miss", "may miss", "meets", "may meet", "misses", ""]
     assert _order(c, m) == "DCABEX"  # D (0.30) and C (0.25) first, then A, B
     # The chance that the simulation meets both: A, B, E miss TPOT at every measured
-    # ratio (18.5 / 0.9 > 20 ms); C meets both at every ratio; D's TTFT (1.2 s) holds at
-    # the ratios >= 1.2: 3 of 4. Expected goodput: C 0.25, D 0.75 x 0.30 = 0.225.
+    # ratio (18.5 / 0.9 > 20 ms); C meets both at every ratio, D its TTFT (1.2 s) at
+    # the ratios >= 1.2, 3 of 4.
     assert nearmiss.chance(c, SLO, first) is None  # nothing measured yet
     assert list(nearmiss.chance(c, SLO, m)) == [0.0, 0.0, 1.0, 0.75, 0.0, 0.0]
+    assert _order(c, m, expect=True) == "DCABEX"
+    # TTFT ratios 1.0 ... 1.3: D's TTFT (1.2 s) holds at 2 of the 4, a chance of 1/2: it
+    # may meet (margin 1.27) and ranks first by the labels, but after C by the chance.
+    done["est_ttft_p99_s"] = [1.0, 1.1, 1.2, 1.3]
+    m = nearmiss.margins(done)
+    assert m["groups"]["disaggregated"]["ttft"] == pytest.approx(1.27)
+    assert list(nearmiss.est_slo(c, SLO, m))[3] == "may meet"
+    assert list(nearmiss.chance(c, SLO, m)) == [0.0, 0.0, 1.0, 0.5, 0.0, 0.0]
+    assert _order(c, m) == "DCABEX"
     assert _order(c, m, expect=True) == "CDABEX"
 
 

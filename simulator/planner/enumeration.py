@@ -105,7 +105,7 @@ def rerank(df: pd.DataFrame, s: Scenario, stats: WorkloadStats, objective: str,
     price = gpu_hour_usd(node.gpu.name, s.cluster.gpu_hour_usd)
     df = df.copy()
     df["est_slo"] = est_slo(df, s.slo, m)
-    p = chance(df, s.slo, m)  # measured error: rank by the expected objective
+    p = chance(df, s.slo, m)  # measured error: the likely ones first (nearmiss.order)
     if p is not None:
         df["est_chance"] = p
     df["est_objective"] = objective_values(df, objective, price, node, stats.output_mean,

@@ -17,7 +17,15 @@ simulation shows it flatters). The simulation figure is then plausibly within ``
 / margin, estimate / optimism]``: a candidate **meets** the SLOs when the estimate meets
 them even divided by the optimism, **may miss** when the estimate meets them but not so,
 **may meet** when the estimate misses them but its utilization is below 1 and each
-estimated figure is at most ``target x margin``, else it **misses**.
+estimated figure is at most ``target x margin``, else it **misses**. The TPOT estimate is
+the p99 one where a candidate has it (``est_tpot_p99_s``, disaggregated pairs), else the
+mean step (``est_tpot_s``).
+
+Once measured, the ratios also give each candidate the chance that its simulation meets
+both SLOs (:func:`chance`: the share of the measured ratios at which the estimate's
+figures meet the targets); the next round takes first the candidates with a chance above
+1/2 (their estimate corrected by the median ratio meets the targets), so that it does not
+go back to the shapes that just failed while the estimate still rates them.
 
 The groups a plan simulates separately (:func:`group_of`): colocated without speculation,
 colocated with it, disaggregated; the rank correlation is reported per group too.
@@ -131,7 +139,8 @@ def _per_row(cands: pd.DataFrame, m: dict, key: str) -> np.ndarray:
 
 def chance(cands: pd.DataFrame, slo: SloKeys, m: dict) -> np.ndarray | None:
     """Per candidate, the chance that the simulation meets both SLOs given the measured
-    ratios (None before the plan has measured them, ``margins(None)``).
+    ratios (None before the plan has measured them, ``margins(None)``); above 1/2 the
+    median-corrected estimate meets them, and :func:`order` takes those first.
 
     Notes
     -----
@@ -204,25 +213,22 @@ TIER = {"meets": 0, "may meet": 0, "may miss": 1, "misses": 2}
 
 
 def order(cands: pd.DataFrame, objective: str, stable) -> list:
-    """Index of the candidates in ranking order. Before the plan has measured the
-    estimate's error: those that meet or may meet the SLOs by the estimate first, by the
-    objective (3 significant digits; at equal value the ones that meet before the ones
-    that may), then those that may miss them, then the rest, by the objective. Once it
-    has (a column ``est_chance``, :func:`chance`), by the expected objective, ``est_chance
-    x est_objective`` (a missed SLO serves no goodput), then as before; for min_ttft and
-    min_tpot as before. The excluded last; ties by ``stable(row)``."""
-    lowest = objective in ("min_ttft", "min_tpot")
-    expect = "est_chance" in cands and not lowest
-
+    """Index of the candidates in ranking order: those that meet or may meet the SLOs by
+    the estimate first, by the objective (3 significant digits; at equal value the ones
+    that meet before the ones that may), then those that may miss them, then the rest, by
+    the objective, then the excluded; ties by ``stable(row)``. Once the plan has measured
+    the estimate's error (a column ``est_chance``, :func:`chance`), the candidates whose
+    simulation is more likely to meet both SLOs than not (``est_chance > 1/2``) come
+    first, each half in that order."""
     def key(i) -> tuple:
         r = cands.loc[i]
         if r["status"] != "feasible":
             return (3, 0.0, 0, stable(r))
-        obj = r["est_objective"] if lowest else -r["est_objective"]
-        tier = (TIER[r["est_slo"]], sig(obj), 0 if r["est_slo"] == "meets" else 1)
-        if expect:
-            return (0, sig(obj * r["est_chance"]), *tier, stable(r))
-        return (*tier, stable(r))
+        obj = r["est_objective"] if objective in ("min_ttft", "min_tpot") \
+            else -r["est_objective"]
+        tier = (TIER[r["est_slo"]], sig(obj), 0 if r["est_slo"] == "meets" else 1,
+                stable(r))
+        return (0 if r["est_chance"] > 0.5 else 1, *tier) if "est_chance" in r else tier
     return sorted(cands.index, key=key)
 
 
