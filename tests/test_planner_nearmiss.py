@@ -1,7 +1,8 @@
 """Issue #21, the proof rounds learn in both directions (simulator.planner.nearmiss): the
 estimate's measured optimism marks candidates that meet a target by less than it as "may
-miss", per simulation group, and the next round prefers those the corrected estimate
-still says meet."""
+miss", per simulation group, and once the error is measured the next round takes first the
+candidates more likely to meet the SLOs than not (nearmiss.chance); and the disaggregated
+pair's p99 TPOT (estimate.batch_p99), by hand."""
 
 from __future__ import annotations
 
