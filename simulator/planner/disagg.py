@@ -29,7 +29,9 @@ P and output O (docs/planner.md, "Disaggregated layouts"):
   at the load solves ``B = lambda / (dp_d M_d) O cycle(B)`` (capped by max_num_seqs and the
   KV cache), capacity ``X_d = dp_d M_d B_max / (O cycle(B_max))``, TPOT = ``cycle(B) +
   (t_kv + W) / (O - 1)`` (the transfer and the admission wait W, below, land between the
-  first and second token); with a
+  first and second token); the SLO is judged on ``est_tpot_p99_s``, the same with the
+  step at the p99 request's batch ``1 + B + 2.326 sqrt(B)``
+  (:func:`~simulator.planner.estimate.batch_p99`: the batch fluctuates); with a
   ``[speculative]`` section also at each k searched, a step yielding ``g = 1 + E[A]``
   tokens: ``B = lambda / (dp_d M_d) (O / g) cycle(B)``, ``X_d`` times g, TPOT ``cycle(B) /
   g + (t_kv + W) / (O - 1)``;
@@ -64,7 +66,14 @@ from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.model.spec import ModelSpec
 from simulator.planner.candidates import _memory, _point, spec_options, without_spec
-from simulator.planner.estimate import ITERATIONS, StepModel, _mix, drafts_per_step, spec_step
+from simulator.planner.estimate import (
+    ITERATIONS,
+    StepModel,
+    _mix,
+    batch_p99,
+    drafts_per_step,
+    spec_step,
+)
 from simulator.planner.kvprice import KVPrice
 from simulator.planner.poolaxes import (
     PREFILL_BUDGET,  # noqa: F401 (re-exported)
@@ -105,6 +114,7 @@ class PoolSide:
     gain: float = 1.0  # decode: output tokens per sequence and step (1 + E[A] speculating)
     spec_k: int = 0  # decode: speculative tokens per step (0: off)
     slots: float = math.nan  # decode: sequences the pool holds at once, dp M B_max
+    tail_s: float = math.nan  # decode: s per output token at the p99 batch (batch_p99)
 
     @property
     def gpus(self) -> int:
@@ -237,10 +247,12 @@ def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
                         if abs(new - batch) < 1e-3:
                             break
                         batch = 0.5 * (batch + new)
+                b99 = batch_p99(batch, b_max) if stats.rate_per_s is not None else batch
                 out.append(PoolSide(lay, dp, lim, mem.kv_tokens,
                                     lanes * b_max * gain(b_max) / (o * c_max), math.nan,
                                     math.nan, cycle(batch), batch, gain(batch),
-                                    spec.k if spec else 0, lanes * b_max))
+                                    spec.k if spec else 0, lanes * b_max,
+                                    cycle(b99) / gain(b99)))
     return out
 
 
@@ -314,7 +326,8 @@ def pair_rows(pres: list[PoolSide], decs: list[PoolSide], kv_of, gpus: int,
     wait = decode_wait(rate, np.array([decs[b].slots for b in j]), t_kv + o * step,
                        stats.output_cv2)
     tpot = step + (t_kv + wait) / max(o - 1, 1.0)
-    ok = (rho < 1) & (ttft_p99 <= ttft_slo_s) & (tpot <= tpot_slo_s) & np.isfinite(t_kv)
+    tail = np.array([decs[b].tail_s for b in j]) + (t_kv + wait) / max(o - 1, 1.0)
+    ok = (rho < 1) & (ttft_p99 <= ttft_slo_s) & (tail <= tpot_slo_s) & np.isfinite(t_kv)
     served = np.minimum(rate, cap) if rate is not None else cap
     rows = []
     for n, (a, b) in enumerate(zip(i, j, strict=True)):
@@ -340,6 +353,7 @@ def pair_rows(pres: list[PoolSide], decs: list[PoolSide], kv_of, gpus: int,
                      "est_cycle_s": de.cycle_s, "est_prefill_s": pr.cycle_s,
                      "est_ttft_s": float(ttft[n]), "est_ttft_p99_s": float(ttft_p99[n]),
                      "est_tpot_s": float(tpot[n]), "est_kv_transfer_s": float(t_kv[n]),
+                     "est_tpot_p99_s": float(tail[n]),
                      "est_goodput_req_per_s": float(served[n]) if ok[n] else 0.0})
     return rows
 

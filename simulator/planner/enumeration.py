@@ -24,7 +24,7 @@ from simulator.model.spec import load_model
 from simulator.planner.candidates import layout_rows
 from simulator.planner.disagg import disagg_rows
 from simulator.planner.hetero import CrossPairs
-from simulator.planner.nearmiss import est_slo, margins, objective_values
+from simulator.planner.nearmiss import chance, est_slo, margins, objective_values
 from simulator.planner.nearmiss import order as est_order
 from simulator.planner.ranking import PREFILL_COLUMNS, _stable
 from simulator.planner.space import WorkloadStats, engine_limits, layouts, useful_kv_tokens
@@ -36,7 +36,7 @@ CANDIDATE_COLUMNS = [
     "status", "reason", "kv_tokens_per_replica", "est_capacity_req_per_s", "est_utilization",
     "est_batch", "est_cycle_s", "est_prefill_s", "est_ttft_s", "est_ttft_p99_s", "est_tpot_s",
     "est_goodput_req_per_s", "est_rank", "simulated", "est_objective", "kind", "spec_k",
-    "est_slo"]
+    "est_slo", "est_tpot_p99_s"]
 
 
 def _columns(columns: list[str], model, disagg: bool = False, cross: bool = False
@@ -105,6 +105,9 @@ def rerank(df: pd.DataFrame, s: Scenario, stats: WorkloadStats, objective: str,
     price = gpu_hour_usd(node.gpu.name, s.cluster.gpu_hour_usd)
     df = df.copy()
     df["est_slo"] = est_slo(df, s.slo, m)
+    p = chance(df, s.slo, m)  # measured error: the likely ones first (nearmiss.order)
+    if p is not None:
+        df["est_chance"] = p
     df["est_objective"] = objective_values(df, objective, price, node, stats.output_mean,
                                            stats.rate_per_s)
     if cross is not None:

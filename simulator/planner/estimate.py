@@ -110,6 +110,28 @@ def _mix(batch: float, prefill: float, prompt: float, output: float) -> tuple:
     return batch + prefill, pairs, cached, ctx, sampled
 
 
+#: Standard normal quantile of the p99, for the decode batch's tail (:func:`batch_p99`).
+Z_P99 = 2.326
+
+
+def batch_p99(batch: float, b_max: float) -> float:
+    """Sequences in the decode steps of the p99 request at a mean batch ``batch`` per
+    stream (Little's law), at most ``b_max``.
+
+    Notes
+    -----
+    Requests arrive as a Poisson stream and each holds a slot for its O / g steps, so the
+    sequences of a stream are the occupancy of an M/G/inf queue: Poisson with mean
+    ``batch``. A request shares each step with itself and the others it finds (PASTA), so
+    the p99 request's steps hold ``1 + batch + Z_P99 sqrt(batch)`` sequences (normal
+    approximation of the Poisson quantile). That is the spread at an instant, which short
+    replies (those that set the p99 TPOT) see; a reply as long as the others averages
+    over its life, variance ``2 batch / 3`` for equal lives (overlap ``T - |u|`` of two
+    lives ``T`` apart by ``u``: ``lambda int (T - |u|)^2 du / T^2``).
+    """
+    return min(b_max, 1.0 + batch + Z_P99 * math.sqrt(max(batch, 0.0)))
+
+
 def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadStats,
              ttft_slo_s: float, tpot_slo_s: float, spec: SpecStep | None = None
              ) -> Estimate:

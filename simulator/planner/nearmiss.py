@@ -1,14 +1,31 @@
-"""Ranking the estimated candidates, with the estimate's own error: candidates whose
-estimate misses an SLO by less than the estimate's measured error "may meet" it and rank
-with the ones that meet it, so that the simulation, not the estimate, turns them down.
+"""Ranking the estimated candidates, with the estimate's own error in both directions:
+candidates whose estimate misses an SLO by less than the estimate's measured pessimism
+"may meet" it and rank with the ones that meet it, so that the simulation, not the
+estimate, turns them down; candidates whose estimate meets an SLO by less than its measured
+optimism "may miss" it and rank after them, so that a round of simulations is not spent on
+points the simulation has already shown the estimate flatters.
 
-The margin of a target (TTFT p99, TPOT) is the ``MARGIN_QUANTILE`` quantile of the ratio
-estimate / simulation over the simulated points of the plan so far (the estimate's
-pessimism: a ratio of 1.1 means the estimate was 10% over what the simulation measured),
-once at least ``MIN_POINTS`` points measure it; before that, the prior ``PRIOR_MARGIN``,
-measured the same way over the points simulated for docs/planner.md (see "Near misses"
-there). A candidate may meet the SLOs when its estimated utilization is below 1 and each
-estimated figure is at most ``target x ratio``.
+The error of a target (TTFT p99, TPOT) is the ratio estimate / simulation over the
+simulated points of the plan so far (1.1: the estimate was 10% over what the simulation
+measured). Its **margin** is the ``MARGIN_QUANTILE`` quantile of the ratios (at least 1),
+its **optimism** the ``1 - MARGIN_QUANTILE`` quantile (at most 1), each measured per
+simulation group (:func:`group_of`) once the group has ``MIN_POINTS`` simulated points, else
+over all the simulated points once there are ``MIN_POINTS``, else the priors:
+``PRIOR_MARGIN``, measured the same way over the points simulated for docs/planner.md (see
+"Near misses" there), and ``PRIOR_OPTIMISM`` (1: an estimate is taken at its word until a
+simulation shows it flatters). The simulation figure is then plausibly within ``[estimate
+/ margin, estimate / optimism]``: a candidate **meets** the SLOs when the estimate meets
+them even divided by the optimism, **may miss** when the estimate meets them but not so,
+**may meet** when the estimate misses them but its utilization is below 1 and each
+estimated figure is at most ``target x margin``, else it **misses**. The TPOT estimate is
+the p99 one where a candidate has it (``est_tpot_p99_s``, disaggregated pairs), else the
+mean step (``est_tpot_s``).
+
+Once measured, the ratios also give each candidate the chance that its simulation meets
+both SLOs (:func:`chance`: the share of the measured ratios at which the estimate's
+figures meet the targets); the next round takes first the candidates with a chance above
+1/2 (their estimate corrected by the median ratio meets the targets), so that it does not
+go back to the shapes that just failed while the estimate still rates them.
 
 The groups a plan simulates separately (:func:`group_of`): colocated without speculation,
 colocated with it, disaggregated; the rank correlation is reported per group too.
@@ -34,45 +51,138 @@ MIN_POINTS = 4
 #: the 90th percentiles over the 63 simulated points of docs/planner.md's examples
 #: (engine profile vllm-v1; "Near misses" there gives the distribution).
 PRIOR_MARGIN = {"ttft": 4.4, "tpot": 1.3}
-#: Columns compared: (estimate, simulated quantile) per target.
+#: Prior optimism (estimate / simulation, at most 1) before the plan has measured it: none,
+#: so that a plan's first round is the estimate's own ranking.
+PRIOR_OPTIMISM = {"ttft": 1.0, "tpot": 1.0}
+#: Columns compared: (estimate, simulated quantile) per target; the TPOT estimate is
+#: ``est_tpot_p99_s`` where the candidate has one (disaggregated pairs, whose SLO it
+#: judges), else ``est_tpot_s`` (:func:`estimated`).
 PAIRS = {"ttft": ("est_ttft_p99_s", "ttft_slo_q_s"), "tpot": ("est_tpot_s", "tpot_slo_q_s")}
+#: The estimated p99 TPOT of a disaggregated pair (simulator.planner.estimate.batch_p99).
+TPOT_P99 = "est_tpot_p99_s"
 
 
-def ratios(table: pd.DataFrame, target: str) -> np.ndarray:
+def estimated(table: pd.DataFrame, target: str) -> np.ndarray:
+    """The estimate of ``target`` per row: ``PAIRS[target][0]``, for TPOT the p99
+    estimate where the row has one."""
+    est = table[PAIRS[target][0]].astype(float).to_numpy()
+    if target == "tpot" and TPOT_P99 in table:
+        p99 = table[TPOT_P99].astype(float).to_numpy()
+        est = np.where(np.isfinite(p99), p99, est)
+    return est
+
+
+def ratios(table: pd.DataFrame, target: str, group: str | None = None) -> np.ndarray:
     """Estimate / simulation of ``target`` (``"ttft"`` or ``"tpot"``) over the simulated
-    rows where both are finite and positive."""
+    rows where both are finite and positive (those of ``group`` only, when given, from
+    the table's ``group`` column)."""
     if table is None or table.empty or "status" not in table:
         return np.array([])
-    est, sim = PAIRS[target]
+    sim = PAIRS[target][1]
     ok = table[table["status"] == "ok"]
-    a, b = ok[est].to_numpy(float), ok[sim].to_numpy(float)
+    if group is not None:
+        ok = ok[ok["group"] == group] if "group" in ok else ok.iloc[:0]
+    a, b = estimated(ok, target), ok[sim].to_numpy(float)
     keep = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
     return a[keep] / b[keep]
 
 
-def margins(table: pd.DataFrame | None) -> dict[str, float]:
-    """The ratio per target: the ``MARGIN_QUANTILE`` quantile of :func:`ratios`, at least 1
-    (an optimistic estimate needs no margin), or the prior with too few points."""
-    out = {}
+def _bounds(r: np.ndarray) -> dict[str, float]:
+    """Margin and optimism of one target's ratios ``r`` (at least MIN_POINTS of them)."""
+    return {"margin": max(1.0, float(np.quantile(r, MARGIN_QUANTILE))),
+            "optimism": min(1.0, float(np.quantile(r, 1 - MARGIN_QUANTILE)))}
+
+
+def margins(table: pd.DataFrame | None) -> dict:
+    """The estimate's measured error: per target the margin (``m["ttft"]``,
+    ``m["tpot"]``: the ``MARGIN_QUANTILE`` quantile of :func:`ratios`, at least 1, as an
+    optimistic estimate needs none), the optimism (``m["ttft_optimism"]``,
+    ``m["tpot_optimism"]``: the ``1 - MARGIN_QUANTILE`` quantile, at most 1) and the
+    ratios themselves (``m["ttft_ratios"]``, sorted), over all the simulated rows, or the
+    priors (and no ratios) with fewer than MIN_POINTS; and ``m["groups"]``, the same per
+    simulation group (the table's ``group`` column) that has MIN_POINTS rows of its own."""
+    out, groups = {}, {}
+    names = (sorted(set(table.loc[table["status"] == "ok", "group"]))
+             if table is not None and "group" in table and "status" in table else [])
     for target, prior in PRIOR_MARGIN.items():
         r = ratios(table, target)
-        out[target] = (max(1.0, float(np.quantile(r, MARGIN_QUANTILE)))
-                       if len(r) >= MIN_POINTS else prior)
+        b = (_bounds(r) if len(r) >= MIN_POINTS
+             else {"margin": prior, "optimism": PRIOR_OPTIMISM[target]})
+        out[target], out[f"{target}_optimism"] = b["margin"], b["optimism"]
+        if len(r) >= MIN_POINTS:
+            out[f"{target}_ratios"] = tuple(sorted(map(float, r)))
+        for g in names:
+            r = ratios(table, target, g)
+            if len(r) >= MIN_POINTS:
+                b = _bounds(r)
+                groups.setdefault(g, {}).update({target: b["margin"],
+                                                 f"{target}_optimism": b["optimism"],
+                                                 f"{target}_ratios": tuple(sorted(map(float, r)))})
+    out["groups"] = {g: {**{k: out[k] for k in out}, **v} for g, v in groups.items()}
     return out
 
 
-def est_slo(cands: pd.DataFrame, slo: SloKeys, m: dict[str, float]) -> pd.Series:
-    """Per candidate: ``meets`` (the estimate meets both SLOs), ``may meet`` (it misses by
-    less than the margins, utilization < 1), ``misses``, or ``""`` when excluded."""
+def _of_group(cands: pd.DataFrame, m: dict, key: str) -> list:
+    """``m[key]`` per candidate: its group's (``m["groups"]``) where measured, else the
+    plan's (None where neither has it)."""
+    groups = m.get("groups") or {}
+    default = m.get(key)
+    if not groups:
+        return [default] * len(cands)
+    return [groups.get(group_of(r), {}).get(key, default) for _, r in cands.iterrows()]
+
+
+def _per_row(cands: pd.DataFrame, m: dict, key: str) -> np.ndarray:
+    """:func:`_of_group` as floats (the margins and optimism)."""
+    return np.array(_of_group(cands, m, key), float)
+
+
+def chance(cands: pd.DataFrame, slo: SloKeys, m: dict) -> np.ndarray | None:
+    """Per candidate, the chance that the simulation meets both SLOs given the measured
+    ratios (None before the plan has measured them, ``margins(None)``); above 1/2 the
+    median-corrected estimate meets them, and :func:`order` takes those first.
+
+    Notes
+    -----
+    The simulation's figure is ``estimate / r`` for a ratio ``r`` drawn from those
+    measured (the candidate's group's, else the plan's), so a target ``t`` holds with the
+    chance ``P(r >= estimate / t)``: the share of the measured ratios at least that. The
+    two targets are taken as independent, ``p = p_ttft p_tpot``. At ``p >= 0.9`` on both
+    the estimate ``meets`` them (``estimate <= t x optimism``), below 0.1 on one it
+    ``misses`` (``estimate > t x margin``), up to the interpolation of the quantiles.
+    """
+    if "ttft_ratios" not in m or "tpot_ratios" not in m:
+        return None
+    p = np.ones(len(cands))
+    for target, t in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s)):
+        need = estimated(cands, target) / t
+        have = _of_group(cands, m, f"{target}_ratios")
+        p *= np.array([np.mean(np.asarray(r) >= x) if np.isfinite(x) else 0.0
+                       for r, x in zip(have, need, strict=True)])
+    return p
+
+
+def est_slo(cands: pd.DataFrame, slo: SloKeys, m: dict) -> pd.Series:
+    """Per candidate: ``meets`` (the estimate meets both SLOs, even divided by its
+    optimism), ``may meet`` (it misses by less than the margins, utilization < 1), ``may
+    miss`` (it meets or may meet, but meets a target by less than its optimism: the
+    corrected estimate misses it), ``misses``, or ``""`` when excluded; at the margins and
+    optimism of the candidate's group (:func:`margins`)."""
     feasible = cands["status"] == "feasible"
     meets = feasible & (cands["est_goodput_req_per_s"] > 0)
     util = cands["est_utilization"].astype(float)
+    ttft = cands["est_ttft_p99_s"].astype(float).to_numpy()
+    tpot = estimated(cands, "tpot")
     near = (feasible & ~meets & (util < 1)
-            & (cands["est_ttft_p99_s"].astype(float) <= slo.ttft_s * m["ttft"])
-            & (cands["est_tpot_s"].astype(float) <= slo.tpot_s * m["tpot"]))
+            & (ttft <= slo.ttft_s * _per_row(cands, m, "ttft"))
+            & (tpot <= slo.tpot_s * _per_row(cands, m, "tpot")))
+    flattered = (meets | near) & (
+        ((ttft > slo.ttft_s * _per_row(cands, m, "ttft_optimism")) & (ttft <= slo.ttft_s))
+        | ((tpot > slo.tpot_s * _per_row(cands, m, "tpot_optimism")) & (tpot <= slo.tpot_s)))
     out = pd.Series("misses", index=cands.index)
     out[meets] = "meets"
     out[near] = "may meet"
+    out[flattered] = "may miss"
     out[~feasible] = ""
     return out
 
@@ -97,19 +207,28 @@ def objective_values(cands: pd.DataFrame, objective: str, price: float, node,
     return out
 
 
+#: Ranking tier of each est_slo: those that meet or may meet the SLOs, then those that may
+#: miss them, then those that miss them, then the excluded.
+TIER = {"meets": 0, "may meet": 0, "may miss": 1, "misses": 2}
+
+
 def order(cands: pd.DataFrame, objective: str, stable) -> list:
     """Index of the candidates in ranking order: those that meet or may meet the SLOs by
     the estimate first, by the objective (3 significant digits; at equal value the ones
-    that meet before the ones that may), then the rest by the objective, then the
-    excluded; ties by ``stable(row)``."""
+    that meet before the ones that may), then those that may miss them, then the rest, by
+    the objective, then the excluded; ties by ``stable(row)``. Once the plan has measured
+    the estimate's error (a column ``est_chance``, :func:`chance`), the candidates whose
+    simulation is more likely to meet both SLOs than not (``est_chance > 1/2``) come
+    first, each half in that order."""
     def key(i) -> tuple:
         r = cands.loc[i]
         if r["status"] != "feasible":
-            return (2, 0.0, 0, stable(r))
+            return (3, 0.0, 0, stable(r))
         obj = r["est_objective"] if objective in ("min_ttft", "min_tpot") \
             else -r["est_objective"]
-        return (0 if r["est_slo"] in ("meets", "may meet") else 1, sig(obj),
-                0 if r["est_slo"] == "meets" else 1, stable(r))
+        tier = (TIER[r["est_slo"]], sig(obj), 0 if r["est_slo"] == "meets" else 1,
+                stable(r))
+        return (0 if r["est_chance"] > 0.5 else 1, *tier) if "est_chance" in r else tier
     return sorted(cands.index, key=key)
 
 

@@ -66,10 +66,11 @@ def _rank_key(objective: str):
 
 def _sim_frame(cands: pd.DataFrame, picked: list[int], sims: dict) -> pd.DataFrame:
     """The estimate and the simulated quantiles of the simulated candidates (for the
-    near-miss ratios)."""
-    return pd.DataFrame([{"status": sims[i]["status"],
+    near-miss ratios, per simulation group)."""
+    return pd.DataFrame([{"status": sims[i]["status"], "group": group_of(cands.loc[i]),
                           "est_ttft_p99_s": cands.loc[i, "est_ttft_p99_s"],
                           "est_tpot_s": cands.loc[i, "est_tpot_s"],
+                          "est_tpot_p99_s": cands.loc[i].get("est_tpot_p99_s", math.nan),
                           "ttft_slo_q_s": sims[i].get("ttft_q_s", math.nan),
                           "tpot_slo_q_s": sims[i].get("tpot_q_s", math.nan)}
                          for i in picked])
