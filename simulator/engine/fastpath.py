@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from itertools import accumulate
+from itertools import accumulate, islice
 
 import numpy as np
 import simpy
@@ -31,10 +31,15 @@ VECTOR_MIN_RECORDS = 48
 MIN_RUN = 16
 #: Most decode steps advanced in one event (bounds the records held for an interruptible run).
 MAX_RUN = 512
+_INF = float("inf")
 
 
 class DecodeRunPath:
     """Runs of decode-only steps in one event (see the module docstring)."""
+
+    #: Duration of the last step priced by :meth:`_decode_times` (s; 0: none yet): sizes
+    #: the next run's first chunk.
+    _step_s = 0.0
 
     def _decode_run(self, s: int, batch: Batch, end: float | None, extra: int, gen: int,
                     now: float, first_rows: list[tuple] = (), first: tuple | None = None):
@@ -248,15 +253,32 @@ class DecodeRunPath:
         """The times of :meth:`_decode_few` without its records, in C loops: the end of
         each step (the scheduled one first; with ``end`` None it is computed too and the
         times start with ``now``), each computed step's compute time and the communication
-        time. Stops once a step starts after ``horizon`` (the first computed step is kept)."""
+        time. Stops once a step starts after ``horizon`` (the first computed step is kept).
+
+        Steps are priced in chunks sized from the last step's duration, so that a run
+        the horizon cuts short does not price the steps past it; ``decode_run`` of a
+        later chunk from ``kv0 + c * n`` gives the values a single call would (integer
+        KV counts), and the ends are summed on in the same order."""
         n = batch.n_decode
         first = end is None
         kv0 = batch.decode_kv - n if first else batch.decode_kv
-        computes, comm = self._stage0.decode_run(n, kv0, extra + first)
-        off = self.overhead  # + 0 swapped blocks * swap_s, as _inline adds it
+        k, t = extra + first, now if first else end
+        off, cost = self.overhead, self._stage0  # + 0 swapped blocks * swap_s, as _inline
+        c = k
+        if horizon < _INF and self._step_s > 0.0:
+            c = min(k, max(int((horizon - t) / self._step_s) + 2, 1))
+        computes, comm = cost.decode_run(n, kv0, c)
         # Each end from its start as _inline computes it, summed left to right.
-        ends = list(accumulate([round((off + c + comm) * SCALE) / SCALE for c in computes],
-                               initial=now if first else end))
+        ends = list(accumulate([round((off + x + comm) * SCALE) / SCALE for x in computes],
+                               initial=t))
+        while c < k and ends[-1] <= horizon:  # the estimate fell short: price more
+            more, _ = cost.decode_run(n, kv0 + c * n, min(c, k - c))
+            ends += islice(accumulate([round((off + x + comm) * SCALE) / SCALE
+                                       for x in more], initial=ends[-1]), 1, None)
+            computes += more
+            c += len(more)
+        if len(ends) > 1:
+            self._step_s = ends[-1] - ends[-2]
         if horizon < ends[-1]:  # keep the steps that start by the horizon (and the first)
             ends = ends[: max(bisect.bisect_right(ends, horizon), first) + 1]
         return ends, computes, comm
