@@ -132,8 +132,9 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         #: cluster: one replica, open loop, no faults; needs ``next_arrival``).
         self.run_ahead = False
         #: With ``run_ahead``: ``pull(now)`` submits the requests that arrive by ``now``
-        #: (the replica takes its arrivals as its time passes them; no event each).
-        self.pull: Callable[[float], None] | None = None
+        #: (the replica takes its arrivals as its time passes them; no event each) and
+        #: returns when the next one arrives: until then a call would change nothing.
+        self.pull: Callable[[float], float] | None = None
         self.outstanding = 0
         self.steps = self.step_tokens = 0
         self.stage_busy_s = [0.0] * len(stages)
@@ -247,9 +248,10 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         env, stream = self.env, self.streams[s]
         single = len(self.streams) == 1
         now = env.now
+        pull_at = -float("inf")  # the next arrival that pull() reported
         while True:
-            if self.pull is not None:
-                self.pull(now)
+            if self.pull is not None and now >= pull_at:
+                pull_at = self.pull(now)
             if stream.arrived:  # disaggregated: decoders whose KV has arrived join
                 stream.join_prefilled()
             if self.lag:  # step n + 1 was scheduled when step n started
