@@ -88,9 +88,11 @@ class DecodeRunPath:
                 # starts by the horizon), in order: record them straight away.
                 ends, busy = self._decode_few(end, batch, needs, horizon, self.record_step,
                                               now)
+            elif rec is None:  # the times alone, in C loops
+                ends, computes, comm = self._decode_times(end, batch, extra, plan_h, now)
+                busy = [c + comm for c in computes[: len(ends) - 1]]
             else:
-                ends, busy = self._decode_few(end, batch, extra if needs is None else needs,
-                                              plan_h, rec, now)
+                ends, busy = self._decode_few(end, batch, needs, plan_h, rec, now)
             if end is None:  # the scheduled step came first: keep it apart from the rest
                 first = (n, busy[0])
                 ends, busy = ends[1:], busy[1:]
@@ -212,19 +214,16 @@ class DecodeRunPath:
         elif rows:
             self._record(rows[: steps * len(self.stages)])
 
-    def _decode_few(self, end: float | None, batch: Batch, needs: list[int] | int,
-                    horizon: float, rec: Callable[[tuple], None] | None, now: float
+    def _decode_few(self, end: float | None, batch: Batch, needs: list[int],
+                    horizon: float, rec: Callable[[tuple], None], now: float
                     ) -> tuple[list[float], list[float]]:
         """:meth:`_inline` for a short run of decode steps of a one-stage replica, step costs
         from :meth:`StageCost.decode_run`; stops planning once a step starts after
         ``horizon``. Returns the end of each step (the scheduled one first) and the steps'
-        busy times; records each step when ``rec`` is given (``needs`` then lists the blocks
-        each step allocates; without records it is just the number of steps). With ``end``
+        busy times; records each step with ``rec`` (``needs`` lists the blocks each step
+        allocates; without records :meth:`_decode_times` gives the times). With ``end``
         None the scheduled step (no swap) starts at ``now`` and is computed first: the times
         then start with ``now`` and the busy times with the scheduled step's."""
-        if rec is None:
-            ends, computes, comm = self._decode_times(end, batch, needs, horizon, now)
-            return ends, [c + comm for c in computes[: len(ends) - 1]]
         n = batch.n_decode
         first = end is None
         kv0 = batch.decode_kv - n if first else batch.decode_kv
