@@ -248,7 +248,9 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         env, stream = self.env, self.streams[s]
         single = len(self.streams) == 1
         now = env.now
-        pull_at = -float("inf")  # the next arrival that pull() reported
+        # The next arrival that pull() reported (running ahead, pull alone submits: it
+        # stays next_arrival() until the next call).
+        pull_at = -float("inf")
         while True:
             if self.pull is not None and now >= pull_at:
                 pull_at = self.pull(now)
@@ -298,7 +300,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                     if extra:
                         now = yield from self._decode_run(s, batch, end, extra, gen, now, rows,
                                                           (batch.tokens, busy))
-                    elif self.run_ahead and end < self.next_arrival():
+                    elif self.run_ahead and end < pull_at:  # pull_at: next_arrival()
                         now = end  # apply it now: nothing arrives before it ends
                         if self._one_stage:  # _count and _record, unrolled (hot path)
                             self.steps += 1
