@@ -339,16 +339,18 @@ class Cluster:
         return req
 
     def _puller(self, times: list[float], prompts: list[int], outputs: list[int]):
-        """``pull(now)``: submit every request that arrives by ``now`` (at its own time)."""
+        """``pull(now)``: submit every request that arrives by ``now`` (at its own time);
+        returns when the next one arrives (inf: none)."""
         n, submit, state = len(times), self.submit, [0]
 
-        def pull(now: float) -> None:
+        def pull(now: float) -> float:
             i = state[0]
             while i < n and times[i] <= now:
                 submit(self._new(i, times[i], prompts[i], outputs[i]), times[i])
                 i += 1
             state[0] = i
             self.next_arrival_s = times[i] if i < n else float("inf")
+            return self.next_arrival_s
 
         return pull
 

@@ -335,6 +335,16 @@ class ContinuousBatcher(Preemption, DecodeRuns):
         """Form the next step's batch, allocating its KV blocks; None when idle."""
         if self.swapped:
             self._swap_in()
+        elif not self.prefilling and not self.waiting and self.decoding:
+            # Decoders only (the step after most arrivals and completions) whose blocks
+            # fit: _schedule_decodes and _batch in short, no chunk to form.
+            kv = self.kv
+            need = self._decode_need(self.k + 1)
+            if need <= kv.free:
+                kv.allocate(need)
+                n = len(self.decoding)
+                swap, self._swap_io = self._swap_io, 0
+                return Batch(n, self.sum_kv + n, [], 0, 0.0, 0, n, kv.in_use, swap)
         n_decode = self._schedule_decodes(now)
         chunks: list[tuple[Request, int]] = []
         budget = self.max_tokens - n_decode

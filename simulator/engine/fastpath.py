@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from itertools import accumulate
+from itertools import accumulate, islice
 
 import numpy as np
 import simpy
@@ -31,10 +31,15 @@ VECTOR_MIN_RECORDS = 48
 MIN_RUN = 16
 #: Most decode steps advanced in one event (bounds the records held for an interruptible run).
 MAX_RUN = 512
+_INF = float("inf")
 
 
 class DecodeRunPath:
     """Runs of decode-only steps in one event (see the module docstring)."""
+
+    #: Duration of the last step priced by :meth:`_decode_times` (s; 0: none yet): sizes
+    #: the next run's first chunk.
+    _step_s = 0.0
 
     def _decode_run(self, s: int, batch: Batch, end: float | None, extra: int, gen: int,
                     now: float, first_rows: list[tuple] = (), first: tuple | None = None):
@@ -63,11 +68,13 @@ class DecodeRunPath:
         # Async admission: a newcomer joins a step later, so plan past the arrival.
         plan_h = float("inf") if self.lag else horizon
         compact = None  # a short run's records, kept as one tuple (see _compact)
+        planned = extra  # with async admission a short run's times may stop short of it
         if extra >= (VECTOR_MIN if rec is None else VECTOR_MIN_RECORDS):
             ends, busy, bulk = self._decode_many(end, batch, needs or [0] * extra,
                                                  rec is not None)
         elif self._one_stage and rec is not None and self.record_run is not None:
-            ends, computes, comm = self._decode_times(end, batch, extra, plan_h, now)
+            ends, computes, comm = self._decode_times(end, batch, extra, horizon, now,
+                                                      self.lag)
             busy = [c + comm for c in computes[: len(ends) - 1]]
             lead = end is None
             compact = (self.index, ends, ticks(self.overhead), n, computes, comm,
@@ -83,9 +90,12 @@ class DecodeRunPath:
                 # starts by the horizon), in order: record them straight away.
                 ends, busy = self._decode_few(end, batch, needs, horizon, self.record_step,
                                               now)
+            elif rec is None:  # the times alone, in C loops
+                ends, computes, comm = self._decode_times(end, batch, extra, horizon, now,
+                                                          self.lag)
+                busy = [c + comm for c in computes[: len(ends) - 1]]
             else:
-                ends, busy = self._decode_few(end, batch, extra if needs is None else needs,
-                                              plan_h, rec, now)
+                ends, busy = self._decode_few(end, batch, needs, plan_h, rec, now)
             if end is None:  # the scheduled step came first: keep it apart from the rest
                 first = (n, busy[0])
                 ends, busy = ends[1:], busy[1:]
@@ -106,6 +116,8 @@ class DecodeRunPath:
                 busy.append(b)
             extra = len(ends) - 1
         steps = extra
+        if self.lag:  # the steps planned, as load views and the run length count them
+            extra = planned
         self._runs[s] = (ends, extra)
         if self.next_arrival is not None:
             # The next arrival is known (open loop, one replica): stop at the step in progress
@@ -207,19 +219,16 @@ class DecodeRunPath:
         elif rows:
             self._record(rows[: steps * len(self.stages)])
 
-    def _decode_few(self, end: float | None, batch: Batch, needs: list[int] | int,
-                    horizon: float, rec: Callable[[tuple], None] | None, now: float
+    def _decode_few(self, end: float | None, batch: Batch, needs: list[int],
+                    horizon: float, rec: Callable[[tuple], None], now: float
                     ) -> tuple[list[float], list[float]]:
         """:meth:`_inline` for a short run of decode steps of a one-stage replica, step costs
         from :meth:`StageCost.decode_run`; stops planning once a step starts after
         ``horizon``. Returns the end of each step (the scheduled one first) and the steps'
-        busy times; records each step when ``rec`` is given (``needs`` then lists the blocks
-        each step allocates; without records it is just the number of steps). With ``end``
+        busy times; records each step with ``rec`` (``needs`` lists the blocks each step
+        allocates; without records :meth:`_decode_times` gives the times). With ``end``
         None the scheduled step (no swap) starts at ``now`` and is computed first: the times
         then start with ``now`` and the busy times with the scheduled step's."""
-        if rec is None:
-            ends, computes, comm = self._decode_times(end, batch, needs, horizon, now)
-            return ends, [c + comm for c in computes[: len(ends) - 1]]
         n = batch.n_decode
         first = end is None
         kv0 = batch.decode_kv - n if first else batch.decode_kv
@@ -244,21 +253,42 @@ class DecodeRunPath:
         return ends, busy
 
     def _decode_times(self, end: float | None, batch: Batch, extra: int, horizon: float,
-                      now: float) -> tuple[list[float], list[float], float]:
+                      now: float, lag: bool = False) -> tuple[list[float], list[float], float]:
         """The times of :meth:`_decode_few` without its records, in C loops: the end of
         each step (the scheduled one first; with ``end`` None it is computed too and the
         times start with ``now``), each computed step's compute time and the communication
-        time. Stops once a step starts after ``horizon`` (the first computed step is kept)."""
+        time. Stops once a step starts after ``horizon`` (the first computed step is kept);
+        with async admission (``lag``) a newcomer joins a step later, so the times go on
+        until three steps have ended after the horizon (:meth:`_joins_at` and a failure's
+        cut then read the same steps as from every planned one).
+
+        Steps are priced in chunks sized from the last step's duration, so that a run
+        the horizon cuts short does not price the steps past it; ``decode_run`` of a
+        later chunk from ``kv0 + c * n`` gives the values a single call would (integer
+        KV counts), and the ends are summed on in the same order."""
         n = batch.n_decode
         first = end is None
         kv0 = batch.decode_kv - n if first else batch.decode_kv
-        computes, comm = self._stage0.decode_run(n, kv0, extra + first)
-        off = self.overhead  # + 0 swapped blocks * swap_s, as _inline adds it
+        k, t = extra + first, now if first else end
+        off, cost = self.overhead, self._stage0  # + 0 swapped blocks * swap_s, as _inline
+        past = 3 if lag else 1  # ends after the horizon that the caller reads
+        c = k
+        if horizon < _INF and self._step_s > 0.0:
+            c = min(k, max(int((horizon - t) / self._step_s) + 1 + past, 1))
+        computes, comm = cost.decode_run(n, kv0, c)
         # Each end from its start as _inline computes it, summed left to right.
-        ends = list(accumulate([round((off + c + comm) * SCALE) / SCALE for c in computes],
-                               initial=now if first else end))
-        if horizon < ends[-1]:  # keep the steps that start by the horizon (and the first)
-            ends = ends[: max(bisect.bisect_right(ends, horizon), first) + 1]
+        ends = list(accumulate([round((off + x + comm) * SCALE) / SCALE for x in computes],
+                               initial=t))
+        while c < k and (len(ends) < past or ends[-past] <= horizon):  # price more
+            more, _ = cost.decode_run(n, kv0 + c * n, min(c, k - c))
+            ends += islice(accumulate([round((off + x + comm) * SCALE) / SCALE
+                                       for x in more], initial=ends[-1]), 1, None)
+            computes += more
+            c += len(more)
+        if len(ends) > 1:
+            self._step_s = ends[-1] - ends[-2]
+        if not lag and horizon < ends[-1]:  # keep the steps that start by the horizon
+            ends = ends[: max(bisect.bisect_right(ends, horizon), first) + 1]  # and the 1st
         return ends, computes, comm
 
     def _decode_many(self, end: float, batch: Batch, needs: list[int], records: bool

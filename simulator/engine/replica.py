@@ -132,8 +132,9 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         #: cluster: one replica, open loop, no faults; needs ``next_arrival``).
         self.run_ahead = False
         #: With ``run_ahead``: ``pull(now)`` submits the requests that arrive by ``now``
-        #: (the replica takes its arrivals as its time passes them; no event each).
-        self.pull: Callable[[float], None] | None = None
+        #: (the replica takes its arrivals as its time passes them; no event each) and
+        #: returns when the next one arrives: until then a call would change nothing.
+        self.pull: Callable[[float], float] | None = None
         self.outstanding = 0
         self.steps = self.step_tokens = 0
         self.stage_busy_s = [0.0] * len(stages)
@@ -247,9 +248,12 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         env, stream = self.env, self.streams[s]
         single = len(self.streams) == 1
         now = env.now
+        # The next arrival that pull() reported (running ahead, pull alone submits: it
+        # stays next_arrival() until the next call).
+        pull_at = -float("inf")
         while True:
-            if self.pull is not None:
-                self.pull(now)
+            if self.pull is not None and now >= pull_at:
+                pull_at = self.pull(now)
             if stream.arrived:  # disaggregated: decoders whose KV has arrived join
                 stream.join_prefilled()
             if self.lag:  # step n + 1 was scheduled when step n started
@@ -296,7 +300,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                     if extra:
                         now = yield from self._decode_run(s, batch, end, extra, gen, now, rows,
                                                           (batch.tokens, busy))
-                    elif self.run_ahead and end < self.next_arrival():
+                    elif self.run_ahead and end < pull_at:  # pull_at: next_arrival()
                         now = end  # apply it now: nothing arrives before it ends
                         if self._one_stage:  # _count and _record, unrolled (hot path)
                             self.steps += 1
