@@ -30,7 +30,7 @@ from simulator.planner.poolaxes import (
     prefill_limits,
 )
 from simulator.planner.report import recommended_scenario
-from simulator.planner.space import Limits
+from simulator.planner.space import Limits, layout_label
 
 
 def _long(prompt: int = 1500):
@@ -200,3 +200,15 @@ def test_decode_wait_against_the_simulation():
     without = r["est_tpot_s"] - est / (o - 1)
     tpot = q["tpot_s"].mean()
     assert abs(r["est_tpot_s"] - tpot) < 0.5 * abs(without - tpot)
+
+
+def test_the_label_names_a_searched_prefill_max_num_seqs():
+    """A prefill pool at one of the searched max_num_seqs says so in its label (the plan's
+    printout and plan.csv's pools column); any other value is the scenario's and stays
+    implicit, as before the axis."""
+    row = {"kind": "disaggregated", "tp": 4, "pp": 1, "dp": 1, "prefill_tp": 2,
+           "prefill_pp": 1, "prefill_dp": 2, "prefill_max_num_batched_tokens": 4096,
+           "prefill_max_num_seqs": 2}
+    assert layout_label(row) == ("prefill TP2 PP1 DP2 + decode TP4 PP1 DP1 "
+                                 "(prefill budget 4096, max_num_seqs 2)")
+    assert layout_label({**row, "prefill_max_num_seqs": 256}).endswith("(prefill budget 4096)")

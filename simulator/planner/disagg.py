@@ -14,7 +14,7 @@ P and output O (docs/planner.md, "Disaggregated layouts"):
 
 - prefill pool, at each token budget and ``max_num_seqs`` searched
   (:data:`~simulator.planner.poolaxes.PREFILL_BUDGETS`,
-  :data:`~simulator.planner.poolaxes.PREFILL_SEQS` and the scenario's): a full step
+  :data:`~simulator.planner.space.PREFILL_SEQS` and the scenario's): a full step
   of ``F = min(budget, max_num_seqs P)`` tokens holds ``F / P`` prompts in ``s(F)``, so the
   pool's capacity is ``X_p = dp_p M_p (F / P) / s(F)``; the step a prompt joins at the
   load holds its own ``c = min(P, budget)`` tokens and, when the stream is busy (fraction

@@ -14,7 +14,7 @@ from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.planner.candidates import _point
 from simulator.planner.estimate import ITERATIONS, SNAP_STEP
-from simulator.planner.space import TOKEN_BUDGETS, Layout, Limits
+from simulator.planner.space import PREFILL_SEQS, TOKEN_BUDGETS, Layout, Limits
 from simulator.sweep import resolve_point
 
 #: Token budget of prefill-pool steps (the largest colocated one: prefill-only steps batch
@@ -22,9 +22,6 @@ from simulator.sweep import resolve_point
 PREFILL_BUDGET = max(TOKEN_BUDGETS)
 #: Token budgets of the prefill pool searched (the scenario's own joins them).
 PREFILL_BUDGETS = (1024, 2048, 4096, 8192, 16384)
-#: ``max_num_seqs`` of the prefill pool searched (the scenario's own joins them): the most
-#: prompts a prefill step batches, which caps the step a prompt joins below the budget.
-PREFILL_SEQS = (1, 2, 4, 8)
 #: Relative margin by which another ``max_num_seqs`` must beat the scenario's options
 #: (:func:`pareto_limits`): the estimate's token grid.
 SEQS_MARGIN = SNAP_STEP

@@ -24,6 +24,10 @@ from simulator.model.spec import ModelSpec
 #: per step (the chunk size for the sarathi scheduler). The scenario's own values join them.
 MAX_NUM_SEQS = (64, 128, 256)
 TOKEN_BUDGETS = (2048, 8192)
+#: ``max_num_seqs`` of a disaggregated prefill pool searched (the scenario's own joins them;
+#: :mod:`simulator.planner.poolaxes`): the most prompts a prefill step batches, which caps
+#: the step a prompt joins below the budget.
+PREFILL_SEQS = (1, 2, 4, 8)
 #: A useful KV cache holds at least this many requests of the workload's mean length
 #: (and at least its longest request) per micro-batch stream.
 MIN_KV_REQUESTS = 8
@@ -57,7 +61,9 @@ def moe_label(ep, attention_dp) -> str:
 def layout_label(row) -> str:
     """``TP8 PP1 DP1`` (plus the MoE part) of a candidate or plan row; a disaggregated one
     is ``prefill TP4 PP1 DP1 + decode TP4 PP1 DP1`` (then `` (prefill budget 16384)`` where
-    the row has the prefill pool's budget), a speculative one ends in ``spec k=3``."""
+    the row has the prefill pool's budget, `` (prefill budget 4096, max_num_seqs 2)`` where
+    its ``max_num_seqs`` is one of :data:`PREFILL_SEQS`: any other value is the scenario's),
+    a speculative one ends in ``spec k=3``."""
     kind = row.get("node")  # multi-kind plans (simulator.planner.kinds)
     own = (f"TP{int(row['tp'])} PP{int(row['pp'])} DP{int(row['dp'])}"
            + moe_label(row.get("ep"), row.get("attention_dp")))
@@ -76,7 +82,10 @@ def layout_label(row) -> str:
         kind = None if dec else kind
         budget = row.get("prefill_max_num_batched_tokens")
         if budget is not None and budget == budget:
-            own += f" (prefill budget {int(budget)})"
+            seqs = row.get("prefill_max_num_seqs")
+            shown = seqs is not None and seqs == seqs and int(seqs) in PREFILL_SEQS
+            own += (f" (prefill budget {int(budget)}, max_num_seqs {int(seqs)})" if shown
+                    else f" (prefill budget {int(budget)})")
     k = row.get("spec_k")
     if k is not None and k == k and int(k) > 0:
         own += f" spec k={int(k)}"
