@@ -2,8 +2,6 @@
 # the extension type that holds the replica's typed state (one base with a C layout: every
 # field that Replica and its other mixins touch is declared here; the rest, such as
 # DecodeRunPath._step_s, lives in the instance __dict__).
-from simulator.model.cost cimport StageCost
-
 cdef class InlineSteps:
     cdef dict __dict__
     cdef public object env, streams, stages, sends, on_finish, record_step, record_bulk
@@ -12,4 +10,6 @@ cdef class InlineSteps:
     cdef public long index, outstanding, steps, step_tokens, generation, _active
     cdef public double overhead, swap_s, token_delay, union_s, _active_since
     cdef public bint _one_stage, fast, lag, run_ahead, up
-    cdef public StageCost _stage0
+    # object, not StageCost: tests pass duck-typed cost stubs (ConstCost, KVCost), which a
+    # typed field rejects (TypeError: Cannot convert ConstCost to StageCost).
+    cdef public object _stage0
