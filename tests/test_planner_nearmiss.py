@@ -222,3 +222,115 @@ def test_pair_tpot_p99_is_the_step_at_the_p99_batch():
     same = next(x for x in rows if x["max_num_seqs"] == 64
                 and x["prefill_max_num_batched_tokens"] == 16384)
     assert same["est_goodput_req_per_s"] == 0.0 and r["est_goodput_req_per_s"] > 0
+
+
+def _ahead_frame() -> pd.DataFrame:
+    """Six candidates by hand, goodput per GPU: M1 and M2 simulated and met (estimated
+    at 4 and 5), A may miss at 9 (its estimate meets both targets, by less than the
+    optimism), B may meet at 6, C meets at 5 (a tie with the best met: not ahead), D may
+    miss at 12 but its estimate misses a target (goodput 0: valued at its capacity, not
+    at the load it would serve), E misses at 20, X is excluded."""
+    return pd.DataFrame({
+        "name": ["M1", "M2", "A", "B", "C", "D", "E", "X"],
+        "status": ["feasible"] * 7 + ["excluded"],
+        "est_slo": ["meets", "meets", "may miss", "may meet", "meets", "may miss",
+                    "misses", ""],
+        "est_goodput_req_per_s": [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, np.nan],
+        "est_objective": [4.0, 5.0, 9.0, 6.0, 5.0, 12.0, 20.0, np.nan]},
+        index=[10, 11, 12, 13, 14, 15, 16, 17])
+
+
+def test_ahead_of_met_by_hand():
+    """Ahead of the best met (5): A (9) then B (6), best first; C ties, D is valued at
+    its capacity, E misses, X is out. With A simulated too, only B; with B's estimate
+    at 5 nothing is ahead (no further round). For min_tpot lower is better: M1 (4) sets
+    the bar and nothing served estimates lower."""
+    c = _ahead_frame()
+    ahead = plan_module.ahead_of_met(c, [10, 11], [10, 11], "goodput_per_gpu")
+    assert list(c.loc[ahead, "name"]) == ["A", "B"]
+    ahead = plan_module.ahead_of_met(c, [10, 11, 12], [10, 11], "goodput_per_gpu")
+    assert list(c.loc[ahead, "name"]) == ["B"]
+    c.loc[13, "est_objective"] = 5.0
+    assert plan_module.ahead_of_met(c, [10, 11, 12], [10, 11], "goodput_per_gpu") == []
+    assert plan_module.ahead_of_met(c, [10, 11], [10, 11], "min_tpot") == []
+    # A met point whose estimate missed a target (valued at capacity, 12) does not set
+    # the bar while a served one met; alone it does.
+    c.loc[13, "est_objective"] = 6.0
+    ahead = plan_module.ahead_of_met(c, [10, 11, 15], [10, 11, 15], "goodput_per_gpu")
+    assert list(c.loc[ahead, "name"]) == ["A", "B"]
+    assert plan_module.ahead_of_met(c, [15], [15], "goodput_per_gpu") == []
+
+
+def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
+    """A plan on 2 GPUs, 2 candidates a round, whose ranking is set by hand (the real
+    candidates, labels and objectives replaced in enumeration.rerank's table): every
+    TP2 layout meets the SLOs by the estimate at goodput per GPU 5; every TP1 x 1 layout
+    may miss at ``one_gpu_objective``; the rest miss. The simulations are real (all of
+    them meet the SLOs of 1 s and 50 ms) but for the TP1 x 1 ones' TPOT, set to 1 s
+    unless ``one_gpu_meets``. Returns the plan and its rounds (the candidates each
+    simulated)."""
+    real_rerank, real_sim, real_frame = (plan_module.rerank, plan_module.simulate_many,
+                                         plan_module._sim_frame)
+    rounds = []
+
+    def rerank(df, *args, **kwargs):
+        r = real_rerank(df, *args, **kwargs).drop(columns="est_chance", errors="ignore")
+        tp2 = (r["tp"] == 2) & (r["status"] == "feasible")
+        one = (r["gpus"] == 1) & (r["status"] == "feasible")
+        r["est_slo"] = np.where(tp2, "meets", np.where(one, "may miss", r["est_slo"]))
+        r.loc[~tp2 & ~one & (r["status"] == "feasible"), "est_slo"] = "misses"
+        r.loc[tp2, "est_objective"] = 5.0
+        r.loc[one, "est_objective"] = one_gpu_objective
+        r.loc[tp2 | one, "est_goodput_req_per_s"] = 1.0
+        return r.loc[nearmiss.order(r, "goodput_per_gpu", enumeration._stable)]
+
+    def recorded(jobs, quantile, workers):
+        out = dict(real_sim(jobs, quantile, workers))
+        rounds.append(list(out))
+        return out.items()
+
+    def frame(cands, picked, sims):
+        for i in picked:
+            if cands.loc[i, "gpus"] == 1 and not one_gpu_meets:
+                sims[i]["tpot_q_s"] = 1.0
+        return real_frame(cands, picked, sims)
+
+    monkeypatch.setattr(plan_module, "rerank", rerank)
+    monkeypatch.setattr(plan_module, "simulate_many", recorded)
+    monkeypatch.setattr(plan_module, "_sim_frame", frame)
+    r = plan_module.plan(copy.deepcopy(CONST), gpus=2, top=2, requests=40, jobs=1)
+    return r, [r.candidates.loc[b] for b in rounds]
+
+
+def test_plan_chases_a_may_miss_candidate_ahead_of_the_met(monkeypatch):
+    """Round 1 simulates two TP2 candidates (one is the rule of thumb), which meet; the TP1
+    x 1 ones, estimated at twice their goodput per GPU (10 against 5) but ``may miss``,
+    were left out. Round 2 simulates the two best of them (PER_LAYOUT) and, as they meet,
+    one is the pick; when they fail it, the pick stays TP2 and no third round runs
+    (CHASE_ROUNDS 1)."""
+    r, batches = _chase_plan(monkeypatch, 10.0, True)
+    assert len(batches) == 2
+    assert (batches[0]["tp"] == 2).sum() == 2 and (batches[0]["gpus"] == 2).all()
+    assert len(batches[1]) == 2 and (batches[1]["gpus"] == 1).all()
+    assert int(r.best["gpus"]) == 1 and bool(r.best["slo_met"])
+    # Both serve all 40 requests within the SLOs: one GPU has twice the goodput per GPU.
+    assert r.best["goodput_req_per_s_per_gpu"] == pytest.approx(2 * r.table.loc[
+        r.table["tp"] == 2, "goodput_req_per_s_per_gpu"].max(), rel=1e-9)
+    r, batches = _chase_plan(monkeypatch, 10.0, False)
+    assert len(batches) == 2 and (batches[1]["gpus"] == 1).all()
+    assert int(r.best["tp"]) == 2
+    assert not r.table.loc[r.table["gpus"] == 1, "slo_met"].any()
+    # Without the chase round (the plan before it) the pick is TP2 after one round.
+    monkeypatch.setattr(plan_module, "CHASE_ROUNDS", 0)
+    r, batches = _chase_plan(monkeypatch, 10.0, True)
+    assert len(batches) == 1 and int(r.best["tp"]) == 2
+
+
+def test_plan_stops_when_nothing_is_ahead_of_the_met(monkeypatch):
+    """The same plan with the TP1 x 1 candidates estimated at 5 (a tie with the TP2 ones
+    that met) or below: one round, the pick is TP2."""
+    for value in (5.0, 4.0):
+        r, batches = _chase_plan(monkeypatch, value, True)
+        assert len(batches) == 1
+        assert int(r.best["tp"]) == 2
+        assert (r.table["gpus"] == 2).all()

@@ -67,6 +67,9 @@ DEFAULT_TOP = 8
 PER_LAYOUT = 2
 #: Rounds of `top` simulations while no simulated candidate (but the rule) meets the SLOs.
 MAX_ROUNDS = 3
+#: Rounds after the first that found a meeting point, each only for the candidates the
+#: estimate rates ahead of the best that met (:func:`ahead_of_met`).
+CHASE_ROUNDS = 1
 #: Requests simulated per candidate by default (the scenario's count, capped).
 DEFAULT_REQUESTS = 500
 RULE = "rule of thumb"
@@ -122,6 +125,36 @@ def _meets(sim: dict, slo: SloKeys) -> bool:
             and not sim["keep_up_ratio"] < sim["keep_up_least"])
 
 
+#: Estimated SLO labels of the candidates a further round may chase (nearmiss.est_slo).
+CHASED = ("meets", "may meet", "may miss")
+
+
+def ahead_of_met(ranked: pd.DataFrame, picked: list[int], met: list[int],
+                 objective: str) -> list[int]:
+    """Unsimulated feasible candidates that the estimate says meet the SLOs (``meets``,
+    ``may meet`` or ``may miss``) with an estimated objective better than the best
+    estimated objective among the simulated candidates ``met`` (those that met in
+    simulation), best estimated objective first (ties in ranking order).
+
+    ``ranked`` is :func:`~simulator.planner.enumeration.rerank`'s table at the current
+    margins, ``met`` non-empty; the objective is higher-better except ``min_ttft`` and
+    ``min_tpot``. Empty when no candidate is ahead: the plan stops.
+
+    Only objectives valued at the load served compare: a ``may miss`` candidate whose
+    estimate misses a target (``est_goodput_req_per_s`` 0, near it and flattered on the
+    other) is valued at its capacity, which can exceed the offered load
+    (:func:`~simulator.planner.objectives.est_value`), so it is neither chased nor sets
+    the bar (the bar falls back to all of ``met`` when none of them compares).
+    """
+    sign = 1.0 if objective in ("min_ttft", "min_tpot") else -1.0
+    key = sign * ranked["est_objective"].astype(float)
+    served = (ranked["est_goodput_req_per_s"] > 0) | (ranked["est_slo"] == "may meet")
+    bar = key.loc[met][served.loc[met]].min() if served.loc[met].any() else key.loc[met].min()
+    left = ranked[(ranked["status"] == "feasible") & ranked["est_slo"].isin(CHASED)
+                  & served & ~ranked.index.isin(picked) & (key < bar)]
+    return list(key.loc[left.index].sort_values(kind="stable").index)
+
+
 def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
          objective: str = "goodput_per_gpu", top: int = DEFAULT_TOP,
          requests: int | None = DEFAULT_REQUESTS, jobs: int | None = None,
@@ -142,7 +175,9 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         quantile.
     top : int
         Candidates simulated per round (best by the estimate, at most 2 per layout), plus
-        the rule of thumb; up to 3 rounds while none but the rule meets the SLOs.
+        the rule of thumb; up to 3 rounds while none but the rule meets the SLOs, then
+        one more for the unsimulated candidates the estimate rates better than the best
+        that met, if any (:func:`ahead_of_met`).
     requests : int, optional
         Cap on the requests simulated per candidate (None: the scenario's).
     jobs : int, optional
@@ -232,16 +267,30 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     # estimate (at most PER_LAYOUT per layout), `top` in all, until a simulated candidate
     # other than the rule of thumb meets the SLOs (the estimate can be wrong) or
     # MAX_ROUNDS are spent. Between rounds the near-miss ratios are measured on the
-    # simulated points and the rest re-ranked (simulator.planner.nearmiss).
+    # simulated points and the rest re-ranked (simulator.planner.nearmiss). Once some
+    # meet, CHASE_ROUNDS more run, each only while some unsimulated candidate the
+    # estimate says meets (or may meet, or may miss) has a better estimated objective
+    # than the best of those that met (ahead_of_met), those first: a pick the estimate
+    # flatters within its optimism is then proven or refuted by simulation, not dropped
+    # on its label.
     groups = cands.apply(group_of, axis=1)
     per_group = max(2, math.ceil(top / groups[cands["status"] == "feasible"].nunique()))
     picked: list[int] = []
     per: dict[tuple, int] = {}
     sims: dict[int, dict] = {}
     m = margins(None)
-    for round_ in range(MAX_ROUNDS):
+    chased = 0
+    for round_ in range(MAX_ROUNDS + CHASE_ROUNDS):
         batch, taken = [], dict.fromkeys(groups.unique(), 0)
         ranked = rerank(cands, s, stats, objective, m, cross)
+        met = [i for i in picked if _meets(sims[i], s.slo)]
+        if any(i != rule_idx for i in met):
+            if chased == CHASE_ROUNDS:
+                break
+            chased += 1
+            ranked = ranked.loc[ahead_of_met(ranked, picked, met, objective)]
+        elif round_ == MAX_ROUNDS:
+            break
         for i, r in ranked.iterrows():
             lay, g = _layout(r), groups[i]
             if (r["status"] == "feasible" and i not in picked and taken[g] < per_group
@@ -251,12 +300,12 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
                 batch.append(i)
         if round_ == 0 and rule_idx is not None and rule_idx not in batch:
             batch.append(rule_idx)
+        if not batch:
+            break
         sims.update(simulate_many({i: job(i) for i in batch if i not in sims}, slo_quantile,
                                   jobs))
         picked += [i for i in batch if i not in picked]
         m = margins(_sim_frame(cands, picked, sims))
-        if not batch or any(_meets(sims[i], s.slo) for i in picked if i != rule_idx):
-            break
     cands.loc[picked, "simulated"] = True
     ranked = rerank(cands, s, stats, objective, m, cross)
     cands["est_slo"], cands["est_objective"] = ranked["est_slo"], ranked["est_objective"]
