@@ -281,16 +281,15 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     m = margins(None)
     chased = 0
     for round_ in range(MAX_ROUNDS + CHASE_ROUNDS):
+        met = [i for i in picked if _meets(sims[i], s.slo)]
+        chase = any(i != rule_idx for i in met)
+        if (chase and chased == CHASE_ROUNDS) or (not chase and round_ == MAX_ROUNDS):
+            break  # checked before re-ranking: the table is re-ranked after the loop
         batch, taken = [], dict.fromkeys(groups.unique(), 0)
         ranked = rerank(cands, s, stats, objective, m, cross)
-        met = [i for i in picked if _meets(sims[i], s.slo)]
-        if any(i != rule_idx for i in met):
-            if chased == CHASE_ROUNDS:
-                break
+        if chase:
             chased += 1
             ranked = ranked.loc[ahead_of_met(ranked, picked, met, objective)]
-        elif round_ == MAX_ROUNDS:
-            break
         for i, r in ranked.iterrows():
             lay, g = _layout(r), groups[i]
             if (r["status"] == "feasible" and i not in picked and taken[g] < per_group
