@@ -76,7 +76,6 @@ from simulator.planner.estimate import (
 )
 from simulator.planner.kvprice import KVPrice
 from simulator.planner.poolaxes import (
-    PREFILL_BUDGET,  # noqa: F401 (re-exported)
     decode_wait,
     joined_step,
     kv_contended,
