@@ -92,6 +92,7 @@ from simulator.planner.space import (
     WorkloadStats,
     layouts,
     moe_label,
+    speculating,
 )
 from simulator.sweep import resolve_point
 
@@ -373,9 +374,9 @@ def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
                {"max_num_seqs": int(row["max_num_seqs"]),
                 "max_num_batched_tokens": int(row["max_num_batched_tokens"])})
     dec["same_nodes_as"] = "prefill"
-    k = row.get("spec_k")
-    if s.speculative is not None and k is not None and k == k and int(k) > 0:
+    if s.speculative is not None and speculating(row):
         dec["speculative"] = {**{f: v for f, v in asdict(s.speculative).items()
-                                 if v is not None}, "num_speculative_tokens": int(k)}
+                                 if v is not None},
+                              "num_speculative_tokens": int(row["spec_k"])}
     return [pre, dec]
 

@@ -41,7 +41,7 @@ import pandas as pd
 from simulator.io.schema import SloKeys
 from simulator.planner.explain import sig
 from simulator.planner.objectives import est_value, spearman
-from simulator.planner.space import cross_kind
+from simulator.planner.space import cross_kind, speculating
 
 #: Quantile of the estimate / simulation ratios that sets the margin.
 MARGIN_QUANTILE = 0.9
@@ -265,8 +265,7 @@ def group_of(row) -> str:
     kind = kind if isinstance(kind, str) else "colocated"
     kind += "+cross" if cross_kind(row) else ""  # pools on two node kinds (hetero.py)
     kind += "+mix" if isinstance(row.get("mix_node"), str) else ""  # DP on two (mixdp.py)
-    k = row.get("spec_k")
-    return kind + ("+spec" if k is not None and k == k and int(k) > 0 else "")
+    return kind + ("+spec" if speculating(row) else "")
 
 
 def correlations(table: pd.DataFrame, est: str, sim: str) -> dict[str, float]:
