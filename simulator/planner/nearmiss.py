@@ -118,7 +118,7 @@ def margins(table: pd.DataFrame | None) -> dict:
                 groups.setdefault(g, {}).update({target: b["margin"],
                                                  f"{target}_optimism": b["optimism"],
                                                  f"{target}_ratios": tuple(sorted(map(float, r)))})
-    out["groups"] = {g: {**{k: out[k] for k in out}, **v} for g, v in groups.items()}
+    out["groups"] = {g: {**out, **v} for g, v in groups.items()}
     return out
 
 
