@@ -149,7 +149,8 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
             if speculating(r):
                 text += f" k{int(r['spec_k'])}"
             if isinstance(r.get("node"), str):  # a cross-kind pair: prefill kind>decode kind
-                text = f"{r['node']}{'>' + cross_kind(r) if cross_kind(r) else ''} {text}"
+                dec = cross_kind(r)
+                text = f"{r['node']}{'>' + dec if dec else ''} {text}"
             if r["rank"] == 1 and r["slo_met"]:
                 text += " pick"
             if "rule of thumb" in str(r["note"]):
