@@ -23,7 +23,7 @@ from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario, SloKeys
 from simulator.model.spec import load_model
-from simulator.planner.candidates import _memory, _point, layout_rows, without_spec  # noqa: F401
+from simulator.planner.candidates import _point, without_spec
 from simulator.planner.disagg import pools_of
 from simulator.planner.enumeration import _columns, enumerate_candidates, rerank
 from simulator.planner.explain import (
