@@ -37,6 +37,7 @@ from simulator.planner.explain import (
 )
 from simulator.planner.hetero import CrossPairs, cross_point
 from simulator.planner.nearmiss import (
+    TIER,
     group_of,
     margins,
 )
@@ -125,8 +126,9 @@ def _meets(sim: dict, slo: SloKeys) -> bool:
             and not sim["keep_up_ratio"] < sim["keep_up_least"])
 
 
-#: Estimated SLO labels of the candidates a further round may chase (nearmiss.est_slo).
-CHASED = ("meets", "may meet", "may miss")
+#: Estimated SLO labels of the candidates a further round may chase (nearmiss.est_slo):
+#: those ranked at or before the ones that may miss (``meets``, ``may meet``, ``may miss``).
+CHASED = tuple(label for label, tier in TIER.items() if tier <= TIER["may miss"])
 
 
 def ahead_of_met(ranked: pd.DataFrame, picked: list[int], met: list[int],
