@@ -327,8 +327,8 @@ def load_scenario(source: str | Path | dict | Scenario,
     if "workload.duration_s" in already:
         already.add("workload.num_requests")
     problems += [p for p in _workload_problems(scenario) if p.split(":", 1)[0] not in already]
-    problems += [p for p in _speculative_problems(spec) if p.split(":", 1)[0] not in already]
     own = _speculative_problems(spec)
+    problems += [p for p in own if p.split(":", 1)[0] not in already]
     for i, pool in enumerate(pools):  # a [pools.speculative] table over the section
         if isinstance(pool.speculative, dict):
             problems += [f"pools[{i}].{p}" for p in _speculative_problems(

@@ -67,16 +67,15 @@ from simulator.io.schema import Scenario
 from simulator.model.spec import ModelSpec
 from simulator.planner.candidates import _memory, _point, spec_options, without_spec
 from simulator.planner.estimate import (
-    ITERATIONS,
     StepModel,
     _mix,
     batch_p99,
-    drafts_per_step,
-    spec_step,
+    decode_cycle,
+    little_batch,
+    spec_gain,
 )
 from simulator.planner.kvprice import KVPrice
 from simulator.planner.poolaxes import (
-    PREFILL_BUDGET,  # noqa: F401 (re-exported)
     decode_wait,
     joined_step,
     kv_contended,
@@ -93,6 +92,7 @@ from simulator.planner.space import (
     WorkloadStats,
     layouts,
     moe_label,
+    speculating,
 )
 from simulator.sweep import resolve_point
 
@@ -224,13 +224,10 @@ def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
                 continue
 
             def gain(b: float, spec=spec, budget=lim.budget) -> float:
-                """Output tokens per sequence and step (1 + E[A] while speculating)."""
-                return 1.0 + spec.accepted if drafts_per_step(spec, b, budget) else 1.0
+                return spec_gain(spec, b, budget)
 
             def cycle(b: float, spec=spec, budget=lim.budget) -> float:
-                if drafts_per_step(spec, b, budget):
-                    return spec_step(m, spec, b, 0.0, p, o)
-                return m.cycle(*_mix(b, 0.0, p, o))
+                return decode_cycle(m, spec, b, 0.0, p, o, budget)  # decode-only steps
 
             b_max = max(1.0, min(lim.max_num_seqs, mem.kv_tokens / streams / (p + o / 2)))
             c_max = cycle(b_max)
@@ -240,13 +237,7 @@ def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
                 if stats.rate_per_s is None:  # closed loop: the clients fix the batch
                     batch = min(b_max, max(1.0, (stats.concurrency or 1) / lanes))
                 else:  # Little's law: O / gain steps per request
-                    batch = 1.0
-                    for _ in range(ITERATIONS):
-                        new = min(b_max, max(1.0, rate / lanes * o / gain(batch)
-                                             * cycle(batch)))
-                        if abs(new - batch) < 1e-3:
-                            break
-                        batch = 0.5 * (batch + new)
+                    batch = little_batch(rate, lanes, o, b_max, gain, cycle)
                 b99 = batch_p99(batch, b_max) if stats.rate_per_s is not None else batch
                 out.append(PoolSide(lay, dp, lim, mem.kv_tokens,
                                     lanes * b_max * gain(b_max) / (o * c_max), math.nan,
@@ -383,9 +374,9 @@ def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
                {"max_num_seqs": int(row["max_num_seqs"]),
                 "max_num_batched_tokens": int(row["max_num_batched_tokens"])})
     dec["same_nodes_as"] = "prefill"
-    k = row.get("spec_k")
-    if s.speculative is not None and k is not None and k == k and int(k) > 0:
+    if s.speculative is not None and speculating(row):
         dec["speculative"] = {**{f: v for f, v in asdict(s.speculative).items()
-                                 if v is not None}, "num_speculative_tokens": int(k)}
+                                 if v is not None},
+                              "num_speculative_tokens": int(row["spec_k"])}
     return [pre, dec]
 

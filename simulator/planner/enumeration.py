@@ -24,7 +24,7 @@ from simulator.model.spec import load_model
 from simulator.planner.candidates import layout_rows
 from simulator.planner.disagg import disagg_rows
 from simulator.planner.hetero import CrossPairs
-from simulator.planner.nearmiss import chance, est_slo, margins, objective_values
+from simulator.planner.nearmiss import chance, est_slo, groups_of, margins, objective_values
 from simulator.planner.nearmiss import order as est_order
 from simulator.planner.ranking import PREFILL_COLUMNS, _stable
 from simulator.planner.space import WorkloadStats, engine_limits, layouts, useful_kv_tokens
@@ -104,8 +104,9 @@ def rerank(df: pd.DataFrame, s: Scenario, stats: WorkloadStats, objective: str,
     node = load_node(s.cluster.topology, s.base_dir)
     price = gpu_hour_usd(node.gpu.name, s.cluster.gpu_hour_usd)
     df = df.copy()
-    df["est_slo"] = est_slo(df, s.slo, m)
-    p = chance(df, s.slo, m)  # measured error: the likely ones first (nearmiss.order)
+    groups = groups_of(df) if m.get("groups") else None  # once for both
+    df["est_slo"] = est_slo(df, s.slo, m, groups)
+    p = chance(df, s.slo, m, groups)  # measured error: the likely ones first (nearmiss.order)
     if p is not None:
         df["est_chance"] = p
     df["est_objective"] = objective_values(df, objective, price, node, stats.output_mean,

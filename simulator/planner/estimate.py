@@ -175,25 +175,17 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
     budget = limits.budget
 
-    def drafts(batch: float) -> int:
-        """Drafts per sequence of a step of ``batch`` decoders: 0 where the engine decodes
-        plainly (``disable_by_batch_size``, or ``batch (k + 1)`` over the budget)."""
-        return drafts_per_step(spec, batch, budget)
-
     def gain(batch: float) -> float:
-        """Output tokens per sequence and step: 1 + E[accepted drafts] when speculating."""
-        return 1.0 + spec.accepted if drafts(batch) else 1.0
+        return spec_gain(spec, batch, budget)
 
     def cycle(batch: float, prefill: float) -> float:
-        if drafts(batch):
-            return spec_step(model, spec, batch, prefill, p, o)
-        return model.cycle(*_mix(batch, prefill, p, o))
+        return decode_cycle(model, spec, batch, prefill, p, o, budget)
 
     def steady(batch: float) -> tuple[float, float]:
         """Mean prefill tokens per step and mean cycle: prefill comes in chunks (a prompt,
         up to the room left in the budget), so a fraction x / chunk of the steps carry
         one and the rest decode only."""
-        room = max(budget - batch * (drafts(batch) + 1), 1.0)
+        room = max(budget - batch * (drafts_per_step(spec, batch, budget) + 1), 1.0)
         prefill = min(batch * p * gain(batch) / o, room)
         chunk = min(max(p, prefill), room)
         base = cycle(batch, 0.0)
@@ -201,7 +193,8 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
 
     b_max = max(1.0, min(limits.max_num_seqs, kv_tokens / streams / (p + o / 2)))
     _, c_max = steady(b_max)
-    per_step = min(b_max * gain(b_max) / o, max(budget - b_max * (drafts(b_max) + 1), 0.0) / p)
+    per_step = min(b_max * gain(b_max) / o,
+                   max(budget - b_max * (drafts_per_step(spec, b_max, budget) + 1), 0.0) / p)
     capacity = lanes * per_step / c_max
 
     if stats.rate_per_s is None:  # closed loop: the clients fix the batch
@@ -210,17 +203,12 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
         rate = lanes * batch * gain(batch) / (o * c)
     else:
         rate = stats.rate_per_s
-        batch = 1.0
-        for _ in range(ITERATIONS):
-            new = min(b_max, max(1.0, rate / lanes * o / gain(batch) * steady(batch)[1]))
-            if abs(new - batch) < 1e-3:
-                break
-            batch = 0.5 * (batch + new)
+        batch = little_batch(rate, lanes, o, b_max, gain, lambda b: steady(b)[1])
     _, c = steady(batch)
     rho = rate / capacity if capacity > 0 else math.inf
 
     def prefill_time(prompt: float) -> float:
-        room = max(budget - batch * (drafts(batch) + 1), 1.0)
+        room = max(budget - batch * (drafts_per_step(spec, batch, budget) + 1), 1.0)
         chunk = min(prompt, room)
         return math.ceil(prompt / room) * model.cycle(*_mix(batch, chunk, prompt, o))
 
@@ -283,3 +271,34 @@ def drafts_per_step(spec: SpecStep | None, batch: float, budget: int) -> int:
             spec.disable_by_batch_size is not None and batch >= spec.disable_by_batch_size):
         return 0
     return spec.k
+
+
+def spec_gain(spec: SpecStep | None, batch: float, budget: int) -> float:
+    """Output tokens per sequence of a step of ``batch`` decoders: ``1 + E[A]`` (the mean
+    drafts accepted) while speculating (:func:`drafts_per_step`), else 1."""
+    return 1.0 + spec.accepted if drafts_per_step(spec, batch, budget) else 1.0
+
+
+def decode_cycle(model: StepModel, spec: SpecStep | None, batch: float, prefill: float,
+                 prompt: float, output: float, budget: int) -> float:
+    """Seconds of one stream step of ``batch`` decoders plus ``prefill`` prompt tokens:
+    :func:`spec_step` while speculating (:func:`drafts_per_step`), else the plain step
+    (:meth:`StepModel.cycle` of :func:`_mix`)."""
+    if drafts_per_step(spec, batch, budget):
+        return spec_step(model, spec, batch, prefill, prompt, output)
+    return model.cycle(*_mix(batch, prefill, prompt, output))
+
+
+def little_batch(rate: float, lanes: int, output: float, b_max: float,
+                 gain: Callable[[float], float], cycle: Callable[[float], float]) -> float:
+    """Sequences per stream at the offered ``rate`` (req/s) over ``lanes`` streams: the
+    fixed point of Little's law ``B = rate / lanes * (output / gain(B)) * cycle(B)``
+    (``output / gain`` steps per request of ``cycle(B)`` seconds each), in [1, ``b_max``],
+    by damped iteration (at most ITERATIONS, to within 1e-3)."""
+    batch = 1.0
+    for _ in range(ITERATIONS):
+        new = min(b_max, max(1.0, rate / lanes * output / gain(batch) * cycle(batch)))
+        if abs(new - batch) < 1e-3:
+            break
+        batch = 0.5 * (batch + new)
+    return batch

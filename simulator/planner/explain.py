@@ -11,7 +11,7 @@ import re
 import pandas as pd
 
 from simulator.io.schema import SloKeys
-from simulator.planner.space import Layout, WorkloadStats, layout_label
+from simulator.planner.space import Layout, WorkloadStats, layout_label, speculating
 
 
 def sig(x: float, digits: int = 3) -> float:
@@ -192,8 +192,7 @@ def compare(best: pd.Series | None, rule_row: pd.Series | None, rule: Layout | N
 def _group(r: pd.Series) -> str:
     kind = r.get("kind") if isinstance(r.get("kind"), str) else "colocated"
     kind += " on two node kinds" if isinstance(r.get("mix_node"), str) else ""
-    k = r.get("spec_k")
-    return kind + (" with speculation" if k is not None and k == k and int(k) > 0 else "")
+    return kind + (" with speculation" if speculating(r) else "")
 
 
 def versus(best: pd.Series, table: pd.DataFrame, groups: pd.Series, mine: str,

@@ -41,7 +41,7 @@ import pandas as pd
 from simulator.io.schema import SloKeys
 from simulator.planner.explain import sig
 from simulator.planner.objectives import est_value, spearman
-from simulator.planner.space import cross_kind
+from simulator.planner.space import cross_kind, speculating
 
 #: Quantile of the estimate / simulation ratios that sets the margin.
 MARGIN_QUANTILE = 0.9
@@ -118,29 +118,47 @@ def margins(table: pd.DataFrame | None) -> dict:
                 groups.setdefault(g, {}).update({target: b["margin"],
                                                  f"{target}_optimism": b["optimism"],
                                                  f"{target}_ratios": tuple(sorted(map(float, r)))})
-    out["groups"] = {g: {**{k: out[k] for k in out}, **v} for g, v in groups.items()}
+    out["groups"] = {g: {**out, **v} for g, v in groups.items()}
     return out
 
 
-def _of_group(cands: pd.DataFrame, m: dict, key: str) -> list:
-    """``m[key]`` per candidate: its group's (``m["groups"]``) where measured, else the
-    plan's (None where neither has it)."""
-    groups = m.get("groups") or {}
+def groups_of(cands: pd.DataFrame) -> pd.Series:
+    """:func:`group_of` per candidate (index kept)."""
+    return pd.Series([group_of(r) for _, r in cands.iterrows()], index=cands.index,
+                     dtype=object)
+
+
+def _measured_groups(cands: pd.DataFrame, m: dict, groups: pd.Series | None
+                     ) -> pd.Series | None:
+    """``groups`` (:func:`groups_of`), computed when not given and ``m`` has per-group
+    figures; None when it has none (every candidate takes the plan's)."""
+    if not m.get("groups"):
+        return None
+    return groups if groups is not None else groups_of(cands)
+
+
+def _of_group(cands: pd.DataFrame, m: dict, key: str, groups: pd.Series | None) -> list:
+    """``m[key]`` per candidate: its group's (``m["groups"]``, the candidates' groups
+    ``groups`` from :func:`_measured_groups`) where measured, else the plan's (None where
+    neither has it)."""
     default = m.get(key)
-    if not groups:
+    if groups is None:
         return [default] * len(cands)
-    return [groups.get(group_of(r), {}).get(key, default) for _, r in cands.iterrows()]
+    return [m["groups"].get(g, {}).get(key, default) for g in groups]
 
 
-def _per_row(cands: pd.DataFrame, m: dict, key: str) -> np.ndarray:
+def _per_row(cands: pd.DataFrame, m: dict, key: str, groups: pd.Series | None
+             ) -> np.ndarray:
     """:func:`_of_group` as floats (the margins and optimism)."""
-    return np.array(_of_group(cands, m, key), float)
+    return np.array(_of_group(cands, m, key, groups), float)
 
 
-def chance(cands: pd.DataFrame, slo: SloKeys, m: dict) -> np.ndarray | None:
+def chance(cands: pd.DataFrame, slo: SloKeys, m: dict, groups: pd.Series | None = None
+           ) -> np.ndarray | None:
     """Per candidate, the chance that the simulation meets both SLOs given the measured
     ratios (None before the plan has measured them, ``margins(None)``); above 1/2 the
     median-corrected estimate meets them, and :func:`order` takes those first.
+    ``groups``: the candidates' :func:`groups_of`, when the caller has it.
 
     Notes
     -----
@@ -154,31 +172,38 @@ def chance(cands: pd.DataFrame, slo: SloKeys, m: dict) -> np.ndarray | None:
     if "ttft_ratios" not in m or "tpot_ratios" not in m:
         return None
     p = np.ones(len(cands))
+    groups = _measured_groups(cands, m, groups)
     for target, t in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s)):
         need = estimated(cands, target) / t
-        have = _of_group(cands, m, f"{target}_ratios")
+        have = _of_group(cands, m, f"{target}_ratios", groups)
         p *= np.array([np.mean(np.asarray(r) >= x) if np.isfinite(x) else 0.0
                        for r, x in zip(have, need, strict=True)])
     return p
 
 
-def est_slo(cands: pd.DataFrame, slo: SloKeys, m: dict) -> pd.Series:
+def est_slo(cands: pd.DataFrame, slo: SloKeys, m: dict, groups: pd.Series | None = None
+            ) -> pd.Series:
     """Per candidate: ``meets`` (the estimate meets both SLOs, even divided by its
     optimism), ``may meet`` (it misses by less than the margins, utilization < 1), ``may
     miss`` (it meets or may meet, but meets a target by less than its optimism: the
     corrected estimate misses it), ``misses``, or ``""`` when excluded; at the margins and
-    optimism of the candidate's group (:func:`margins`)."""
+    optimism of the candidate's group (:func:`margins`; ``groups``: the candidates'
+    :func:`groups_of`, when the caller has it)."""
+    groups = _measured_groups(cands, m, groups)
     feasible = cands["status"] == "feasible"
     meets = feasible & (cands["est_goodput_req_per_s"] > 0)
     util = cands["est_utilization"].astype(float)
     ttft = cands["est_ttft_p99_s"].astype(float).to_numpy()
     tpot = estimated(cands, "tpot")
+    def per_row(key: str) -> np.ndarray:
+        return _per_row(cands, m, key, groups)
+
     near = (feasible & ~meets & (util < 1)
-            & (ttft <= slo.ttft_s * _per_row(cands, m, "ttft"))
-            & (tpot <= slo.tpot_s * _per_row(cands, m, "tpot")))
+            & (ttft <= slo.ttft_s * per_row("ttft"))
+            & (tpot <= slo.tpot_s * per_row("tpot")))
     flattered = (meets | near) & (
-        ((ttft > slo.ttft_s * _per_row(cands, m, "ttft_optimism")) & (ttft <= slo.ttft_s))
-        | ((tpot > slo.tpot_s * _per_row(cands, m, "tpot_optimism")) & (tpot <= slo.tpot_s)))
+        ((ttft > slo.ttft_s * per_row("ttft_optimism")) & (ttft <= slo.ttft_s))
+        | ((tpot > slo.tpot_s * per_row("tpot_optimism")) & (tpot <= slo.tpot_s)))
     out = pd.Series("misses", index=cands.index)
     out[meets] = "meets"
     out[near] = "may meet"
@@ -240,8 +265,7 @@ def group_of(row) -> str:
     kind = kind if isinstance(kind, str) else "colocated"
     kind += "+cross" if cross_kind(row) else ""  # pools on two node kinds (hetero.py)
     kind += "+mix" if isinstance(row.get("mix_node"), str) else ""  # DP on two (mixdp.py)
-    k = row.get("spec_k")
-    return kind + ("+spec" if k is not None and k == k and int(k) > 0 else "")
+    return kind + ("+spec" if speculating(row) else "")
 
 
 def correlations(table: pd.DataFrame, est: str, sim: str) -> dict[str, float]:

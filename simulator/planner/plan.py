@@ -23,7 +23,7 @@ from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario, SloKeys
 from simulator.model.spec import load_model
-from simulator.planner.candidates import _memory, _point, layout_rows, without_spec  # noqa: F401
+from simulator.planner.candidates import _point, without_spec
 from simulator.planner.disagg import pools_of
 from simulator.planner.enumeration import _columns, enumerate_candidates, rerank
 from simulator.planner.explain import (
@@ -37,6 +37,7 @@ from simulator.planner.explain import (
 )
 from simulator.planner.hetero import CrossPairs, cross_point
 from simulator.planner.nearmiss import (
+    TIER,
     group_of,
     margins,
 )
@@ -125,8 +126,9 @@ def _meets(sim: dict, slo: SloKeys) -> bool:
             and not sim["keep_up_ratio"] < sim["keep_up_least"])
 
 
-#: Estimated SLO labels of the candidates a further round may chase (nearmiss.est_slo).
-CHASED = ("meets", "may meet", "may miss")
+#: Estimated SLO labels of the candidates a further round may chase (nearmiss.est_slo):
+#: those ranked at or before the ones that may miss (``meets``, ``may meet``, ``may miss``).
+CHASED = tuple(label for label, tier in TIER.items() if tier <= TIER["may miss"])
 
 
 def ahead_of_met(ranked: pd.DataFrame, picked: list[int], met: list[int],
@@ -281,16 +283,15 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     m = margins(None)
     chased = 0
     for round_ in range(MAX_ROUNDS + CHASE_ROUNDS):
+        met = [i for i in picked if _meets(sims[i], s.slo)]
+        chase = any(i != rule_idx for i in met)
+        if (chase and chased == CHASE_ROUNDS) or (not chase and round_ == MAX_ROUNDS):
+            break  # checked before re-ranking: the table is re-ranked after the loop
         batch, taken = [], dict.fromkeys(groups.unique(), 0)
         ranked = rerank(cands, s, stats, objective, m, cross)
-        met = [i for i in picked if _meets(sims[i], s.slo)]
-        if any(i != rule_idx for i in met):
-            if chased == CHASE_ROUNDS:
-                break
+        if chase:
             chased += 1
             ranked = ranked.loc[ahead_of_met(ranked, picked, met, objective)]
-        elif round_ == MAX_ROUNDS:
-            break
         for i, r in ranked.iterrows():
             lay, g = _layout(r), groups[i]
             if (r["status"] == "feasible" and i not in picked and taken[g] < per_group

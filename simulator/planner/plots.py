@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.planner.space import cross_kind
+from simulator.planner.space import cross_kind, speculating
 
 
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -146,11 +146,11 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
             if r.get("kind") == "disaggregated":  # prefill pool + decode pool
                 text = (f"P{int(r['prefill_tp'])}/{int(r['prefill_pp'])}/"
                         f"{int(r['prefill_dp'])}+D{text}")
-            k = r.get("spec_k")
-            if k is not None and k == k and int(k) > 0:
-                text += f" k{int(k)}"
+            if speculating(r):
+                text += f" k{int(r['spec_k'])}"
             if isinstance(r.get("node"), str):  # a cross-kind pair: prefill kind>decode kind
-                text = f"{r['node']}{'>' + cross_kind(r) if cross_kind(r) else ''} {text}"
+                dec = cross_kind(r)
+                text = f"{r['node']}{'>' + dec if dec else ''} {text}"
             if r["rank"] == 1 and r["slo_met"]:
                 text += " pick"
             if "rule of thumb" in str(r["note"]):

@@ -86,9 +86,8 @@ def layout_label(row) -> str:
             shown = seqs is not None and seqs == seqs and int(seqs) in PREFILL_SEQS
             own += (f" (prefill budget {int(budget)}, max_num_seqs {int(seqs)})" if shown
                     else f" (prefill budget {int(budget)})")
-    k = row.get("spec_k")
-    if k is not None and k == k and int(k) > 0:
-        own += f" spec k={int(k)}"
+    if speculating(row):
+        own += f" spec k={int(row['spec_k'])}"
     return (f"{kind} " if isinstance(kind, str) else "") + own
 
 
@@ -283,3 +282,10 @@ def cross_kind(row) -> str | None:
     ``decode_node`` differs from its ``node``; simulator.planner.hetero), else None."""
     dec = row.get("decode_node")
     return dec if isinstance(dec, str) and dec != row.get("node") else None
+
+
+def speculating(row) -> bool:
+    """Whether a candidate row speculates: its ``spec_k`` is set (not None, not nan) and
+    above 0."""
+    k = row.get("spec_k")
+    return k is not None and k == k and int(k) > 0
