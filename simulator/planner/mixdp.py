@@ -234,9 +234,7 @@ class MixedDP:
     def point(self, row) -> dict:
         """The scenario of a mixed row: the base at the row's engine limits, without
         ``[speculative]``, with the pools of :func:`mix_pools`."""
-        chunk = row.get("chunk_size")
-        lim = Limits(int(row["max_num_seqs"]), int(row["max_num_batched_tokens"]),
-                     None if chunk is None or pd.isna(chunk) else int(chunk))
+        lim = Limits.of_row(row)
         data = without_spec(resolve_point(self.base, lim.overrides(), self.s.seed))
         data["pools"] = mix_pools(row, self.s)
         return data

@@ -248,8 +248,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
 
     def job(i: int) -> dict:
         r = cands.loc[i]
-        lim = Limits(int(r["max_num_seqs"]), int(r["max_num_batched_tokens"]),
-                     None if pd.isna(r["chunk_size"]) else int(r["chunk_size"]))
+        lim = Limits.of_row(r)
         lay = _layout(r)[0]
         point = resolve_point(base, _point(lay, lim, model.moe is not None), s.seed)
         if "speculative" in point:  # the searched k, or none

@@ -50,9 +50,7 @@ def recommended_scenario(result: PlanResult) -> dict | None:
     s = result.scenario
     data = to_dict(s)
     lay = {k: int(best[k]) for k in ("tp", "pp", "dp")}
-    chunk = best.get("chunk_size")
-    lim = Limits(int(best["max_num_seqs"]), int(best["max_num_batched_tokens"]),
-                 None if chunk is None or pd.isna(chunk) else int(chunk))
+    lim = Limits.of_row(best)
     data["name"] = f"{s.name}-tp{lay['tp']}-pp{lay['pp']}-dp{lay['dp']}"
     data["parallel"] = {**data.get("parallel", {}), **lay}
     for key, value in lim.overrides().items():
