@@ -19,7 +19,7 @@ power the sum of each pool's nodes (:func:`simulator.planner.objectives.est_powe
 A cross-kind row carries ``decode_node`` (the decode pool's kind); the plan of the prefill
 kind ranks it (:func:`simulator.planner.plan.plan` with ``cross``), in a simulation group of
 its own (``disaggregated+cross``); its ``[[pools]]`` (:func:`cross_pools`) give each pool
-its ``topology`` and whole nodes, on the scenario's fabric (:func:`cross_point`).
+its ``topology`` and whole nodes, on the scenario's fabric (the graph the estimate priced).
 """
 
 from __future__ import annotations
@@ -182,10 +182,3 @@ def cross_pools(row, s: Scenario) -> list[dict]:
     if s.cluster.gpu_hour_usd is not None:
         pre["gpu_hour_usd"] = dec["gpu_hour_usd"] = s.cluster.gpu_hour_usd
     return [pre, dec]
-
-
-def cross_point(data: dict, row, s: Scenario) -> dict:
-    """``data`` (a scenario dict) with the ``[[pools]]`` of a cross-kind row
-    (:func:`cross_pools`), on the scenario's fabric (the graph the estimate priced)."""
-    data["pools"] = cross_pools(row, s)
-    return data
