@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from simulator.cluster.build import build_plan
-from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import NodeSpec, load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
@@ -43,7 +42,7 @@ from simulator.planner.estimate import estimate
 from simulator.planner.explain import binds, misses
 from simulator.planner.nearmiss import est_slo, margins, objective_values
 from simulator.planner.nearmiss import order as est_order
-from simulator.planner.objectives import est_power_w
+from simulator.planner.objectives import two_kind_value
 from simulator.planner.ranking import _stable
 from simulator.planner.simulate import simulate_many
 from simulator.planner.space import (
@@ -213,14 +212,8 @@ class MixedDP:
             na, nb = self.nodes[r["node"]], self.nodes[r["mix_node"]]
             g_b = int(r["mix_dp"]) * int(r["tp"]) * int(r["pp"])
             g_a = int(r["gpus"]) - g_b
-            if objective == "goodput_per_usd":
-                usd = (g_a * gpu_hour_usd(na.gpu.name, self.s.cluster.gpu_hour_usd)
-                       + g_b * gpu_hour_usd(nb.gpu.name, self.s.cluster.gpu_hour_usd))
-                out.append(value * (g_a + g_b) / usd)
-            else:
-                u = r["est_utilization"]
-                out.append(value * est_power_w(na, g_a + g_b, u) / (
-                    est_power_w(na, g_a, u) + est_power_w(nb, g_b, u)))
+            out.append(two_kind_value(value, objective, na, g_a, nb, g_b,
+                                      r["est_utilization"], self.s.cluster.gpu_hour_usd))
         return out
 
     def rank(self, df: pd.DataFrame, objective: str, stats: WorkloadStats,
