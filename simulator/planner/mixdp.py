@@ -32,12 +32,11 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from simulator.cluster.build import build_plan
 from simulator.hardware.specs import NodeSpec, load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.model.spec import ModelSpec
-from simulator.planner.candidates import _memory, _point, layout_rows, without_spec
+from simulator.planner.candidates import layout_plan, layout_rows, without_spec
 from simulator.planner.estimate import estimate
 from simulator.planner.explain import binds, misses
 from simulator.planner.nearmiss import est_slo, margins, objective_values
@@ -131,14 +130,12 @@ class MixedDP:
         key = (kind, n, lay)
         if key not in self._built:
             seed = self.s.seed
-            base = resolve_point(self.base, {"cluster.topology": kind, "cluster.nodes": n},
-                                 seed)
-            rows = [r for r in layout_rows((base, seed, lay, *job)) if r["spec_k"] == 0]
-            cp = None
-            if any(r["status"] == "feasible" for r in rows):
-                probe, moe = job[1], job[-1]
-                cp = build_plan(load_scenario(without_spec(  # mixes do not speculate
-                    resolve_point(base, _point(lay, probe, moe), seed))))
+            base = without_spec(resolve_point(  # mixes do not speculate
+                self.base, {"cluster.topology": kind, "cluster.nodes": n}, seed))
+            probe, moe = job[1], job[-1]
+            built = layout_plan(base, seed, lay, probe, moe)
+            rows = layout_rows((base, seed, lay, *job), built)
+            cp = built[0] if any(r["status"] == "feasible" for r in rows) else None
             self._built[key] = ({(r["max_num_seqs"], r["max_num_batched_tokens"],
                                   r["chunk_size"]): r for r in rows}, cp)
         return self._built[key]
@@ -184,7 +181,7 @@ class MixedDP:
         ests = []
         for r, cp in ((ra, cp_a), (rb, cp_b)):
             share = r["est_capacity_req_per_s"] / cap
-            kv = _memory(cp, lim).kv_tokens
+            kv = r["kv_tokens_per_replica"]  # layout_rows' _memory(cp, lim).kv_tokens
             ests.append((share, estimate(cp, lim, kv, split_stats(stats, share),
                                          s.slo.ttft_s, s.slo.tpot_s)))
         rate = stats.rate_per_s
