@@ -37,8 +37,10 @@ from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.model.spec import ModelSpec
 from simulator.planner.candidates import layout_plan, layout_rows, without_spec
+from simulator.planner.disagg import pool
 from simulator.planner.estimate import estimate
 from simulator.planner.explain import binds, misses
+from simulator.planner.hetero import pool_nodes
 from simulator.planner.nearmiss import est_slo, margins, objective_values
 from simulator.planner.nearmiss import order as est_order
 from simulator.planner.objectives import two_kind_value
@@ -282,19 +284,14 @@ def mix_pools(row, s: Scenario) -> list[dict]:
     ``packed``, behind one ``least_outstanding`` router (:data:`ROUTER`, set on the first
     pool, whose router the front takes); a ``[cluster] gpu_hour_usd`` prices both."""
     tp, pp, dp_b = int(row["tp"]), int(row["pp"]), int(row["mix_dp"])
-    ep, adp = row.get("ep"), row.get("attention_dp")
     pools = []
     for i, (kind, dp) in enumerate(((row["node"], int(row["dp"]) - dp_b),
                                     (row["mix_node"], dp_b))):
         per = load_node(kind, s.base_dir, key="--nodes").gpus_per_node
-        pool = {"name": f"mixed{i}", "role": "mixed", "topology": kind,
-                "nodes": dp * tp * pp // per, "tp": tp, "pp": pp, "dp": dp,
-                "placement": "packed", "router": ROUTER}
-        if ep is not None and ep == ep and int(ep) > 1:
-            pool["ep"] = int(ep)
-        if adp is True or adp == 1.0:
-            pool["attention_dp"] = True
+        one = pool(f"mixed{i}", "mixed", tp, pp, dp, row.get("ep"), row.get("attention_dp"),
+                   where={"topology": kind, "nodes": pool_nodes(tp, pp, dp, per)},
+                   router=ROUTER)
         if s.cluster.gpu_hour_usd is not None:
-            pool["gpu_hour_usd"] = s.cluster.gpu_hour_usd
-        pools.append(pool)
+            one["gpu_hour_usd"] = s.cluster.gpu_hour_usd
+        pools.append(one)
     return pools
