@@ -28,7 +28,7 @@ from simulator.model.spec import load_model
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY
 from simulator.planner import plan
 from simulator.planner.estimate import StepModel, _mix
-from simulator.planner.hetero import CrossPairs, cross_point, cross_pools, pool_nodes
+from simulator.planner.hetero import CrossPairs, cross_pools, pool_nodes
 from simulator.planner.kinds import budget, plan_kinds
 from simulator.planner.nearmiss import est_slo, margins
 from simulator.planner.objectives import est_power_w
@@ -174,7 +174,7 @@ def test_leaf_spine_cross_pairs_priced_on_the_leaf_spine(tmp_path):
     rows = CrossPairs(KINDS).rows(ls_base, ls, model, 2, st, 1000, 1.0, 0.05)
     assert {r["status"] for r in rows} == {"feasible"}
     assert [r["est_kv_transfer_s"] for r in rows] == [r["est_kv_transfer_s"] for r in plain]
-    point = cross_point(copy.deepcopy(ls_base), pd.Series(rows[0]), ls)
+    point = {**copy.deepcopy(ls_base), "pools": cross_pools(pd.Series(rows[0]), ls)}
     assert point["cluster"]["fabric"] == "leaf_spine"
     pooled = build_pools(load_scenario(point))
     assert [p.plan.node.name for p in pooled.pools] == KINDS

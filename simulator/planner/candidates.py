@@ -85,13 +85,15 @@ def spec_options(cp: ClusterPlan) -> list[SpecStep]:
     return out
 
 
-def layout_rows(job: tuple) -> list[dict]:
-    """Candidate rows of one layout x every engine limit (see
-    :func:`enumerate_candidates`); a top-level function so that worker processes run it."""
-    base, seed, lay, limits, probe, need, stats, ttft_s, tpot_s, moe = job
+def layout_plan(base: dict, seed: int, lay: Layout, probe: Limits, moe: bool
+                ) -> tuple[ClusterPlan | None, str]:
+    """The built plan of ``lay`` at the ``probe`` limits on ``base`` (a resolved scenario),
+    and why it does not build ("" when it does at once); a layout that does not build
+    with a ``[speculative]`` section is built without it (without the drafter it may still
+    fit; its reason is kept)."""
     point = resolve_point(base, _point(lay, probe, moe), seed)
     try:
-        cp = build_plan(load_scenario(point))
+        return build_plan(load_scenario(point)), ""
     except ScenarioError as exc:
         cp, why = None, "; ".join(exc.problems)
         if "speculative" in point:  # without the drafter the layout may still fit
@@ -99,6 +101,16 @@ def layout_rows(job: tuple) -> list[dict]:
                 cp = build_plan(load_scenario(without_spec(point)))
             except ScenarioError:
                 pass
+    return cp, why
+
+
+def layout_rows(job: tuple, built: tuple[ClusterPlan | None, str] | None = None
+                ) -> list[dict]:
+    """Candidate rows of one layout x every engine limit (see
+    :func:`enumerate_candidates`); a top-level function so that worker processes run it.
+    ``built`` is the layout's :func:`layout_plan` when the caller has it."""
+    base, seed, lay, limits, probe, need, stats, ttft_s, tpot_s, moe = job
+    cp, why = built if built is not None else layout_plan(base, seed, lay, probe, moe)
     specs = spec_options(cp) if cp is not None else []
     rows = []
     for lim in limits:

@@ -349,30 +349,35 @@ def pair_rows(pres: list[PoolSide], decs: list[PoolSide], kv_of, gpus: int,
     return rows
 
 
+def pool(name: str, role: str, tp, pp, dp, ep, adp, where: dict | None = None,
+         **keys) -> dict:
+    """One packed ``[[pools]]`` entry of a candidate row's replica shape: ``name``,
+    ``role``, the ``where`` keys (topology, nodes), tp, pp, dp, ``placement = "packed"``,
+    the other ``keys`` (engine, router), then ``ep`` when above 1 and ``attention_dp``
+    when set (the row's values may be NaN or floats from a table)."""
+    out = {"name": name, "role": role, **(where or {}), "tp": int(tp), "pp": int(pp),
+           "dp": int(dp), "placement": "packed", **keys}
+    if ep is not None and ep == ep and int(ep) > 1:
+        out["ep"] = int(ep)
+    if adp is True or adp == 1.0:
+        out["attention_dp"] = True
+    return out
+
+
 def pools_of(row, nodes: int, s: Scenario) -> list[dict]:
     """The ``[[pools]]`` of a disaggregated candidate row: prefill on the plan's ``nodes``,
     decode sharing them, both packed, each with its engine limits; a row with ``spec_k >
     0`` gives the decode pool its ``[pools.speculative]`` (the scenario's section at that
     k), the speculation of the decode pool only."""
     e = s.engine
-
-    def pool(name: str, tp, pp, dp, ep, adp, engine: dict) -> dict:
-        out = {"name": name, "role": name, "tp": int(tp), "pp": int(pp), "dp": int(dp),
-               "placement": "packed", "engine": engine}
-        if ep is not None and ep == ep and int(ep) > 1:
-            out["ep"] = int(ep)
-        if adp is True or adp == 1.0:
-            out["attention_dp"] = True
-        return out
-
-    pre = pool("prefill", row["prefill_tp"], row["prefill_pp"], row["prefill_dp"],
+    pre = pool("prefill", "prefill", row["prefill_tp"], row["prefill_pp"], row["prefill_dp"],
                row.get("prefill_ep"), row.get("prefill_attention_dp"),
-               prefill_engine(row, e))
+               engine=prefill_engine(row, e))
     pre["nodes"] = nodes
-    dec = pool("decode", row["tp"], row["pp"], row["dp"], row.get("ep"),
+    dec = pool("decode", "decode", row["tp"], row["pp"], row["dp"], row.get("ep"),
                row.get("attention_dp"),
-               {"max_num_seqs": int(row["max_num_seqs"]),
-                "max_num_batched_tokens": int(row["max_num_batched_tokens"])})
+               engine={"max_num_seqs": int(row["max_num_seqs"]),
+                       "max_num_batched_tokens": int(row["max_num_batched_tokens"])})
     dec["same_nodes_as"] = "prefill"
     if s.speculative is not None and speculating(row):
         dec["speculative"] = {**{f: v for f, v in asdict(s.speculative).items()

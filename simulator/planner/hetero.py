@@ -19,7 +19,7 @@ power the sum of each pool's nodes (:func:`simulator.planner.objectives.est_powe
 A cross-kind row carries ``decode_node`` (the decode pool's kind); the plan of the prefill
 kind ranks it (:func:`simulator.planner.plan.plan` with ``cross``), in a simulation group of
 its own (``disaggregated+cross``); its ``[[pools]]`` (:func:`cross_pools`) give each pool
-its ``topology`` and whole nodes, on the scenario's fabric (:func:`cross_point`).
+its ``topology`` and whole nodes, on the scenario's fabric (the graph the estimate priced).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import pandas as pd
 
 from simulator.cluster.build import cluster_node
 from simulator.cluster.pools import fabric_graph
-from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
@@ -45,7 +44,7 @@ from simulator.planner.disagg import (
     pools_of,
 )
 from simulator.planner.nearmiss import objective_values
-from simulator.planner.objectives import est_power_w
+from simulator.planner.objectives import two_kind_value
 from simulator.planner.space import WorkloadStats
 from simulator.sweep import resolve_point
 
@@ -131,12 +130,11 @@ class CrossPairs:
 
         Notes
         -----
-        The estimate's value is linear in ``1 / (GPUs x price)`` (goodput per dollar) and
-        in ``1 / power`` (tokens per joule): the rows valued at one price and on the
-        prefill kind's nodes by :func:`simulator.planner.nearmiss.objective_values` are
-        scaled by ``(g_p + g_d) / (g_p price_p + g_d price_d)`` and by ``P_p(g_p + g_d) /
-        (P_p(g_p) + P_d(g_d))``, P the estimated power of a kind's nodes at the pair's
-        utilization.
+        The rows valued at one price and on the prefill kind's nodes by
+        :func:`simulator.planner.nearmiss.objective_values` are rescaled to each pool's
+        GPUs, price and power by :func:`simulator.planner.objectives.two_kind_value`
+        (``(g_p + g_d) / (g_p price_p + g_d price_d)``; ``P_p(g_p + g_d) / (P_p(g_p) +
+        P_d(g_d))``, P at the pair's utilization).
         """
         out = df["est_objective"].copy()
         if "decode_node" not in df or objective not in ("goodput_per_usd",
@@ -155,13 +153,8 @@ class CrossPairs:
         g_d = (cross["tp"] * cross["pp"] * cross["dp"]).astype(int)
         for i, value, k, gp, gd, u in zip(cross.index, base, cross["decode_node"], g_p, g_d,
                                           cross["est_utilization"], strict=True):
-            if objective == "goodput_per_usd":
-                usd = (gp * gpu_hour_usd(node_p.gpu.name, s.cluster.gpu_hour_usd)
-                       + gd * gpu_hour_usd(nodes[k].gpu.name, s.cluster.gpu_hour_usd))
-                out[i] = value * (gp + gd) / usd
-            else:
-                out[i] = value * est_power_w(node_p, gp + gd, u) / (
-                    est_power_w(node_p, gp, u) + est_power_w(nodes[k], gd, u))
+            out[i] = two_kind_value(value, objective, node_p, gp, nodes[k], gd, u,
+                                    s.cluster.gpu_hour_usd)
         return out
 
 
@@ -182,10 +175,3 @@ def cross_pools(row, s: Scenario) -> list[dict]:
     if s.cluster.gpu_hour_usd is not None:
         pre["gpu_hour_usd"] = dec["gpu_hour_usd"] = s.cluster.gpu_hour_usd
     return [pre, dec]
-
-
-def cross_point(data: dict, row, s: Scenario) -> dict:
-    """``data`` (a scenario dict) with the ``[[pools]]`` of a cross-kind row
-    (:func:`cross_pools`), on the scenario's fabric (the graph the estimate priced)."""
-    data["pools"] = cross_pools(row, s)
-    return data

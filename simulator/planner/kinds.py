@@ -50,7 +50,7 @@ from simulator.planner.plan import (
     plan,
     rank_correlation,
 )
-from simulator.planner.simulate import base_scenario, without_pools
+from simulator.planner.simulate import base_scenario, own_pools
 from simulator.planner.space import cross_kind, layout_label
 
 
@@ -95,8 +95,8 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
     mixed = None
     if len(kinds) > 1:  # replicas on two kinds behind one router (simulator.planner.mixdp)
         t0, first = time.perf_counter(), next(iter(results.values()))
-        base = without_pools(base_scenario(scenario, overrides, kwargs.get(
-            "requests", DEFAULT_REQUESTS)))
+        # `scenario` has no [[pools]] here (replaced by () above), so its dict has none
+        base = base_scenario(scenario, overrides, kwargs.get("requests", DEFAULT_REQUESTS))
         found = MixedDP(base, kinds).search(
             load_model(s.model.name, s.base_dir), gpus, first.stats, objective,
             kwargs.get("top", DEFAULT_TOP), kwargs.get("jobs"), first.quantile)
@@ -110,7 +110,7 @@ def budget(s: Scenario) -> int:
     if not s.pools:
         return s.cluster.nodes * load_node(s.cluster.topology, s.base_dir).gpus_per_node
     return sum(p.nodes * load_node(p.topology or s.cluster.topology, s.base_dir).gpus_per_node
-               for p in s.pools if p.same_nodes_as is None)
+               for p in own_pools(s.pools))
 
 
 def _tag(df: pd.DataFrame, kind: str) -> pd.DataFrame:

@@ -32,18 +32,18 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from simulator.cluster.build import build_plan
-from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import NodeSpec, load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.model.spec import ModelSpec
-from simulator.planner.candidates import _memory, _point, layout_rows, without_spec
+from simulator.planner.candidates import layout_plan, layout_rows, without_spec
+from simulator.planner.disagg import pool
 from simulator.planner.estimate import estimate
 from simulator.planner.explain import binds, misses
+from simulator.planner.hetero import pool_nodes
 from simulator.planner.nearmiss import est_slo, margins, objective_values
 from simulator.planner.nearmiss import order as est_order
-from simulator.planner.objectives import est_power_w
+from simulator.planner.objectives import two_kind_value
 from simulator.planner.ranking import _stable
 from simulator.planner.simulate import simulate_many
 from simulator.planner.space import (
@@ -132,14 +132,12 @@ class MixedDP:
         key = (kind, n, lay)
         if key not in self._built:
             seed = self.s.seed
-            base = resolve_point(self.base, {"cluster.topology": kind, "cluster.nodes": n},
-                                 seed)
-            rows = [r for r in layout_rows((base, seed, lay, *job)) if r["spec_k"] == 0]
-            cp = None
-            if any(r["status"] == "feasible" for r in rows):
-                probe, moe = job[1], job[-1]
-                cp = build_plan(load_scenario(without_spec(  # mixes do not speculate
-                    resolve_point(base, _point(lay, probe, moe), seed))))
+            base = without_spec(resolve_point(  # mixes do not speculate
+                self.base, {"cluster.topology": kind, "cluster.nodes": n}, seed))
+            probe, moe = job[1], job[-1]
+            built = layout_plan(base, seed, lay, probe, moe)
+            rows = layout_rows((base, seed, lay, *job), built)
+            cp = built[0] if any(r["status"] == "feasible" for r in rows) else None
             self._built[key] = ({(r["max_num_seqs"], r["max_num_batched_tokens"],
                                   r["chunk_size"]): r for r in rows}, cp)
         return self._built[key]
@@ -185,7 +183,7 @@ class MixedDP:
         ests = []
         for r, cp in ((ra, cp_a), (rb, cp_b)):
             share = r["est_capacity_req_per_s"] / cap
-            kv = _memory(cp, lim).kv_tokens
+            kv = r["kv_tokens_per_replica"]  # layout_rows' _memory(cp, lim).kv_tokens
             ests.append((share, estimate(cp, lim, kv, split_stats(stats, share),
                                          s.slo.ttft_s, s.slo.tpot_s)))
         rate = stats.rate_per_s
@@ -213,14 +211,8 @@ class MixedDP:
             na, nb = self.nodes[r["node"]], self.nodes[r["mix_node"]]
             g_b = int(r["mix_dp"]) * int(r["tp"]) * int(r["pp"])
             g_a = int(r["gpus"]) - g_b
-            if objective == "goodput_per_usd":
-                usd = (g_a * gpu_hour_usd(na.gpu.name, self.s.cluster.gpu_hour_usd)
-                       + g_b * gpu_hour_usd(nb.gpu.name, self.s.cluster.gpu_hour_usd))
-                out.append(value * (g_a + g_b) / usd)
-            else:
-                u = r["est_utilization"]
-                out.append(value * est_power_w(na, g_a + g_b, u) / (
-                    est_power_w(na, g_a, u) + est_power_w(nb, g_b, u)))
+            out.append(two_kind_value(value, objective, na, g_a, nb, g_b,
+                                      r["est_utilization"], self.s.cluster.gpu_hour_usd))
         return out
 
     def rank(self, df: pd.DataFrame, objective: str, stats: WorkloadStats,
@@ -234,9 +226,7 @@ class MixedDP:
     def point(self, row) -> dict:
         """The scenario of a mixed row: the base at the row's engine limits, without
         ``[speculative]``, with the pools of :func:`mix_pools`."""
-        chunk = row.get("chunk_size")
-        lim = Limits(int(row["max_num_seqs"]), int(row["max_num_batched_tokens"]),
-                     None if chunk is None or pd.isna(chunk) else int(chunk))
+        lim = Limits.of_row(row)
         data = without_spec(resolve_point(self.base, lim.overrides(), self.s.seed))
         data["pools"] = mix_pools(row, self.s)
         return data
@@ -294,19 +284,14 @@ def mix_pools(row, s: Scenario) -> list[dict]:
     ``packed``, behind one ``least_outstanding`` router (:data:`ROUTER`, set on the first
     pool, whose router the front takes); a ``[cluster] gpu_hour_usd`` prices both."""
     tp, pp, dp_b = int(row["tp"]), int(row["pp"]), int(row["mix_dp"])
-    ep, adp = row.get("ep"), row.get("attention_dp")
     pools = []
     for i, (kind, dp) in enumerate(((row["node"], int(row["dp"]) - dp_b),
                                     (row["mix_node"], dp_b))):
         per = load_node(kind, s.base_dir, key="--nodes").gpus_per_node
-        pool = {"name": f"mixed{i}", "role": "mixed", "topology": kind,
-                "nodes": dp * tp * pp // per, "tp": tp, "pp": pp, "dp": dp,
-                "placement": "packed", "router": ROUTER}
-        if ep is not None and ep == ep and int(ep) > 1:
-            pool["ep"] = int(ep)
-        if adp is True or adp == 1.0:
-            pool["attention_dp"] = True
+        one = pool(f"mixed{i}", "mixed", tp, pp, dp, row.get("ep"), row.get("attention_dp"),
+                   where={"topology": kind, "nodes": pool_nodes(tp, pp, dp, per)},
+                   router=ROUTER)
         if s.cluster.gpu_hour_usd is not None:
-            pool["gpu_hour_usd"] = s.cluster.gpu_hour_usd
-        pools.append(pool)
+            one["gpu_hour_usd"] = s.cluster.gpu_hour_usd
+        pools.append(one)
     return pools

@@ -18,6 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import NodeSpec
 from simulator.metrics.power import NODE_OVERHEAD_W
 
@@ -37,6 +38,32 @@ def est_power_w(node: NodeSpec, gpus: int, utilization: float) -> float:
     a = min(max(utilization, 0.0), 1.0) if math.isfinite(utilization) else 1.0
     return (gpus * (g.idle_w + (g.tdp_w - g.idle_w) * a)
             + (nodes * node.gpus_per_node - gpus) * g.idle_w + nodes * NODE_OVERHEAD_W)
+
+
+def two_kind_value(value: float, objective: str, node_a: NodeSpec, g_a: int,
+                   node_b: NodeSpec, g_b: int, utilization: float,
+                   price: float | None = None) -> float:
+    """An estimated ``value`` of ``objective`` taken at a GPU-hour price of 1 and on
+    ``node_a``'s power (:func:`est_value`), rescaled to ``g_a`` GPUs of ``node_a`` plus
+    ``g_b`` of ``node_b``, each at its own price (``price``, the ``[cluster]
+    gpu_hour_usd``, overrides both) and power.
+
+    Notes
+    -----
+    The value is linear in ``1 / (GPUs x price)`` (goodput per dollar) and in ``1 /
+    power`` (tokens per joule), so it is scaled by ``(g_a + g_b) / (g_a price_a + g_b
+    price_b)`` and by ``P_a(g_a + g_b) / (P_a(g_a) + P_b(g_b))``, P the estimated power
+    of a kind's nodes at ``utilization`` (:func:`est_power_w`); other objectives are
+    returned as they are.
+    """
+    if objective == "goodput_per_usd":
+        usd = (g_a * gpu_hour_usd(node_a.gpu.name, price)
+               + g_b * gpu_hour_usd(node_b.gpu.name, price))
+        return value * (g_a + g_b) / usd
+    if objective == "tokens_per_joule":
+        return value * est_power_w(node_a, g_a + g_b, utilization) / (
+            est_power_w(node_a, g_a, utilization) + est_power_w(node_b, g_b, utilization))
+    return value
 
 
 def est_value(r, objective: str, price: float, node: NodeSpec, output_mean: float) -> float:

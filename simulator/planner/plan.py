@@ -35,7 +35,7 @@ from simulator.planner.explain import (
     reason,
     versus_groups,
 )
-from simulator.planner.hetero import CrossPairs, cross_point
+from simulator.planner.hetero import CrossPairs, cross_pools
 from simulator.planner.nearmiss import (
     TIER,
     group_of,
@@ -250,17 +250,15 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
 
     def job(i: int) -> dict:
         r = cands.loc[i]
-        lim = Limits(int(r["max_num_seqs"]), int(r["max_num_batched_tokens"]),
-                     None if pd.isna(r["chunk_size"]) else int(r["chunk_size"]))
+        lim = Limits.of_row(r)
         lay = _layout(r)[0]
         point = resolve_point(base, _point(lay, lim, model.moe is not None), s.seed)
         if "speculative" in point:  # the searched k, or none
             point = (without_spec(point) if int(r["spec_k"]) == 0 else resolve_point(
                 point, {"speculative.num_speculative_tokens": int(r["spec_k"])}, s.seed))
-        if r["kind"] == "disaggregated":
-            point["pools"] = pools_of(r, s.cluster.nodes, s)
-        if cross_kind(r):  # pools on two node kinds (simulator.planner.hetero)
-            point = cross_point(point, r, s)
+        if r["kind"] == "disaggregated":  # cross-kind: pools on two node kinds (hetero)
+            point["pools"] = (cross_pools(r, s) if cross_kind(r)
+                              else pools_of(r, s.cluster.nodes, s))
         if objective == "tokens_per_joule":  # energy needs the step records
             point["output"] = {**point.get("output", {}), "steps": True}
         return point

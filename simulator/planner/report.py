@@ -17,7 +17,7 @@ import tomli_w
 from simulator.io.scenario import to_dict
 from simulator.planner.capacity import CapacityResult
 from simulator.planner.disagg import pools_of
-from simulator.planner.hetero import cross_point
+from simulator.planner.hetero import cross_pools
 from simulator.planner.mixdp import mix_kind, mix_pools
 from simulator.planner.nearmiss import MARGIN_QUANTILE
 from simulator.planner.plan import PlanResult
@@ -50,9 +50,7 @@ def recommended_scenario(result: PlanResult) -> dict | None:
     s = result.scenario
     data = to_dict(s)
     lay = {k: int(best[k]) for k in ("tp", "pp", "dp")}
-    chunk = best.get("chunk_size")
-    lim = Limits(int(best["max_num_seqs"]), int(best["max_num_batched_tokens"]),
-                 None if chunk is None or pd.isna(chunk) else int(chunk))
+    lim = Limits.of_row(best)
     data["name"] = f"{s.name}-tp{lay['tp']}-pp{lay['pp']}-dp{lay['dp']}"
     data["parallel"] = {**data.get("parallel", {}), **lay}
     for key, value in lim.overrides().items():
@@ -65,10 +63,10 @@ def recommended_scenario(result: PlanResult) -> dict | None:
             del data["speculative"]
     if best.get("kind") == "disaggregated":
         data["name"] = f"{s.name}-disagg"
-        data["pools"] = pools_of(best, s.cluster.nodes, s)
+        # cross-kind: pools on two node kinds (simulator.planner.hetero)
+        data["pools"] = (cross_pools(best, s) if cross_kind(best)
+                         else pools_of(best, s.cluster.nodes, s))
         data.pop("speculative", None)  # the decode pool's own (pools_of), if any
-    if cross_kind(best):  # pools on two node kinds (simulator.planner.hetero)
-        data = cross_point(data, best, s)
     if mix_kind(best):  # replicas on two node kinds (simulator.planner.mixdp)
         data["name"] = f"{s.name}-mixed-dp"
         data["pools"] = mix_pools(best, s)

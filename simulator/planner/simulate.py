@@ -49,6 +49,15 @@ def base_scenario(scenario, overrides: list[str] | None = None,
     return data
 
 
+def own_pools(pools) -> list:
+    """The pools that bring their own nodes, those not sharing another's: a scenario dict's
+    pools without a ``same_nodes_as`` key, or pool specs whose ``same_nodes_as`` is None.
+    A pool that shares another's nodes is on that pool's preset (the pools builder refuses
+    any other), so only these name presets and count nodes."""
+    return [p for p in pools
+            if ("same_nodes_as" not in p if isinstance(p, dict) else p.same_nodes_as is None)]
+
+
 def without_pools(base: dict) -> dict:
     """A scenario dict without its ``[[pools]]``: the search's budget is the nodes of its
     pools (those not sharing another's) as ``[cluster]`` topology and nodes.
@@ -60,9 +69,7 @@ def without_pools(base: dict) -> dict:
     """
     pools = base.pop("pools", None)
     if pools:
-        # A pool that shares another's nodes is on that pool's preset (the pools builder
-        # refuses any other), so only the pools that bring nodes name presets.
-        own = [p for p in pools if "same_nodes_as" not in p]
+        own = own_pools(pools)
         tops = {p.get("topology", base["cluster"]["topology"]) for p in own}
         if len(tops) > 1:
             raise ScenarioError(f"plan: the pools use several node presets "

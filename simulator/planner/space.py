@@ -115,6 +115,14 @@ class Limits:
             out["engine.scheduler_args"] = {"chunk_size": self.chunk_size}
         return out
 
+    @classmethod
+    def of_row(cls, row) -> Limits:
+        """The engine limits of a candidate row (``chunk_size`` missing, None or NaN:
+        not sarathi)."""
+        chunk = row.get("chunk_size")
+        return cls(int(row["max_num_seqs"]), int(row["max_num_batched_tokens"]),
+                   None if chunk is None or pd.isna(chunk) else int(chunk))
+
 
 @dataclass(frozen=True)
 class WorkloadStats:
