@@ -1,5 +1,8 @@
 """Build the cluster graph: GPUs, NVSwitches, hosts, NICs and the switch joining nodes.
 
+:func:`build_graph` joins copies of one node preset on one switch or a leaf-spine;
+:func:`leaf_spine_graph` builds every leaf-spine, over one preset's nodes or several.
+
 Nodes carry ``kind`` (gpu, nvswitch, host, nic, switch) and, for GPUs, ``node`` and
 ``index`` (global GPU number, as faults and placements name them). Every physical link is two
 directed edges, each with ``bandwidth_Bps`` (per direction), ``latency_s`` and ``kind``
@@ -103,6 +106,8 @@ def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
     per = node.gpus_per_node
     if nodes > 1 and fabric == "single_switch":
         g.add_node("switch", kind="switch")
+    # The leaf names below serve only a preset whose [fabric] kind is neither of FABRICS
+    # (node files do not validate it): its NICs stay wired to leaves no spine joins.
     for n in range(nodes):
         add_server(g, node, n, n * per, None if nodes == 1 else
                    (lambda local, n=n: "switch" if fabric == "single_switch" else
