@@ -9,7 +9,7 @@ joined graph (the GPUs of the pool's nodes that earlier pools sharing them left 
 priced on that graph. Every node's NICs sit on one fabric switch, so a KV transfer between
 pools crosses NIC, switch, NIC, or NVLink when both GPUs share a node; with ``leaf_spine``
 it crosses the leaves and spines as without pools (over several presets:
-:mod:`simulator.topology.mixed`).
+:func:`simulator.topology.graph.leaf_spine_graph`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from simulator.hardware.specs import NodeSpec
 from simulator.io.schema import ParallelKeys, PoolKeys, Scenario
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, load_model
 from simulator.parallel.placement import ReplicaPlacement, place
-from simulator.topology.graph import Paths, add_server, build_graph, nvlink_domains
-from simulator.topology.mixed import leaf_spine_graph
+from simulator.topology.graph import Paths, add_server, leaf_spine_graph, nvlink_domains
 
 
 @dataclass(frozen=True)
@@ -118,20 +117,16 @@ def joined_graph(nodes: list[NodeSpec]) -> nx.DiGraph:
 
 def fabric_graph(s: Scenario, nodes: list[NodeSpec]) -> nx.DiGraph:
     """The pools' nodes joined by ``[cluster] fabric``: :func:`joined_graph` (one switch),
-    or for ``leaf_spine`` the leaf-spine graph of
-    :func:`simulator.topology.graph.build_graph` when every node is of one preset (the same
-    node numbering and GPU indices as :func:`joined_graph`), else of
-    :func:`simulator.topology.mixed.leaf_spine_graph` (each node's NICs on the rails, every
-    link at its own preset's line rate).
+    or for ``leaf_spine`` :func:`simulator.topology.graph.leaf_spine_graph` (the same node
+    numbering and GPU indices as :func:`joined_graph`; each node's NICs on the rails, every
+    link at its own preset's line rate; over one preset, the graph
+    :func:`simulator.topology.graph.build_graph` builds).
     """
     c = s.cluster
     if c.fabric != "leaf_spine":
         return joined_graph(nodes)
-    if any(n != nodes[0] for n in nodes):
-        return leaf_spine_graph(nodes, c.oversubscription, c.spines, c.rail_optimized,
-                                c.nodes_per_leaf)
-    return build_graph(nodes[0], len(nodes), "leaf_spine", c.oversubscription, c.spines,
-                       c.rail_optimized, c.nodes_per_leaf)
+    return leaf_spine_graph(nodes, c.oversubscription, c.spines, c.rail_optimized,
+                            c.nodes_per_leaf)
 
 
 def build_pools(s: Scenario) -> PooledPlan:

@@ -148,15 +148,15 @@ def _gpu_limits(topology: object, base_dir: str) -> dict[str, int] | None:
     """:func:`vllm_v1_batch_limits` of a node preset's GPU (None: the name does not resolve;
     validation reports it)."""
     from simulator.errors import ScenarioError  # noqa: PLC0415 - hardware imports the engine's
-    from simulator.hardware.specs import node_gpu_identity  # noqa: PLC0415
+    from simulator.hardware.specs import load_node  # noqa: PLC0415
 
     if not isinstance(topology, str):
         return None
     try:
-        name, memory = node_gpu_identity(topology, base_dir)
+        gpu = load_node(topology, base_dir).gpu
     except ScenarioError:
         return None
-    return vllm_v1_batch_limits(name, memory)
+    return vllm_v1_batch_limits(str(gpu.name), gpu.memory_bytes)
 
 
 def apply_profile(data: dict, base_dir: str = ".") -> dict:

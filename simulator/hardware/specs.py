@@ -134,8 +134,21 @@ def read_gpu_file(name: str, base_dir: str | Path = ".", key: str = "--gpu") -> 
 
 
 def load_gpu(name: str, base_dir: str | Path = ".", key: str = "gpu") -> GPUSpec:
-    """A GPU preset by name or a GPU TOML file by path."""
-    data = _read(_locate(name, GPUS, key, base_dir), key)
+    """A GPU preset by name or a GPU TOML file by path.
+
+    Each file version (path and modification time) is read once: a GPU file's calibration
+    table makes a read ~1.5 ms, and every :func:`load_node` (the planner's thousands of
+    scenario loads among them) reads its GPU. The spec is frozen and shared (nothing
+    mutates its ``peak_flops`` or calibration tables).
+    """
+    path = _locate(name, GPUS, key, base_dir)
+    return _gpu(path, path.stat().st_mtime_ns, name, key)
+
+
+@lru_cache(maxsize=64)
+def _gpu(path: Path, mtime_ns: int, name: str, key: str) -> GPUSpec:
+    """The GPU file at ``path`` (``mtime_ns`` keys the cache to the file's version)."""
+    data = _read(path, key)
     try:
         return GPUSpec(name=data["name"], memory_bytes=float(data["memory_bytes"]),
                        hbm_bandwidth_Bps=float(data["hbm_bandwidth_Bps"]),
@@ -180,13 +193,27 @@ def _link(data: dict, section: str) -> LinkSpec:
                     d.get("link", ""), bool(d.get("in_switch_reduction", False)))
 
 
+@lru_cache(maxsize=64)
+def _read_node(path: Path, mtime_ns: int, key: str) -> dict:
+    """The parsed node file (``mtime_ns`` keys the cache to the file's version); shared
+    between loads, so read only."""
+    return _read(path, key)
+
+
 def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topology"
               ) -> NodeSpec:
     """A node preset by name (``dgx-h100``) or a node TOML file by path; errors name
-    ``key`` (the scenario key, or the command's flag)."""
+    ``key`` (the scenario key, or the command's flag).
+
+    The node file and its GPU's are each parsed once per version (path and modification
+    time), so a load costs a few file stats: engine profiles load the scenario's nodes at
+    every scenario load (the planner loads thousands).
+    """
     path = _locate(name, TOPOLOGIES, key, base_dir)
-    data = _read(path, key)
+    data = _read_node(path, path.stat().st_mtime_ns, key)
     try:
+        if not isinstance(data["gpu"], str):
+            raise TypeError(f"gpu: expected a preset name or a path, got {data['gpu']!r}")
         gpu = load_gpu(data["gpu"], path.parent, key=f"{key} (gpu)")
         fabric = data.get("fabric", {})
         _check_nvls(data, gpu, path, key)
@@ -203,33 +230,3 @@ def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topolog
         raise ScenarioError(f"{key}: node file {str(path)!r}: gpus_per_node must be in "
                             f"[1, 1024], got {node.gpus_per_node}")
     return node
-
-
-def node_gpu_identity(name: str, base_dir: str | Path = ".",
-                      key: str = "cluster.topology") -> tuple[str, float]:
-    """Name and memory (bytes) of a node's GPU, without building the node: what an engine
-    profile's GPU-dependent defaults need at every scenario load (the planner loads
-    thousands). Each file is read once per version (path and modification time); a GPU
-    file's calibration table makes a full :func:`load_node` ~1.5 ms."""
-    path = _locate(name, TOPOLOGIES, key, base_dir)
-    gpu = Path(_node_gpu_path(str(path), path.stat().st_mtime_ns, key))
-    return _gpu_identity(str(gpu), gpu.stat().st_mtime_ns, key)
-
-
-@lru_cache(maxsize=64)
-def _node_gpu_path(path: str, mtime_ns: int, key: str) -> str:
-    """The GPU file a node file names (``mtime_ns`` keys the cache to the file's version)."""
-    data = _read(Path(path), key)
-    if not isinstance(data.get("gpu"), str):
-        raise ScenarioError(f"{key}: node file {path!r} is missing or has a bad field (gpu)")
-    return str(_locate(data["gpu"], GPUS, f"{key} (gpu)", Path(path).parent))
-
-
-@lru_cache(maxsize=64)
-def _gpu_identity(path: str, mtime_ns: int, key: str) -> tuple[str, float]:
-    data = _read(Path(path), key)
-    try:
-        return str(data["name"]), float(data["memory_bytes"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ScenarioError(f"{key}: GPU file {path!r} is missing or has a bad field "
-                            f"({exc})") from None

@@ -10,7 +10,7 @@ the KV transfer is priced by :class:`simulator.planner.disagg.KVPrice` on the gr
 simulator builds for these pools (:func:`simulator.cluster.pools.fabric_graph`: the
 prefill pool's nodes, then the decode pool's, every NIC on one fabric switch, or with
 ``[cluster] fabric = "leaf_spine"`` on the leaf-spine of
-:func:`simulator.topology.mixed.leaf_spine_graph`), from the first prefill replica to
+:func:`simulator.topology.graph.leaf_spine_graph`), from the first prefill replica to
 the first decode replica as the ``packed`` placement puts them: GPU, NIC, switch (or leaf,
 and spines off the rail), NIC, GPU. The estimate's cost and power take each pool's own
 node kind: the pair's dollars per hour are ``g_p x price_p + g_d x price_d`` and its

@@ -1,5 +1,8 @@
 """Build the cluster graph: GPUs, NVSwitches, hosts, NICs and the switch joining nodes.
 
+:func:`build_graph` joins copies of one node preset on one switch or a leaf-spine;
+:func:`leaf_spine_graph` builds every leaf-spine, over one preset's nodes or several.
+
 Nodes carry ``kind`` (gpu, nvswitch, host, nic, switch) and, for GPUs, ``node`` and
 ``index`` (global GPU number, as faults and placements name them). Every physical link is two
 directed edges, each with ``bandwidth_Bps`` (per direction), ``latency_s`` and ``kind``
@@ -10,7 +13,9 @@ constants in the engine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from fractions import Fraction
 from functools import lru_cache
+from itertools import groupby
 
 import networkx as nx
 
@@ -82,12 +87,16 @@ def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
 
     Notes
     -----
-    A leaf's uplinks carry its downlinks' bandwidth over the ratio:
+    ``leaf_spine`` is :func:`leaf_spine_graph` over ``nodes`` copies of ``node``. A leaf's
+    uplinks carry its downlinks' bandwidth over the ratio:
     ``per spine = ports * nic_bandwidth / oversubscription / spines``, with ``ports`` the
     NICs under the leaf (``nodes`` when rail-optimized, ``nodes_per_leaf * gpus_per_node``
     otherwise).
     """
     fabric = fabric or node.fabric_kind
+    if fabric == "leaf_spine":
+        return leaf_spine_graph([node] * nodes, oversubscription, spines, rail_optimized,
+                                nodes_per_leaf)
     g = nx.DiGraph(name=f"{nodes} x {node.name}", node_type=node.name, fabric=fabric)
     g.graph["gpu"] = node.gpu
     # NVSwitch nodes join their GPUs over NVLink; a PCIe node (scale_up.kind = "pcie_switch")
@@ -97,20 +106,103 @@ def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
     per = node.gpus_per_node
     if nodes > 1 and fabric == "single_switch":
         g.add_node("switch", kind="switch")
+    # The leaf names below serve only a preset whose [fabric] kind is neither of FABRICS
+    # (node files do not validate it): its NICs stay wired to leaves no spine joins.
     for n in range(nodes):
         add_server(g, node, n, n * per, None if nodes == 1 else
                    (lambda local, n=n: "switch" if fabric == "single_switch" else
                     f"leaf{local}" if rail_optimized else f"leaf{n // nodes_per_leaf}"))
-    if nodes > 1 and fabric == "leaf_spine":
-        n_spines = spines or max(1, per // 2)
-        leaves = per if rail_optimized else -(-nodes // nodes_per_leaf)
-        ports = nodes if rail_optimized else nodes_per_leaf * per
-        up = ports * node.nic.bandwidth_Bps / oversubscription / n_spines
-        for r in range(leaves):
-            g.add_node(f"leaf{r}", kind="switch", tier="leaf")
-            for k in range(n_spines):
-                g.add_node(f"spine{k}", kind="switch", tier="spine")
-                _link(g, f"leaf{r}", f"spine{k}", up, node.switch_latency_s, "network")
+    return g
+
+
+def graph_name(nodes: list[NodeSpec]) -> str:
+    """``2 x dgx-h100 + 1 x hgx-h200``: runs of one preset in node order."""
+    return " + ".join(f"{len(list(run))} x {name}"
+                      for name, run in groupby(n.name for n in nodes))
+
+
+def leaf_spine_graph(nodes: list[NodeSpec], oversubscription: float = 1.0,
+                     spines: int | None = None, rail_optimized: bool = True,
+                     nodes_per_leaf: int = 1) -> nx.DiGraph:
+    """Nodes of one or several presets joined by a two-tier leaf-spine fabric: the
+    ``leaf_spine`` graph of :func:`build_graph` (over copies of one node) and of
+    ``[[pools]]`` or a plan's cross-kind pools on nodes of several presets.
+
+    Parameters
+    ----------
+    nodes : list of NodeSpec
+        The nodes in order; node n's GPUs are numbered after those of nodes 0..n-1.
+    oversubscription : float
+        Leaf downlink over uplink bandwidth (1 = non-blocking).
+    spines : int, optional
+        Spine switches (default: half the largest NIC count of a node, at least 1).
+    rail_optimized : bool
+        True: NIC r of every node on leaf r. False: a node's NICs on its rack's leaf.
+    nodes_per_leaf : int
+        Nodes under one leaf when not rail-optimized.
+
+    Returns
+    -------
+    nx.DiGraph
+        Named by :func:`graph_name`, ``fabric = "leaf_spine"``; ``gpu`` is the first node's
+        GPU, ``in_switch_reduction`` holds when every node's scale-up switch reduces.
+
+    Notes
+    -----
+    Each node is added as :func:`add_server` adds it (its GPUs, scale-up switch, host and
+    one NIC per GPU, each NIC link at its own preset's NIC bandwidth and latency plus half
+    its preset's switch latency). How the rails are matched:
+
+    - rail-optimized (default): NIC ``r`` of every node sits on leaf ``r``. Nodes with
+      fewer NICs than others (8 against a GB200 NVL72's 72) use rails ``0..n-1`` only; the
+      extra leaves hold the larger nodes' NICs alone. So GPU ``r`` of a dgx-h100 node and
+      GPU ``r`` of an hgx-h200 node meet on one leaf; other pairs cross a spine (or first
+      hop over NVLink to the GPU on the peer's rail, whichever path has the lower latency).
+    - not rail-optimized: every NIC of a node on its rack's leaf, ``nodes_per_leaf`` nodes
+      (in node order, whatever their preset) per leaf.
+
+    Where NIC speeds differ, every link keeps its own line rate: a path's bandwidth is its
+    slowest link (:class:`Paths`), so a 25 GB/s dgx-a100 NIC bounds a transfer from a
+    50 GB/s dgx-h100 NIC. Leaf r's uplink to each spine (bytes/s per direction):
+    ``sum_{NIC on r} B_nic / oversubscription / spines``, times ``nodes_per_leaf / k`` for
+    a rack leaf holding ``k < nodes_per_leaf`` nodes (the last one, sized as if its empty
+    slots held NICs like its present ones). Over one preset that is
+    ``ports * B_nic / oversubscription / spines`` with ``ports`` the NICs a full leaf holds
+    (``nodes`` when rail-optimized, ``nodes_per_leaf * gpus_per_node`` otherwise).
+    Leaf-spine links take the largest switch latency of the presets (one fabric, bounded
+    by its slowest switch).
+    """
+    g = nx.DiGraph(name=graph_name(nodes), node_type=nodes[0].name, fabric="leaf_spine")
+    g.graph["gpu"] = nodes[0].gpu
+    # NVSwitch nodes join their GPUs over NVLink; a PCIe node (scale_up.kind = "pcie_switch")
+    # joins them over PCIe: the same scale-up domain, priced on PCIe links, no NVLS.
+    g.graph["in_switch_reduction"] = all(
+        n.scale_up.in_switch_reduction and n.scale_up.kind != "pcie_switch" for n in nodes)
+    many = len(nodes) > 1
+    # leaf -> bandwidth of the NICs under it (bytes/s), summed exactly so that k NICs of
+    # one preset give the correctly rounded k * B_nic, whatever B_nic.
+    first, down = 0, {}
+    for n, node in enumerate(nodes):
+        add_server(g, node, n, first, None if not many else
+                   (lambda local, n=n: f"leaf{local}" if rail_optimized
+                    else f"leaf{n // nodes_per_leaf}"))
+        for local in range(node.gpus_per_node):
+            leaf = local if rail_optimized else n // nodes_per_leaf
+            down[leaf] = down.get(leaf, Fraction(0)) + Fraction(node.nic.bandwidth_Bps)
+        first += node.gpus_per_node
+    if not many:
+        return g
+    n_spines = spines or max(1, max(n.gpus_per_node for n in nodes) // 2)
+    latency = max(n.switch_latency_s for n in nodes)
+    for r in sorted(down):
+        ports = down[r]
+        if not rail_optimized:  # a rack leaf sized for nodes_per_leaf nodes
+            ports = ports * nodes_per_leaf / min(nodes_per_leaf, len(nodes) - r * nodes_per_leaf)
+        up = float(ports) / oversubscription / n_spines
+        g.add_node(f"leaf{r}", kind="switch", tier="leaf")
+        for k in range(n_spines):
+            g.add_node(f"spine{k}", kind="switch", tier="spine")
+            _link(g, f"leaf{r}", f"spine{k}", up, latency, "network")
     return g
 
 
