@@ -77,3 +77,19 @@ def test_a_gpu_that_is_not_a_name_is_one_error(tmp_path):
     # The profile leaves the limits to its defaults; building the scenario reports the file.
     engine = load_scenario(_scenario(node)).engine
     assert (engine.max_num_seqs, engine.max_num_batched_tokens) == (1024, 8192)
+
+
+def test_a_relative_path_from_another_folder_is_another_file(tmp_path, monkeypatch):
+    """The cache keys a file by its absolute path: the same relative path read from two
+    working folders gives each folder's own GPU file, even at the same modification time."""
+    src = GPUS / "h100_sxm.toml"
+    for sub, name in (("a", "GPU A"), ("b", "GPU B")):
+        (tmp_path / sub).mkdir()
+        text = src.read_text().replace('name = "h100_sxm"', f'name = "{name}"', 1)
+        (tmp_path / sub / "g.toml").write_text(text)
+        os.utime(tmp_path / sub / "g.toml", ns=(1_000_000_000, 1_000_000_000))
+    names = []
+    for sub in ("a", "b"):
+        monkeypatch.chdir(tmp_path / sub)
+        names.append(load_gpu("g.toml").name)
+    assert names == ["GPU A", "GPU B"]

@@ -142,12 +142,14 @@ def load_gpu(name: str, base_dir: str | Path = ".", key: str = "gpu") -> GPUSpec
     mutates its ``peak_flops`` or calibration tables).
     """
     path = _locate(name, GPUS, key, base_dir)
-    return _gpu(path, path.stat().st_mtime_ns, name, key)
+    return _gpu(path, path.resolve(), path.stat().st_mtime_ns, name, key)
 
 
 @lru_cache(maxsize=64)
-def _gpu(path: Path, mtime_ns: int, name: str, key: str) -> GPUSpec:
-    """The GPU file at ``path`` (``mtime_ns`` keys the cache to the file's version)."""
+def _gpu(path: Path, where: Path, mtime_ns: int, name: str, key: str) -> GPUSpec:
+    """The GPU file at ``path`` (``where``, its absolute path, and ``mtime_ns`` key the
+    cache to the file itself and its version: a relative ``path`` names another file from
+    another working folder)."""
     data = _read(path, key)
     try:
         return GPUSpec(name=data["name"], memory_bytes=float(data["memory_bytes"]),
@@ -194,9 +196,9 @@ def _link(data: dict, section: str) -> LinkSpec:
 
 
 @lru_cache(maxsize=64)
-def _read_node(path: Path, mtime_ns: int, key: str) -> dict:
-    """The parsed node file (``mtime_ns`` keys the cache to the file's version); shared
-    between loads, so read only."""
+def _read_node(path: Path, where: Path, mtime_ns: int, key: str) -> dict:
+    """The parsed node file (``where``, its absolute path, and ``mtime_ns`` key the cache
+    to the file and its version); shared between loads, so read only."""
     return _read(path, key)
 
 
@@ -210,7 +212,7 @@ def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topolog
     every scenario load (the planner loads thousands).
     """
     path = _locate(name, TOPOLOGIES, key, base_dir)
-    data = _read_node(path, path.stat().st_mtime_ns, key)
+    data = _read_node(path, path.resolve(), path.stat().st_mtime_ns, key)
     try:
         if not isinstance(data["gpu"], str):
             raise TypeError(f"gpu: expected a preset name or a path, got {data['gpu']!r}")
