@@ -127,9 +127,14 @@ class Cluster:
         self.permanent_targets: list[str] = []
         self.hopeless: tuple[float, str] | None = None
 
-    def _scheduler(self) -> ContinuousBatcher:
-        """One stream's scheduler, as the scenario names it, with its parameters."""
-        plan, eng = self.plan, self.plan.scenario.engine
+    def _scheduler(self, plan: ClusterPlan | None = None) -> ContinuousBatcher:
+        """One stream's scheduler, as the scenario names it, with its parameters.
+
+        ``plan``: the plan whose replica it serves (default this cluster's; a pooled
+        cluster passes a pool's, and a pool that speculates reports to ``spec_stats``).
+        """
+        plan = self.plan if plan is None else plan
+        eng = plan.scenario.engine
         cls = SCHEDULERS[eng.scheduler]
         kwargs = dict(eng.scheduler_args or {})
         if "reserve_tokens" in cls.PARAMS:
