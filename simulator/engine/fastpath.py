@@ -268,13 +268,16 @@ class DecodeRunPath:
         if horizon < _INF and self._step_s > 0.0:
             c = min(k, max(int((horizon - t) / self._step_s) + 1 + past, 1))
         computes, comm = cost.decode_run(n, kv0, c)
-        # Each end from its start as _inline computes it, summed left to right.
-        ends = list(accumulate([round((off + x + comm) * SCALE) / SCALE for x in computes],
-                               initial=t))
+
+        def step_ends(xs: list[float], start: float):
+            """Each end from its start as _inline computes it, summed left to right."""
+            return accumulate([round((off + x + comm) * SCALE) / SCALE for x in xs],
+                              initial=start)
+
+        ends = list(step_ends(computes, t))
         while c < k and (len(ends) < past or ends[-past] <= horizon):  # price more
             more, _ = cost.decode_run(n, kv0 + c * n, min(c, k - c))
-            ends += islice(accumulate([round((off + x + comm) * SCALE) / SCALE
-                                       for x in more], initial=ends[-1]), 1, None)
+            ends += islice(step_ends(more, ends[-1]), 1, None)
             computes += more
             c += len(more)
         if len(ends) > 1:
