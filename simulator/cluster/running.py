@@ -37,7 +37,7 @@ from simulator.cluster.simulation import (
     start_faults,
     workload_requests,
 )
-from simulator.engine.clock import SCALE
+from simulator.engine.clock import ticks_array
 from simulator.errors import ScenarioError
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.io.scenario import load_scenario
@@ -126,7 +126,7 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
         outputs = LengthStream(w.output_tokens, rngs["outputs"])
         release = None  # --request-rate inf: every client sends at once
         if w.rate_per_s is not None:
-            release = (np.rint(release_times(w, rngs["arrivals"]) * SCALE) / SCALE).tolist()
+            release = ticks_array(release_times(w, rngs["arrivals"])).tolist()
         for c in range(w.concurrency):
             env.process(cluster.client(c, counter, prompts, outputs, release))
         total = w.num_requests

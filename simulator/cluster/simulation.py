@@ -27,7 +27,7 @@ from simulator.cluster.faults import (
     scheduled_faults,
 )
 from simulator.engine.batching import ContinuousBatcher
-from simulator.engine.clock import SCALE, TICK, ticks
+from simulator.engine.clock import TICK, ticks, ticks_array
 from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
 from simulator.engine.request import WAITING, Request
@@ -308,7 +308,7 @@ class Cluster:
         """Open loop: submit each request at its arrival time."""
         env = self.env
         # Arrival times on the clock's grid (TICK = 2**-30 s), like every event time.
-        times = (np.rint(df["arrival_s"].to_numpy(dtype=float) * SCALE) / SCALE).tolist()
+        times = ticks_array(df["arrival_s"].to_numpy(dtype=float)).tolist()
         prompts = df["prompt_tokens"].to_numpy().tolist()
         outputs = df["output_tokens"].to_numpy().tolist()
         if "hashes" in df:  # prefix-block hashes, and sessions
