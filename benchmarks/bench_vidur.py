@@ -29,25 +29,8 @@ from pathlib import Path
 
 import simulator
 
-SCENARIO = """
-name = "bench-vidur"
-seed = 0
-[model]
-name = "llama-2-7b"
-weight_dtype = "fp16"
-kv_dtype = "fp16"
-[cluster]
-topology = "dgx-a100"
-[engine]
-max_num_seqs = 128
-max_num_batched_tokens = 4096
-[workload]
-arrival = "poisson"
-rate_per_s = 10.0
-num_requests = 50000
-prompt_tokens = 512
-output_tokens = 128
-"""
+#: The workload (benchmarks/vidur.toml, also read by identical_outputs.py).
+SCENARIO = (Path(__file__).resolve().parent / "vidur.toml").read_text()
 
 
 #: One fresh process: CPU seconds of the imports, run() keeping steps, write_result (both

@@ -183,14 +183,15 @@ def nccl_split_check(gpu: GPUSpec, rows: pd.DataFrame, seed: int = 17) -> dict[s
 
 def main() -> None:
     gpus = {name: load_gpu(preset) for name, preset in PRESETS.items()}
-    report = compare(gpus, load())
+    data = load()
+    report = compare(gpus, data)
     pd.set_option("display.width", 120)
     print("Errors against Vidur's profiles (predicted - measured), %\n")
     print(summarize(report).round(1).to_string(), "\n")
     print(summarize(report, "regime").round(1).to_string(), "\n")
     print("A100 / H100 time ratio on the same shapes, Vidur vs our model\n")
     print(generation_ratio(report).round(2).to_string(), "\n")
-    ar = load()["all_reduce"]
+    ar = data["all_reduce"]
     rows = ar[(ar["gpu"] == "a100") & (ar["message_bytes"] > 256 * 2**10)]
     split = nccl_split_check(gpus["a100"], rows)
     print("Diagnostic, not in the model: one factor on the A100's NCCL ring and tree "

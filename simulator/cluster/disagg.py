@@ -19,17 +19,15 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from simulator.cluster.build import prefix_unit, replica_costs
+from simulator.cluster.build import replica_costs
 from simulator.cluster.contention import shared_sends
 from simulator.cluster.pools import PooledPlan, PoolPlan, kv_element_bytes
 from simulator.cluster.router import make_router
 from simulator.cluster.transfer import KVTransfers
-from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import TICK, ticks
-from simulator.engine.kvcache import KVCache, blocks_for
+from simulator.engine.kvcache import blocks_for
 from simulator.engine.replica import Replica
-from simulator.engine.schedulers import SCHEDULERS
-from simulator.engine.speculative import SpecStats, SpeculativeBatcher
+from simulator.engine.speculative import SpecStats
 from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import Recorder
 from simulator.topology.graph import Paths
@@ -37,26 +35,6 @@ from simulator.topology.graph import Paths
 #: Per-request columns a run with pools adds to requests.csv.
 POOL_COLUMNS = ["prefill_replica", "decode_replica", "pool", "decode_pool",
                 "decode_wait_s", "kv_transfer_start_s", "kv_transfer_s", "kv_bytes"]
-
-
-def _scheduler(pool: PoolPlan, gaps: GapHistogram, stats: SpecStats | None = None
-               ) -> ContinuousBatcher:
-    """One stream's scheduler of a pool's replica (as :meth:`Cluster._scheduler`; a pool
-    that speculates reports to ``stats``)."""
-    plan = pool.plan
-    eng = plan.scenario.engine
-    cls = SCHEDULERS[eng.scheduler]
-    kwargs = dict(eng.scheduler_args or {})
-    if "reserve_tokens" in cls.PARAMS:
-        kwargs["max_model_len"] = plan.max_model_len
-    if plan.speculative is not None:  # decode and mixed pools; the build checked vLLM v1
-        cls = SpeculativeBatcher
-        kwargs.update(spec=plan.speculative, stats=stats)
-    blocks = plan.memory.kv_blocks // plan.streams_per_replica
-    return cls(KVCache(blocks, eng.block_size), eng.max_num_seqs, eng.max_num_batched_tokens,
-               preemption=eng.preemption, swap_blocks=plan.swap_blocks_per_stream, gaps=gaps,
-               prefix_tokens=prefix_unit(plan.scenario),
-               offload_units=plan.offload_units_per_stream, **kwargs)
 
 
 class PoolCluster:
@@ -84,7 +62,7 @@ class PoolCluster:
             done = self._decoded if pool.spec.role == "decode" else (
                 self._prefilled if pool.spec.role == "prefill" else self.finish)
             for k, rp in enumerate(pool.plan.replicas):
-                rep = self._replica(rp, sends[k], [_scheduler(pool, self.gaps, self.spec_stats)
+                rep = self._replica(rp, sends[k], [self._scheduler(pool.plan)
                                                    for _ in range(pool.plan.streams_per_replica)],
                                     eng, done)  # Cluster's
                 self.replicas.append(rep)
@@ -273,7 +251,7 @@ class PoolCluster:
     def _streams(self, i: int) -> list:
         """Fresh schedulers for replica ``i`` after a restart: its pool's own."""
         pool = self.pool_of[i]
-        return [_scheduler(pool, self.gaps, self.spec_stats)
+        return [self._scheduler(pool.plan)
                 for _ in range(pool.plan.streams_per_replica)]
 
     def _serve_pending(self, entry=None) -> None:

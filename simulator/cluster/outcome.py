@@ -13,7 +13,7 @@ import pandas as pd
 
 from simulator.cluster.build import ClusterPlan
 from simulator.cluster.pools import PooledPlan
-from simulator.engine.schedulers import SCHEDULERS
+from simulator.engine.schedulers import sarathi_chunk
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.io.schema import Scenario
 from simulator.metrics.alerts import THRESHOLD_KEYS as ALERT_KEYS
@@ -118,8 +118,7 @@ def engine_warnings(s: Scenario) -> list[str]:
     e = s.engine
     if e.scheduler != "sarathi":
         return []
-    chunk = (e.scheduler_args or {}).get("chunk_size",
-                                         SCHEDULERS["sarathi"].PARAMS["chunk_size"])
+    chunk = sarathi_chunk(e)
     if chunk >= e.max_num_seqs:
         return []
     return [f"engine.scheduler_args.chunk_size = {chunk} is below engine.max_num_seqs = "

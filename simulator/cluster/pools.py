@@ -71,6 +71,11 @@ class PooledPlan:
         return sum(p.gpus for p in self.pools)
 
     @property
+    def speculates(self) -> bool:
+        """Whether any pool speculates (each pool's own ``[speculative]``)."""
+        return any(p.plan.speculative is not None for p in self.pools)
+
+    @property
     def replicas(self) -> tuple[ReplicaPlan, ...]:
         return tuple(r for p in self.pools for r in p.plan.replicas)
 

@@ -37,7 +37,7 @@ from simulator.cluster.simulation import (
     start_faults,
     workload_requests,
 )
-from simulator.engine.clock import SCALE
+from simulator.engine.clock import ticks_array
 from simulator.errors import ScenarioError
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.io.scenario import load_scenario
@@ -126,7 +126,7 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
         outputs = LengthStream(w.output_tokens, rngs["outputs"])
         release = None  # --request-rate inf: every client sends at once
         if w.rate_per_s is not None:
-            release = (np.rint(release_times(w, rngs["arrivals"]) * SCALE) / SCALE).tolist()
+            release = ticks_array(release_times(w, rngs["arrivals"])).tolist()
         for c in range(w.concurrency):
             env.process(cluster.client(c, counter, prompts, outputs, release))
         total = w.num_requests
@@ -155,7 +155,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
     rngs = run_rngs(s.seed)
     env = simpy.Environment()
     stages = stage_hardware(plan)
-    recorder, fold = _recording(s, keep_steps, energy, plan, stages)
+    recorder, fold = _recording(s, keep_steps, energy, plan, stages,
+                                s.speculative is not None)
     cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"],
                                              load_weight=s.router.load_weight), recorder)
     events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
@@ -171,10 +172,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
                         max_num_batched_tokens=s.engine.max_num_batched_tokens,
                         pp=s.parallel.pp)
     if plan.speculative is not None:
-        summary.update(speculative_summary(requests, cluster.spec_stats.draft_s,
-                                           sum(engine["stage_busy_s"]),
-                                           cluster.spec_stats.spec_steps,
-                                           cluster.spec_stats.plain_steps))
+        summary.update(_speculation(requests, cluster, engine))
     summary["kv_blocks_per_replica"] = plan.memory.kv_blocks
     summary["kv_tokens_per_replica"] = plan.memory.kv_tokens
     summary["max_model_len"] = plan.max_model_len
@@ -208,14 +206,20 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
 
 
 def _recording(s: Scenario, keep_steps: bool, energy: bool, plan: ClusterPlan | PooledPlan,
-               stages: list[StageHardware]) -> tuple[Recorder, StepFold | None]:
+               stages: list[StageHardware], spec: bool) -> tuple[Recorder, StepFold | None]:
     """The run's recorder, and the fold that takes its step records when they are not kept
-    but energy is asked for (``run(energy=...)``, ``output.energy``)."""
+    but energy is asked for (``run(energy=...)``, ``output.energy``). ``spec``: whether the
+    run speculates (with pools, whether any pool does)."""
     keep = s.output.steps and keep_steps
     fold = step_fold(plan, stages) if energy and not keep else None
-    spec = (any(p.plan.speculative is not None for p in plan.pools)  # per pool
-            if isinstance(plan, PooledPlan) else s.speculative is not None)
     return Recorder(keep_steps=keep, speculative=spec, fold=fold), fold
+
+
+def _speculation(requests: pd.DataFrame, cluster: Cluster, engine: dict) -> dict:
+    """The speculative summary of a run that speculates, from its cluster's totals."""
+    st = cluster.spec_stats
+    return speculative_summary(requests, st.draft_s, sum(engine["stage_busy_s"]),
+                               st.spec_steps, st.plain_steps)
 
 
 @contextmanager
@@ -271,7 +275,8 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
     rngs = run_rngs(s.seed)
     env = simpy.Environment()
     recorder, fold = _recording(s, keep_steps, energy, plan,
-                                [h for p in plan.pools for h in stage_hardware(p.plan)])
+                                [h for p in plan.pools for h in stage_hardware(p.plan)],
+                                plan.speculates)
     cluster = PooledCluster(env, plan, recorder, rngs)
     events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
     cluster.close()
@@ -288,10 +293,8 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
     summary["simpy_events"] = events
     summary.update(_availability(cluster))
     summary.update(pool_summary(requests, cluster.pool_table(), summary))
-    if any(p.plan.speculative is not None for p in plan.pools):
-        st = cluster.spec_stats
-        summary.update(speculative_summary(requests, st.draft_s, sum(engine["stage_busy_s"]),
-                                           st.spec_steps, st.plain_steps))
+    if plan.speculates:
+        summary.update(_speculation(requests, cluster, engine))
     kept = steps if not steps.empty else None
     kv_capacity = {rp.placement.replica: p.plan.memory.kv_blocks
                    for p in plan.pools for rp in p.plan.replicas}

@@ -27,7 +27,7 @@ from simulator.cluster.faults import (
     scheduled_faults,
 )
 from simulator.engine.batching import ContinuousBatcher
-from simulator.engine.clock import SCALE, TICK, ticks
+from simulator.engine.clock import TICK, ticks, ticks_array
 from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
 from simulator.engine.request import WAITING, Request
@@ -127,9 +127,14 @@ class Cluster:
         self.permanent_targets: list[str] = []
         self.hopeless: tuple[float, str] | None = None
 
-    def _scheduler(self) -> ContinuousBatcher:
-        """One stream's scheduler, as the scenario names it, with its parameters."""
-        plan, eng = self.plan, self.plan.scenario.engine
+    def _scheduler(self, plan: ClusterPlan | None = None) -> ContinuousBatcher:
+        """One stream's scheduler, as the scenario names it, with its parameters.
+
+        ``plan``: the plan whose replica it serves (default this cluster's; a pooled
+        cluster passes a pool's, and a pool that speculates reports to ``spec_stats``).
+        """
+        plan = self.plan if plan is None else plan
+        eng = plan.scenario.engine
         cls = SCHEDULERS[eng.scheduler]
         kwargs = dict(eng.scheduler_args or {})
         if "reserve_tokens" in cls.PARAMS:
@@ -303,7 +308,7 @@ class Cluster:
         """Open loop: submit each request at its arrival time."""
         env = self.env
         # Arrival times on the clock's grid (TICK = 2**-30 s), like every event time.
-        times = (np.rint(df["arrival_s"].to_numpy(dtype=float) * SCALE) / SCALE).tolist()
+        times = ticks_array(df["arrival_s"].to_numpy(dtype=float)).tolist()
         prompts = df["prompt_tokens"].to_numpy().tolist()
         outputs = df["output_tokens"].to_numpy().tolist()
         if "hashes" in df:  # prefix-block hashes, and sessions

@@ -9,6 +9,8 @@ stepping one by one gives.
 
 from __future__ import annotations
 
+import numpy as np
+
 SCALE = float(2**30)
 TICK = 1.0 / SCALE
 
@@ -16,3 +18,8 @@ TICK = 1.0 / SCALE
 def ticks(seconds: float) -> float:
     """``seconds`` rounded to the nearest multiple of TICK (ties to even)."""
     return round(seconds * SCALE) / SCALE
+
+
+def ticks_array(seconds: np.ndarray) -> np.ndarray:
+    """:func:`ticks` of each element of ``seconds`` (``np.rint``: ties to even, as ``round``)."""
+    return np.rint(seconds * SCALE) / SCALE

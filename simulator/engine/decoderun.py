@@ -14,11 +14,6 @@ from simulator.engine.request import DECODE
 class DecodeRuns:
     """Several decode-only steps in one event (see the module docstring)."""
 
-    #: (k, steps, blocks) of the run :meth:`decode_run` last planned: the blocks it
-    #: allocates, kept for :meth:`skip_decode_steps` (nothing changes the decoders in
-    #: between, and ``k`` grows at every decode step after).
-    _planned = (-1, 0, 0)
-
     def can_admit(self) -> bool:
         """Whether a request arriving now could join the next step (nothing blocks the
         queue and a sequence slot is free)."""
@@ -43,9 +38,8 @@ class DecodeRuns:
         steps = min(fin[0][0] - self.k - 1, max_steps)
         if steps <= 0:
             return 0
-        free, blocks = self.kv.free, self.run_blocks(steps)
-        if blocks <= free:
-            self._planned = (self.k, steps, blocks)
+        free = self.kv.free
+        if self.run_blocks(steps) <= free:
             return steps
         lo, hi = 0, steps  # largest j with run_blocks(j) <= free (monotone in j)
         while hi - lo > 1:
@@ -91,9 +85,7 @@ class DecodeRuns:
         every decoder's gaps are recorded. ``ends[j]`` is when step j of the run ended."""
         if steps == 0:
             return
-        planned = self._planned  # the run decode_run planned, if not cut short
-        self.kv.allocate(planned[2] if planned[0] == self.k and planned[1] == steps
-                         else self.run_blocks(steps))
+        self.kv.allocate(self.run_blocks(steps))
         self.k += steps
         self.sum_kv += len(self.decoding) * steps
         self.emit_run(ends[:steps])

@@ -72,28 +72,21 @@ class DecodeRunPath:
         if extra >= (VECTOR_MIN if rec is None else VECTOR_MIN_RECORDS):
             ends, busy, bulk = self._decode_many(end, batch, needs or [0] * extra,
                                                  rec is not None)
-        elif self._one_stage and rec is not None and self.record_run is not None:
-            ends, computes, comm = self._decode_times(end, batch, extra, horizon, now,
-                                                      self.lag)
-            busy = [c + comm for c in computes[: len(ends) - 1]]
-            lead = end is None
-            compact = (self.index, ends, ticks(self.overhead), n, computes, comm,
-                       batch.kv_blocks, [0, *needs] if lead else needs,
-                       batch.decode_kv - n if lead else batch.decode_kv)
-            if lead:  # the scheduled step came first: keep it apart from the rest
-                first = (n, busy[0])
-                ends, busy = ends[1:], busy[1:]
-            extra = len(ends) - 1
         elif self._one_stage:
-            if rec is not None and end is None and self.run_ahead and not self.lag:
+            if rec is None or self.record_run is not None:  # the times alone, in C loops
+                ends, computes, comm = self._decode_times(end, batch, extra, horizon, now,
+                                                          self.lag)
+                busy = [c + comm for c in computes[: len(ends) - 1]]
+                if rec is not None:  # the records kept compact, from the times
+                    lead = end is None
+                    compact = (self.index, ends, ticks(self.overhead), n, computes, comm,
+                               batch.kv_blocks, [0, *needs] if lead else needs,
+                               batch.decode_kv - n if lead else batch.decode_kv)
+            elif end is None and self.run_ahead and not self.lag:
                 # Running ahead (no faults): every step the loop records is applied (each
                 # starts by the horizon), in order: record them straight away.
                 ends, busy = self._decode_few(end, batch, needs, horizon, self.record_step,
                                               now)
-            elif rec is None:  # the times alone, in C loops
-                ends, computes, comm = self._decode_times(end, batch, extra, horizon, now,
-                                                          self.lag)
-                busy = [c + comm for c in computes[: len(ends) - 1]]
             else:
                 ends, busy = self._decode_few(end, batch, needs, plan_h, rec, now)
             if end is None:  # the scheduled step came first: keep it apart from the rest
@@ -176,8 +169,7 @@ class DecodeRunPath:
                     record(row)
                 for row in rows[:steps]:
                     record(row)
-                if compact is not None:
-                    self._compact(compact, end is None, steps)
+                self._compact(compact, end is None, steps)
             return float(ends[steps])
         if first is not None:
             self._count(1, *first)
@@ -276,13 +268,16 @@ class DecodeRunPath:
         if horizon < _INF and self._step_s > 0.0:
             c = min(k, max(int((horizon - t) / self._step_s) + 1 + past, 1))
         computes, comm = cost.decode_run(n, kv0, c)
-        # Each end from its start as _inline computes it, summed left to right.
-        ends = list(accumulate([round((off + x + comm) * SCALE) / SCALE for x in computes],
-                               initial=t))
+
+        def step_ends(xs: list[float], start: float):
+            """Each end from its start as _inline computes it, summed left to right."""
+            return accumulate([round((off + x + comm) * SCALE) / SCALE for x in xs],
+                              initial=start)
+
+        ends = list(step_ends(computes, t))
         while c < k and (len(ends) < past or ends[-past] <= horizon):  # price more
             more, _ = cost.decode_run(n, kv0 + c * n, min(c, k - c))
-            ends += islice(accumulate([round((off + x + comm) * SCALE) / SCALE
-                                       for x in more], initial=ends[-1]), 1, None)
+            ends += islice(step_ends(more, ends[-1]), 1, None)
             computes += more
             c += len(more)
         if len(ends) > 1:

@@ -7,9 +7,14 @@ the keyword parameters a scheduler takes (``[engine] scheduler_args``) with defa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from simulator.engine.batching import Batch, ContinuousBatcher
 from simulator.engine.kvcache import blocks_for
 from simulator.engine.request import Request
+
+if TYPE_CHECKING:
+    from simulator.io.schema import EngineKeys
 
 
 class PrefillFirst(ContinuousBatcher):
@@ -107,3 +112,9 @@ SCHEDULERS: dict[str, type[ContinuousBatcher]] = {
     "orca": Reserving,
     "static": Static,
 }
+
+
+def sarathi_chunk(engine: EngineKeys) -> int:
+    """The ``sarathi`` chunk size (tokens) an ``[engine]`` table asks for: its
+    ``scheduler_args.chunk_size``, else :class:`Sarathi`'s default."""
+    return (engine.scheduler_args or {}).get("chunk_size", Sarathi.PARAMS["chunk_size"])

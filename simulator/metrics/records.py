@@ -89,8 +89,8 @@ class Recorder:
 
     def _request_rows(self) -> pd.DataFrame:
         """The request rows as recorded (REQUEST_RECORD columns, in completion order)."""
-        if not self._codes:
-            return pd.DataFrame(columns=REQUEST_RECORD)
+        if not self._codes:  # text columns typed as the built ones infer theirs
+            return pd.DataFrame(columns=REQUEST_RECORD).astype({c: str for c in _TEXT})
         flat = np.frombuffer(self._numbers, dtype=np.float64).reshape(-1, len(_NUMBERS))
         cols = {c: flat[:, i].astype(REQUEST_DTYPE[c]) for i, c in enumerate(_NUMBERS)}
         texts = np.empty((len(self._texts), 2), dtype=object)
@@ -107,8 +107,6 @@ class Recorder:
         not served has no latency). A rejected request never ran: its finish is NaN too.
         """
         df = self._request_rows()
-        df["status"] = df["status"].astype(str)
-        df["reason"] = df["reason"].astype(str)
         df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
         df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
         decode_tokens = (df["output_tokens"] - 1).astype(float).replace(0, np.nan)

@@ -39,10 +39,10 @@ def _pcts_by_window(times: np.ndarray, values: dict[str, np.ndarray], edges: np.
     none is left). One grouping for every column and percentile: the rows share their
     times, and pandas' grouped quantile skips each column's NaN on its own."""
     n = len(edges) - 1
-    known = times[~np.isnan(times)]
-    idx = np.searchsorted(edges, known, side="right") - 1
+    ok = ~np.isnan(times)
+    idx = np.searchsorted(edges, times[ok], side="right") - 1
     inside = (idx >= 0) & (idx < n)
-    table = pd.DataFrame({k: v[~np.isnan(times)][inside] for k, v in values.items()})
+    table = pd.DataFrame({k: v[ok][inside] for k, v in values.items()})
     out = {(k, q): np.full(n, np.nan) for k in values for q in qs}
     if table.empty:
         return out

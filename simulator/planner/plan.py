@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from simulator.cluster.simulation import workload_requests
+from simulator.engine.schedulers import sarathi_chunk
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
@@ -226,7 +227,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
 
     e = s.engine
     own = Limits(e.max_num_seqs, e.max_num_batched_tokens,
-                 (e.scheduler_args or {}).get("chunk_size", 512)
+                 sarathi_chunk(e)
                  if e.scheduler == "sarathi" else None)
     try:
         domain = "NVLink" if node.scale_up.link.startswith("NVLink") else "PCIe"
