@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -273,9 +274,32 @@ def cmd_capacity(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    if args.action == "collect":
+        return cmd_collect(args)
     from simulator.calibration import commands as calibrate  # noqa: PLC0415 - scipy on use
 
+    if args.data is None:
+        raise ScenarioError(f"calibrate {args.action}: --data is required (a folder of "
+                            "measured CSVs)")
     return calibrate.main(args.action, args.gpu, args.data, args.out)
+
+
+def cmd_collect(args) -> int:
+    from simulator.calibration import collect  # noqa: PLC0415 - PyTorch on use
+
+    if args.out is None:
+        raise ScenarioError("calibrate collect: --out is required (the folder to write into)")
+    command = "python -m simulator " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        report = collect.collect(args.gpu, args.out, collect.parse_families(args.families),
+                                 args.quick, args.timer, args.noise, args.seed,
+                                 progress=sys.stderr.isatty(), command=command)
+    except KeyboardInterrupt:
+        print(f"calibrate collect: stopped; the rows timed so far are kept in {args.out}/ "
+              "(the same command resumes)", file=sys.stderr)
+        return 130
+    print("\n".join(report.lines()))
+    return 0
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -402,13 +426,25 @@ def parser() -> argparse.ArgumentParser:
                    help="override a scenario key, e.g. --set parallel.tp=8")
     y.add_argument("--no-plot", action="store_true", help="no capacity.png")
     y.set_defaults(func=cmd_capacity)
-    c = sub.add_parser("calibrate", help="check or fit a GPU's cost model on measured CSVs")
-    c.add_argument("action", choices=("check", "fit"),
-                   help="check: predict the CSVs and report errors; fit: refit the GPU")
+    c = sub.add_parser("calibrate", help="collect, check or fit a GPU's cost model on "
+                                         "measured CSVs")
+    c.add_argument("action", choices=("collect", "check", "fit"),
+                   help="collect: time the kernels the fit needs on this machine's GPU; "
+                        "check: predict the CSVs and report errors; fit: refit the GPU")
     c.add_argument("--gpu", required=True, help="GPU preset name or GPU TOML file")
-    c.add_argument("--data", required=True, help="folder with gemm.csv, attention_*.csv, ...")
-    c.add_argument("--out", help="check: report CSV; fit: GPU TOML to write "
-                                 "(default runs/calibration/<gpu>.toml)")
+    c.add_argument("--data", help="check, fit: folder with gemm.csv, attention_*.csv, ...")
+    c.add_argument("--out", help="collect: folder to write the CSVs into; check: report CSV; "
+                                 "fit: GPU TOML to write (default runs/calibration/<gpu>.toml)")
+    c.add_argument("--families", help="collect: comma-separated families (default: gemm, "
+                                      "attention_context, attention_generation, nccl)")
+    c.add_argument("--quick", action="store_true",
+                   help="collect: about a tenth of the shapes (every regime, a few minutes)")
+    c.add_argument("--timer", default="torch", choices=("torch", "model"),
+                   help="collect: torch times the local GPU (default); model prices the plan "
+                        "with the simulator's own model of --gpu (a dry run)")
+    c.add_argument("--noise", type=float, default=0.0,
+                   help="collect --timer model: lognormal sigma of the stand-in's noise")
+    c.add_argument("--seed", type=int, default=0, help="collect --timer model: noise seed")
     c.set_defaults(func=cmd_calibrate)
     return ap
 
