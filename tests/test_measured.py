@@ -121,13 +121,14 @@ def test_simulated_percentiles_are_numpy_linear_over_completed():
     assert sim["itl_p99_s"] == 0.2 and "itl_p90_s" not in sim
 
 
-def test_rate_with_a_concurrency_cap_is_refused(tmp_path):
+def test_rate_with_a_concurrency_cap_is_a_rate_limited_closed_loop(tmp_path):
     data = json.loads((DATA / "vllm_bench_serve.json").read_text())
-    data["request_rate"] = 2.0
+    data |= {"request_rate": 2.0, "burstiness": 4.0}
     path = tmp_path / "capped.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ScenarioError, match="rate .* with a concurrency cap"):
-        benchmark_workload(read_measured(path))
+    wl = benchmark_workload(read_measured(path))
+    assert (wl["arrival"], wl["concurrency"], wl["rate_per_s"]) == ("closed_loop", 8, 2.0)
+    assert wl["cv"] == pytest.approx(0.5)  # gamma shape 4: cv 1 / sqrt(4)
 
 
 @pytest.mark.parametrize("content, words", [

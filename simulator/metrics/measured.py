@@ -3,12 +3,12 @@
 :func:`benchmark_workload` turns a :class:`~simulator.io.measured.Measured` run into the
 ``[workload]`` table that offers the same load: the same number of requests, the same
 concurrency cap (closed-loop clients that send the next request when one finishes, as the
-clients' semaphores do; with an infinite rate), or the same Poisson (gamma, for vLLM's
-``--burstiness``) rate, and the measured token lengths (exact when every request had the
-same length, as fixed-ISL/OSL benchmarks do; else a lognormal with the measured mean and
-spread, clipped to the measured range). :func:`comparison` puts each metric the file has
-beside the simulation's, with the signed relative error (simulated - measured) /
-measured.
+clients' semaphores do, each request also held until its release time when the rate is
+finite), or the same Poisson (gamma, for vLLM's ``--burstiness``) rate, and the measured
+token lengths (exact when every request had the same length, as fixed-ISL/OSL benchmarks
+do; else a lognormal with the measured mean and spread, clipped to the measured range).
+:func:`comparison` puts each metric the file has beside the simulation's, with the signed
+relative error (simulated - measured) / measured.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from simulator.errors import ScenarioError
 from simulator.io.measured import METRICS, STATS, Lengths, Measured
 
 PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99}
@@ -48,16 +47,19 @@ def benchmark_workload(m: Measured, concurrency: int | None = None,
     rate = rate_per_s if rate_per_s is not None else m.rate_per_s
     wl = {"num_requests": m.requests, "prompt_tokens": length_spec(m.prompt),
           "output_tokens": length_spec(m.output)}
-    if rate is not None and conc is not None and conc < m.requests:
-        raise ScenarioError(f"--measured {m.path[:80]!r}: a request rate ({rate:g}/s) with "
-                            f"a concurrency cap ({conc}) is not simulated; compare a run "
-                            "with one of the two")
-    if rate is None:
-        wl |= {"arrival": "closed_loop", "concurrency": min(conc or m.requests, m.requests)}
+    cv = 1 / math.sqrt(m.burstiness)  # vLLM: gamma gaps of shape `burstiness`
+    if conc is not None and conc < m.requests:
+        # The clients' semaphore: at most `conc` in flight; with a finite rate, request i is
+        # also held until its release time (vllm bench serve's rate-limited closed loop).
+        wl |= {"arrival": "closed_loop", "concurrency": conc}
+        if rate is not None:
+            wl |= {"rate_per_s": rate, "cv": cv}
+    elif rate is None:  # no cap, no rate: every request at once
+        wl |= {"arrival": "closed_loop", "concurrency": m.requests}
     elif m.burstiness == 1.0:
         wl |= {"arrival": "poisson", "rate_per_s": rate}
-    else:  # vLLM: gamma gaps of shape `burstiness`, so cv = 1 / sqrt(burstiness)
-        wl |= {"arrival": "gamma", "rate_per_s": rate, "cv": 1 / math.sqrt(m.burstiness)}
+    else:
+        wl |= {"arrival": "gamma", "rate_per_s": rate, "cv": cv}
     return wl
 
 
@@ -111,8 +113,9 @@ def label(key: str) -> tuple[str, float, str]:
 def format_comparison(m: Measured, table: pd.DataFrame, workload: dict) -> str:
     """The printed table: one line per metric, with units."""
     load = (f"{workload['concurrency']} concurrent clients"
-            if workload["arrival"] == "closed_loop"
-            else f"{workload['arrival']} {workload['rate_per_s']:g} req/s")
+            if workload["arrival"] == "closed_loop" else f"{workload['arrival']} arrivals")
+    if "rate_per_s" in workload:
+        load += f" at {workload['rate_per_s']:g} req/s"
     lines = [f"measured ({m.tool}, {m.path}) vs simulated: {m.requests:,} requests, {load}, "
              f"prompts {m.prompt.mean:,.0f} and outputs {m.output.mean:,.0f} tokens (mean)",
              f"  {'metric':<24}{'measured':>13}{'simulated':>13}{'error':>9}"]
