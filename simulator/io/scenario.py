@@ -29,6 +29,7 @@ from simulator.io.schema import (
     SCHEDULER_PARAMS,
     SECTIONS,
     TOP_LEVEL,
+    AutoscaleKeys,
     EngineKeys,
     FaultSpec,
     PoolKeys,
@@ -297,7 +298,7 @@ def load_scenario(source: str | Path | dict | Scenario,
     faults, random_faults = _faults(data.get("faults"), problems)
     pools = _pools(data.get("pools"), problems)
     for k in data:
-        if k in ("faults", "speculative", "pools"):
+        if k in ("faults", "speculative", "pools", "autoscale"):
             continue
         if k not in SECTIONS and k not in TOP_LEVEL:
             problems.append(f"{k}: unknown key" + _did_you_mean(k, [*TOP_LEVEL, *SECTIONS]))
@@ -321,13 +322,17 @@ def load_scenario(source: str | Path | dict | Scenario,
             if "speculative" in data else None)
     # With [[pools]], decode and mixed pools speculate; prefill pools do not
     # (simulator.cluster.pools.pool_scenario).
+    scale = (_build_section("autoscale", AutoscaleKeys, data["autoscale"], problems)
+             if "autoscale" in data else None)
     scenario = Scenario(**top, **sections, faults=faults, random_faults=random_faults,
                         pools=pools, base_dir=str(base_dir), source=origin,
-                        speculative=spec)
+                        speculative=spec, autoscale=scale)
     already = {p.split(":", 1)[0] for p in problems}
     if "workload.duration_s" in already:
         already.add("workload.num_requests")
     problems += [p for p in _workload_problems(scenario) if p.split(":", 1)[0] not in already]
+    problems += [p for p in _autoscale_problems(scenario) if p.split(":", 1)[0]
+                 not in already]
     own = _speculative_problems(spec)
     problems += [p for p in own if p.split(":", 1)[0] not in already]
     for i, pool in enumerate(pools):  # a [pools.speculative] table over the section
@@ -505,6 +510,44 @@ def _workload_problems(s: Scenario) -> list[str]:
     return p
 
 
+def _autoscale_problems(s: Scenario) -> list[str]:
+    """``[autoscale]`` bounds against the layout, and what each policy needs."""
+    a = s.autoscale
+    if a is None:
+        return []
+    p: list[str] = []
+    if s.pools:
+        p.append("autoscale: scenarios with [[pools]] do not scale yet (replicas of one "
+                 "colocated layout do; remove [autoscale] or the pools)")
+        return p
+    if s.workload.arrival in ("closed_loop", "sessions"):
+        p.append(f"autoscale: arrival = \"{s.workload.arrival}\" paces itself by the "
+                 "replies; autoscaling needs an open-loop arrival (poisson, gamma, constant, "
+                 "trace)")
+    top = a.max_replicas if a.max_replicas is not None else s.parallel.dp
+    if top > s.parallel.dp:
+        p.append(f"autoscale.max_replicas: {top} is more than the parallel.dp = "
+                 f"{s.parallel.dp} replicas the cluster holds (raise parallel.dp and "
+                 f"cluster.nodes: the fleet scaling may use)")
+    if a.min_replicas > top:
+        p.append(f"autoscale.min_replicas: {a.min_replicas} is more than max_replicas {top}")
+    start = a.initial_replicas if a.initial_replicas is not None else a.min_replicas
+    if not a.min_replicas <= start <= top:
+        p.append(f"autoscale.initial_replicas: {start} is not within [min_replicas, "
+                 f"max_replicas] = [{a.min_replicas}, {top}]")
+    if a.scale_down_below >= 1:
+        p.append(f"autoscale.scale_down_below: must be < 1 (a fraction of target), got "
+                 f"{a.scale_down_below:g}")
+    if a.policy == "sla" and a.replica_capacity_per_s is None:
+        p.append("autoscale.replica_capacity_per_s: required for policy = \"sla\" (requests "
+                 "per second one replica serves within the SLOs: `python -m simulator "
+                 "capacity` on a one-replica scenario finds it)")
+    if a.policy == "sla" and a.forecaster == "holt_winters" and a.season_intervals == 1:
+        p.append("autoscale.season_intervals: a season of 1 interval is no season (0: "
+                 "none, or >= 2)")
+    return p
+
+
 def _speculative_problems(sp: SpeculativeKeys | None) -> list[str]:
     """The [speculative] keys that depend on each other (method, draft, acceptance)."""
     if sp is None:
@@ -580,6 +623,9 @@ def to_dict(scenario: Scenario) -> dict:
     if scenario.speculative is not None:
         out["speculative"] = {k: v for k, v in dataclasses.asdict(scenario.speculative).items()
                               if v is not None}
+    if scenario.autoscale is not None:
+        out["autoscale"] = {k: v for k, v in dataclasses.asdict(scenario.autoscale).items()
+                            if v is not None}
     if scenario.pools:
         out["pools"] = [{k: v for k, v in dataclasses.asdict(p).items() if v is not None}
                         for p in scenario.pools]
