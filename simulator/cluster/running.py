@@ -21,6 +21,7 @@ from tqdm import tqdm
 from simulator.cluster.autoscale import Autoscaler
 from simulator.cluster.build import ClusterPlan, build_plan
 from simulator.cluster.disagg import PoolCluster
+from simulator.cluster.gateway import Gateway, check_gateway
 from simulator.cluster.outcome import (
     observe,
     pools_power,
@@ -143,6 +144,8 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
     if s.autoscale is not None:
         cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo)
         env.process(cluster.scaling.run())
+    if s.gateway is not None:
+        cluster.gateway = Gateway(env, cluster, check_gateway(s.gateway), s.seed)
     return total
 
 
@@ -166,6 +169,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
     events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
     cluster.close()
     requests = recorder.requests_frame()
+    if cluster.gateway is not None:
+        requests = cluster.gateway.columns(requests)
     steps = recorder.steps_frame()
     engine = {k: sum(getattr(r, k) for r in cluster.replicas)
               for k in ("steps", "step_tokens", "union_s")}
@@ -205,6 +210,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
         edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
         gpu_ts = fold.gpu_windows(fold.stages, edges)
     gpu_ts, ts = run_power(s, plan, requests, summary, gpu_ts, ts, window_s)
+    if cluster.gateway is not None:  # simulator/cluster/gateway.py
+        summary.update(cluster.gateway.summary(requests, s.slo))
     if cluster.scaling is not None:  # docs/autoscaling.md
         done = requests[requests["status"] == "completed"]
         summary.update(cluster.scaling.summary(

@@ -79,6 +79,7 @@ class Cluster:
     #: (class defaults: the pooled cluster shares ``finish`` and has neither).
     scaling = None
     views: list | None = None
+    gateway = None  # a Gateway with [gateway] (simulator/cluster/gateway.py)
 
     def __init__(self, env: simpy.Environment, plan: ClusterPlan, router: Any,
                  recorder: Recorder):
@@ -171,10 +172,23 @@ class Cluster:
             req.reason = f"prompt + output tokens exceed max_model_len {self.max_len}"
             self.finish(req)
             return
+        if self.scaling is not None:
+            self.scaling.on_submit()
+        if self.gateway is not None:  # admission and flow control before the router
+            self.gateway.admit(req, self._route)
+            return
+        self._route(req)
+
+    def serving_replicas(self) -> list[Replica]:
+        """The replicas that take new requests now (up, and serving under autoscaling)."""
         up = [r for r in self.replicas if r.up] if self.any_down else self.replicas
         if self.scaling is not None:  # only the replicas autoscaling has serving
-            self.scaling.on_submit()
             up = [r for r in up if self.scaling.routable(r)]
+        return up
+
+    def _route(self, req: Request) -> None:
+        """The router's choice among the serving replicas, or hold it until one is up."""
+        up = self.serving_replicas()
         if not up:
             self.pending.append(req)
             timeout = self.plan.scenario.recovery.pending_timeout_s
@@ -203,6 +217,8 @@ class Cluster:
         self.recorder.request(req)
         if self.scaling is not None:
             self.scaling.on_finish(req)
+        if self.gateway is not None and self.gateway.held:
+            self.gateway.dispatch(self._route)
         ev = self.waiters.pop(req.id, None)
         if ev is not None:
             ev.succeed()
@@ -350,7 +366,7 @@ class Cluster:
             sc = self.plan.scenario
             # Nothing but arrivals (and faults) can observe the replica between its steps.
             rep.run_ahead = (rep.fast and not sc.faults and sc.random_faults is None
-                             and sc.autoscale is None)
+                             and sc.autoscale is None and sc.gateway is None)
             if rep.run_ahead:
                 # It also takes the arrivals itself as its time passes them: no event each.
                 rep.pull = self._puller(times, prompts, outputs)

@@ -18,6 +18,7 @@ from typing import Any
 
 from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
+from simulator.io.gateway import parse_gateway
 from simulator.io.schema import (
     LENGTH_DISTS,
     LIMITS,
@@ -298,7 +299,7 @@ def load_scenario(source: str | Path | dict | Scenario,
     faults, random_faults = _faults(data.get("faults"), problems)
     pools = _pools(data.get("pools"), problems)
     for k in data:
-        if k in ("faults", "speculative", "pools", "autoscale"):
+        if k in ("faults", "speculative", "pools", "autoscale", "gateway"):
             continue
         if k not in SECTIONS and k not in TOP_LEVEL:
             problems.append(f"{k}: unknown key" + _did_you_mean(k, [*TOP_LEVEL, *SECTIONS]))
@@ -324,9 +325,16 @@ def load_scenario(source: str | Path | dict | Scenario,
     # (simulator.cluster.pools.pool_scenario).
     scale = (_build_section("autoscale", AutoscaleKeys, data["autoscale"], problems)
              if "autoscale" in data else None)
+    gateway = data.get("gateway")
+    if gateway is not None:
+        parse_gateway(gateway, problems)
+        if pools:
+            problems.append("gateway: scenarios with [[pools]] have no gateway yet (remove "
+                            "[gateway] or the pools)")
     scenario = Scenario(**top, **sections, faults=faults, random_faults=random_faults,
                         pools=pools, base_dir=str(base_dir), source=origin,
-                        speculative=spec, autoscale=scale)
+                        speculative=spec, autoscale=scale,
+                        gateway=gateway if isinstance(gateway, dict) else None)
     already = {p.split(":", 1)[0] for p in problems}
     if "workload.duration_s" in already:
         already.add("workload.num_requests")
@@ -630,6 +638,8 @@ def to_dict(scenario: Scenario) -> dict:
     if scenario.speculative is not None:
         out["speculative"] = {k: v for k, v in dataclasses.asdict(scenario.speculative).items()
                               if v is not None}
+    if scenario.gateway is not None:
+        out["gateway"] = scenario.gateway
     if scenario.autoscale is not None:
         out["autoscale"] = {k: v for k, v in dataclasses.asdict(scenario.autoscale).items()
                             if v is not None}

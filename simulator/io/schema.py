@@ -357,6 +357,8 @@ class Scenario:
     source: str | None = None
     speculative: SpeculativeKeys | None = None
     autoscale: AutoscaleKeys | None = None
+    # [gateway] with [[gateway.classes]]: checked by simulator.cluster.gateway.parse_gateway.
+    gateway: dict | None = None
 
 
 SECTIONS: dict[str, type] = {
