@@ -66,7 +66,7 @@ def cmd_validate(args) -> int:
     st, tp0 = plan.replicas[0].stages[0], plan.replicas[0].placement.stages[0]
     if p.tp > 1 and p.attention_dp:  # docs/moe.md, "Layouts": no TP all-reduce
         a = p.attention_tp or 1
-        who = "each GPU" if a == 1 else f"each group of {a} GPUs (one all-reduce group)"
+        who = "each GPU" if a == 1 else f"each group of {a} GPUs"
         how = ("exchange tokens by all-to-all" if p.ep == p.tp else
                f"all-gather every token over the {p.tp} GPUs and reduce-scatter the outputs")
         print(f"  tp all-reduce  none over the stage: attention DP ({who} runs attention for "

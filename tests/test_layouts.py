@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
+from simulator import run
 from simulator.cli import main
 from simulator.cluster.build import build_plan
 from simulator.errors import ScenarioError
@@ -220,3 +222,42 @@ def test_planner_searches_the_new_moe_layouts_and_not_for_dense_models():
     dense = layouts(load_model("llama-3.1-8b"), 8)
     assert all(lay.ep == 1 and not lay.attention_dp for lay in dense)
     assert len(dense) == len({dataclasses.astuple(x)[:3] for x in dense})
+
+
+# -- docs/moe.md, "Worked example: the layouts of one node" ------------------------------------
+WORKED = "workloads/moe-qwen3-235b-8xh100.toml"
+ROWS = [  # overrides, TTFT s, TPOT ms, tok/s, KV tokens, as the table quotes them
+    ([], 0.124, 33.7, 898, 338480),
+    (['parallel.convention="trtllm"', "parallel.ep=4", "parallel.moe_tp=2"],
+     0.124, 33.2, 910, 335696),
+    (['parallel.convention="vllm"', "parallel.tp=1", "parallel.dp=8", "parallel.ep=8"],
+     0.168, 48.9, 790, 197760),
+    (['parallel.convention="sglang"', "parallel.dp=4", "parallel.attention_dp=true"],
+     0.168, 47.9, 799, 478208),
+    (['parallel.convention="trtllm"', "parallel.ep=1", "parallel.attention_dp=true"],
+     0.133, 37.4, 874, 158720),
+]
+
+
+@pytest.mark.parametrize("overrides, ttft, tpot, tok, kv", ROWS)
+def test_docs_worked_layouts_table(overrides, ttft, tpot, tok, kv):
+    path = Path(__file__).resolve().parents[1] / WORKED
+    s = load_scenario(str(path), overrides)
+    assert build_plan(s).memory.kv_tokens == kv
+    summary = run(s).summary
+    assert round(summary["ttft_mean_s"], 3) == ttft
+    assert round(summary["tpot_mean_s"] * 1e3, 1) == tpot
+    assert round(summary["throughput_tok_per_s"]) == tok
+
+
+def test_docs_worked_validate_lines(capsys):
+    path = Path(__file__).resolve().parents[1] / WORKED
+    assert main(["validate", str(path), "--set", 'parallel.convention="sglang"', "--set",
+                 "parallel.dp=4", "--set", "parallel.attention_dp=true"]) == 0
+    out = capsys.readouterr().out
+    for line in ("tp all-reduce  none over the stage: attention DP (each group of 2 GPUs "
+                 "runs attention for its own requests; the MoE layers exchange tokens by "
+                 "all-to-all)",
+                 "weights 59.5 GiB per GPU, KV cache 29888 blocks = 478208 tokens per replica",
+                 "attention DP4 x TP2: each group of 2 GPUs caches its own requests' KV"):
+        assert line in out
