@@ -222,7 +222,8 @@ def _check_moe(model: ModelSpec, s: Scenario) -> list[str]:
     if model.moe is None:
         for key, value, default in (("ep", par.ep, 1), ("attention_dp", par.attention_dp,
                                                         False),
-                                    ("redundant_experts", par.redundant_experts, 0)):
+                                    ("redundant_experts", par.redundant_experts, 0),
+                                    ("attention_tp", par.attention_tp, None)):
             if value != default:
                 problems.append(f"parallel.{key}: {value!r} needs a mixture-of-experts "
                                 f"model; {model.name} is dense")
@@ -233,6 +234,9 @@ def _check_moe(model: ModelSpec, s: Scenario) -> list[str]:
                         f"allowed: {', '.join(map(str, allowed))}: each expert sliced over "
                         f"tp / ep GPUs)")
     a = par.attention_tp or 1
+    if par.attention_tp is not None and not par.attention_dp:
+        problems.append(f"parallel.attention_tp: {a} needs parallel.attention_dp = true "
+                        f"(attention is TP over all tp GPUs without it)")
     if par.attention_dp and (par.tp == 1 or par.tp % a or a >= par.tp):
         problems.append(f"parallel.attention_dp: needs tp > 1 split into attention groups of "
                         f"attention_tp GPUs (attention_tp divides tp and is below it), got "

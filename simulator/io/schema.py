@@ -283,11 +283,13 @@ class PoolKeys:
     # prefill pools: move the KV after the prefill ends, or layer by layer during it.
     kv_transfer: str = _f("after_prefill", choices=KV_TRANSFER_MODES)
     engine: dict | None = _f(None, kind="table", optional=True)  # [engine] keys overridden
-    # MoE models, as in [parallel]: expert parallelism over a stage's tp GPUs (1 or tp),
-    # attention data parallel (needs ep = tp > 1), extra expert replicas (needs ep > 1).
+    # MoE models, as in [parallel] (the simulator's spelling): expert parallelism over a
+    # stage's tp GPUs (divides tp), attention data parallel over groups of attention_tp
+    # GPUs (None: 1), extra expert replicas (needs ep > 1).
     ep: int = _f(1, min=1, max=1024)
     attention_dp: bool = _f(False)
     redundant_experts: int = _f(0, min=0, max=4096)
+    attention_tp: int | None = _f(None, min=1, max=1024, optional=True)
     # Decode and mixed pools: None speculates as [speculative] says (if present); false: this
     # pool does not; a table: [speculative] keys for this pool, over the section's.
     speculative: bool | dict | None = _f(None, kind="pool_speculative", optional=True)

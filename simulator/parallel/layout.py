@@ -55,10 +55,6 @@ def translate(par: ParallelKeys, is_moe: Callable[[], bool]) -> tuple[ParallelKe
                 problems.append(f"parallel.{key}: {getattr(par, key)} is an engine's flag; "
                                 f"set parallel.convention (allowed: vllm, sglang, trtllm) or "
                                 f"use the simulator's keys (tp, ep, attention_tp, dp)")
-        if par.attention_tp is not None and not par.attention_dp:
-            problems.append(f"parallel.attention_tp: {par.attention_tp} needs "
-                            f"parallel.attention_dp = true (attention is TP over all tp "
-                            f"GPUs without it)")
         return par, problems
     defaults = ParallelKeys()
     for key in FOREIGN[conv]:
