@@ -63,6 +63,7 @@ def test_attention_tp_within_dp_flags_map_to_one_layout(flags):
 @pytest.mark.parametrize("flags", [
     {"convention": "trtllm", "tp": 8, "ep": 4, "moe_tp": 2},
     {"convention": "trtllm", "tp": 8, "ep": 4},  # moe_tp derived: tp / ep
+    {"convention": "trtllm", "tp": 8, "moe_tp": 2},  # ep derived: tp / moe_tp
     {"convention": "sglang", "tp": 8, "ep": 4},
 ])
 def test_moe_tp_by_ep_flags_map_to_one_layout(flags):

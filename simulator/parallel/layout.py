@@ -88,14 +88,18 @@ def translate(par: ParallelKeys, is_moe: Callable[[], bool]) -> tuple[ParallelKe
             a = par.tp // par.dp
             out = replace(out, dp=replicas, attention_tp=a if a > 1 else None)
         elif par.replicas is not None:
-            problems.append("parallel.replicas: needs attention_dp = true (without it "
-                            "SGLang's --dp-size counts the replicas: set dp)")
+            problems.append("parallel.replicas: needs attention_dp = true and dp > 1 "
+                            "(otherwise SGLang's --dp-size counts the replicas: set dp)")
         else:
             out = replace(out, attention_dp=False)
     else:  # trtllm
-        moe_tp = par.moe_tp or (par.tp // par.ep if par.tp % par.ep == 0 else 0)
-        if moe_tp * par.ep != par.tp:
-            problems.append(f"parallel.moe_tp: {par.moe_tp or 'derived'} x ep {par.ep} != "
+        ep = par.ep
+        if par.moe_tp and ep == 1 and par.tp % par.moe_tp == 0:  # ep unset: derived
+            ep = par.tp // par.moe_tp
+            out = replace(out, ep=ep)
+        moe_tp = par.moe_tp or (par.tp // ep if par.tp % ep == 0 else 0)
+        if moe_tp * ep != par.tp:
+            problems.append(f"parallel.moe_tp: {par.moe_tp or 'derived'} x ep {ep} != "
                             f"tp {par.tp} (TensorRT-LLM needs moe_tp_size x moe_ep_size = "
                             f"tp_size)")
     return out, problems
