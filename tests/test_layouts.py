@@ -262,3 +262,15 @@ def test_docs_worked_validate_lines(capsys):
                  "weights 59.5 GiB per GPU, KV cache 29888 blocks = 478208 tokens per replica",
                  "attention DP4 x TP2: each group of 2 GPUs caches its own requests' KV"):
         assert line in out
+
+
+def test_vllm_dp_ep_over_two_nodes_is_one_ep16_engine():
+    # --data-parallel-size 16 --enable-expert-parallel on 2 x 8 H200: one engine whose EP16
+    # group spans both nodes, each GPU caching its own requests' latents.
+    path = Path(__file__).resolve().parents[1] / "workloads/moe-deepseek-v3-2xh200.toml"
+    vllm = load_scenario(str(path), ['parallel.convention="vllm"', "parallel.tp=1",
+                                     "parallel.dp=16", "parallel.ep=16",
+                                     "parallel.attention_dp=false"])
+    own = load_scenario(str(path))
+    assert dataclasses.replace(vllm.parallel, heads_rule=None) == own.parallel
+    assert build_plan(vllm).memory.kv_tokens == build_plan(own).memory.kv_tokens == 17646336
