@@ -65,9 +65,13 @@ def cmd_validate(args) -> int:
                             for st in rp.placement.stages)
         print(f"  replica {rp.placement.replica}  GPUs {stages}")
     st, tp0 = plan.replicas[0].stages[0], plan.replicas[0].placement.stages[0]
-    if p.tp > 1 and p.attention_dp:  # docs/moe.md: no TP all-reduce, all-to-all instead
-        print("  tp all-reduce  none: attention DP (each GPU runs attention for its own "
-              "requests; the MoE layers exchange tokens by all-to-all)")
+    if p.tp > 1 and p.attention_dp:  # docs/moe.md, "Layouts": no TP all-reduce
+        a = p.attention_tp or 1
+        who = "each GPU" if a == 1 else f"each group of {a} GPUs"
+        how = ("exchange tokens by all-to-all" if p.ep == p.tp else
+               f"all-gather every token over the {p.tp} GPUs and reduce-scatter the outputs")
+        print(f"  tp all-reduce  none over the stage: attention DP ({who} runs attention for "
+              f"its own requests; the MoE layers {how})")
     elif p.tp > 1:  # one all-reduce of a 64-token decode step, as the stage cost prices it
         nbytes, span = 64 * st.hidden_bytes, len({plan.graph.nodes[g]["node"] for g in tp0})
         print(f"  tp all-reduce  {span} node(s) per group: 64 tokens take "

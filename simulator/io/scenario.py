@@ -19,6 +19,7 @@ from typing import Any
 from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
 from simulator.io.gateway import parse_gateway
+from simulator.io.layout import translate
 from simulator.io.schema import (
     LENGTH_DISTS,
     LIMITS,
@@ -33,11 +34,13 @@ from simulator.io.schema import (
     AutoscaleKeys,
     EngineKeys,
     FaultSpec,
+    ParallelKeys,
     PoolKeys,
     RandomFaults,
     Scenario,
     SpeculativeKeys,
 )
+from simulator.model.spec import load_model
 from simulator.workload.profile import PROFILED, parse_profile
 
 if sys.version_info >= (3, 11):
@@ -319,6 +322,7 @@ def load_scenario(source: str | Path | dict | Scenario,
                 top[k] = v
     sections = {name: _build_section(name, cls, data.get(name, {}), problems)
                 for name, cls in SECTIONS.items()}
+    sections["parallel"] = _engine_layout(sections, str(base_dir), problems)
     spec = (_build_section("speculative", SpeculativeKeys, data["speculative"], problems)
             if "speculative" in data else None)
     # With [[pools]], decode and mixed pools speculate; prefill pools do not
@@ -350,6 +354,20 @@ def load_scenario(source: str | Path | dict | Scenario,
     if problems:
         raise ScenarioError(problems, source=origin)
     return scenario
+
+
+def _engine_layout(sections: dict, base_dir: str, problems: list[str]) -> ParallelKeys:
+    """``[parallel]`` in the simulator's spelling (:func:`simulator.io.layout.translate`;
+    vLLM's DP means replicas for a dense model, so the model's config is read then)."""
+    def is_moe() -> bool:
+        try:
+            return load_model(sections["model"].name, base_dir).moe is not None
+        except ScenarioError:
+            return False  # the build names the model's problem
+
+    par, found = translate(sections["parallel"], is_moe)
+    problems += found
+    return par
 
 
 FAULT_KEYS = ("at_s", "target", "duration_s", "random")

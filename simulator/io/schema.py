@@ -26,6 +26,8 @@ LENGTH_DISTS = ("constant", "uniform", "normal", "lognormal", "exponential")
 PROFILES = ("vllm-v0.6", "vllm-v1", "sglang", "trtllm", "none")
 CUDA_GRAPHS = ("none", "vllm-v0.6", "vllm-v1", "sglang", "trtllm")
 SPEC_METHODS = ("draft_model", "eagle", "mtp", "ngram")
+#: Engines whose parallel flags ``[parallel] convention`` reads (simulator/io/layout.py).
+CONVENTIONS = ("vllm", "sglang", "trtllm")
 
 
 def _f(default: Any = None, **meta: Any) -> Any:
@@ -75,13 +77,26 @@ class ParallelKeys:
     # spread: replicas on the nodes with the most free GPUs (across failure domains);
     # packed: fill nodes in order.
     placement: str = _f("spread", choices=("spread", "packed"))
-    # MoE models: expert parallelism over the tp GPUs of a stage (1: experts sliced by TP,
-    # "MoE-TP"; tp: whole experts spread over the ranks), attention data parallel (each
-    # rank runs attention for its own requests; needs ep = tp), and extra expert replicas
-    # (EPLB) spread over the EP ranks.
+    # MoE models: expert parallelism over the tp GPUs of a stage (ep divides tp; each expert
+    # sliced over tp / ep GPUs: 1 is "MoE-TP", tp whole experts), attention data parallel
+    # (each attention group of attention_tp GPUs runs attention for its own requests), and
+    # extra expert replicas (EPLB) spread over the EP ranks (docs/moe.md, "Layouts").
     ep: int = _f(1, min=1)
     attention_dp: bool = _f(False)
     redundant_experts: int = _f(0, min=0)
+    # Attention TP inside each attention-DP group (attention_dp only; None: 1).
+    attention_tp: int | None = _f(None, min=1, optional=True)
+    # Whose flags the keys above spell (None: the simulator's own, SGLang-like; "vllm",
+    # "sglang", "trtllm": that engine's, translated when the scenario is read; the resolved
+    # scenario shows the simulator's spelling). moe_tp is TensorRT-LLM's moe_tp_size;
+    # replicas the engines behind the router where dp means the engine's own DP ranks.
+    convention: str | None = _f(None, choices=CONVENTIONS, optional=True)
+    moe_tp: int | None = _f(None, min=1, optional=True)
+    replicas: int | None = _f(None, min=1, optional=True)
+    # Whose KV-head rule applies (None: the convention's, else the [engine] profile's, else
+    # vLLM's): vLLM and SGLang need tp to divide the KV heads or be a multiple of them,
+    # TensorRT-LLM gives each GPU ceil(kv / tp) of them.
+    heads_rule: str | None = _f(None, choices=CONVENTIONS, optional=True)
 
 
 @dataclass(frozen=True)
@@ -314,11 +329,13 @@ class PoolKeys:
     # prefill pools: move the KV after the prefill ends, or layer by layer during it.
     kv_transfer: str = _f("after_prefill", choices=KV_TRANSFER_MODES)
     engine: dict | None = _f(None, kind="table", optional=True)  # [engine] keys overridden
-    # MoE models, as in [parallel]: expert parallelism over a stage's tp GPUs (1 or tp),
-    # attention data parallel (needs ep = tp > 1), extra expert replicas (needs ep > 1).
+    # MoE models, as in [parallel] (the simulator's spelling): expert parallelism over a
+    # stage's tp GPUs (divides tp), attention data parallel over groups of attention_tp
+    # GPUs (None: 1), extra expert replicas (needs ep > 1).
     ep: int = _f(1, min=1, max=1024)
     attention_dp: bool = _f(False)
     redundant_experts: int = _f(0, min=0, max=4096)
+    attention_tp: int | None = _f(None, min=1, max=1024, optional=True)
     # Decode and mixed pools: None speculates as [speculative] says (if present); false: this
     # pool does not; a table: [speculative] keys for this pool, over the section's.
     speculative: bool | dict | None = _f(None, kind="pool_speculative", optional=True)
@@ -399,6 +416,9 @@ LIMITS: dict[str, dict[str, float]] = {
     "parallel.pp": {"max": 1024},
     "parallel.dp": {"max": 65536},
     "parallel.ep": {"max": 1024},
+    "parallel.attention_tp": {"max": 1024},
+    "parallel.moe_tp": {"max": 1024},
+    "parallel.replicas": {"max": 65536},
     "parallel.redundant_experts": {"max": 65536},
     "engine.swap_space_gib": {"max": 4096.0},
     "engine.max_num_seqs": {"max": 65536},

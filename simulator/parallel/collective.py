@@ -408,3 +408,16 @@ def multinode_allreduce(paths: Paths, group: tuple[str, ...],
     algos = schedules(paths, "all_reduce", group, params)
     nccl = tuple((name, *_phase_terms(paths, [s])) for name, s in algos.items())
     return AllReduceCost(nccl, len(group))
+
+
+def group_cost(paths: Paths, op: str, group: tuple[str, ...],
+               params: CollectiveParams | None = None) -> AllReduceCost:
+    """``op`` (``all_gather`` or ``reduce_scatter``; ``all_reduce`` as
+    :func:`multinode_allreduce`) over ``group`` as the engine uses it: each algorithm of
+    :func:`schedules` alone on its links, ``alpha + beta * S`` with S the full buffer
+    (every rank's shard together); nothing for one rank."""
+    if len(group) <= 1:
+        return AllReduceCost((("none", 0.0, 0.0),), len(group))
+    algos = schedules(paths, op, group, params)
+    return AllReduceCost(tuple((name, *_phase_terms(paths, [s])) for name, s in algos.items()),
+                         len(group))
