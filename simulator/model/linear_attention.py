@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from simulator.hardware.specs import GPUSpec
 
 #: Chunk length of the chunked prefill kernel (``chunk_gated_delta_rule``, FLA / FlashInfer).
@@ -145,11 +147,11 @@ def fit_for(table: dict, gpu: GPUSpec, what: str) -> dict[str, tuple[float, floa
     return fit
 
 
-def fitted_time(fit: tuple[float, float, float], flops: float, nbytes: float,
-                peak: float, bandwidth: float) -> float:
+def fitted_time(fit: tuple[float, float, float], flops, nbytes, peak: float,
+                bandwidth: float):
     """Seconds of one fitted kernel family call: ``floor + max(F / (e_f P), B / (e_b BW))``.
 
     Never below the roofline ``max(F / P, B / BW)``: both efficiencies are <= 1.
     """
     floor, eff_f, eff_b = fit
-    return floor + max(flops / (eff_f * peak), nbytes / (eff_b * bandwidth))
+    return floor + np.maximum(flops / (eff_f * peak), nbytes / (eff_b * bandwidth))
