@@ -19,7 +19,7 @@ Qwen3.5 release; the measured decode kernel moves 4-byte states, see
 Kernel times come from :func:`fitted_time`: a floor plus the larger of FLOPs over
 ``eff_flops * peak`` and bytes over ``eff_bw * HBM bandwidth``, with the three parameters
 fitted per phase to AIConfigurator's measured ``gdn_perf`` tables
-(:data:`GDN_FIT`, ``benchmarks/fit_linear_attention.py``).
+(:data:`GDN_FIT`, ``benchmarks/fit_linear_attention.py`` (:mod:`simulator.calibration.attention_kinds`)).
 """
 
 from __future__ import annotations

@@ -265,15 +265,31 @@ def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
     act = moe_activation_bytes(model, tp, layout, max_tokens, max_seqs)
     how = (f"ep={layout.ep}, attention_dp={str(layout.attention_dp).lower()}, "
            f"redundant_experts={layout.redundant_experts}")
-    free, blocks = _fit(weights, block, act, reserve_bytes, gpu_memory_bytes * utilization,
+    budget = gpu_memory_bytes * utilization
+    advice = "Add GPUs (tp/ep or pp), or use lower-precision weights"
+    if model.linear is not None:
+        advice += _state_advice(weights, block, state, act + reserve_bytes, budget, rank_seqs,
+                                tp if layout.attention_dp else 1)
+    free, blocks = _fit(weights, block, act, reserve_bytes, budget,
                         f"{model.name} ({weight_dtype}, experts {layout.expert_dtype}) does "
-                        f"not fit with tp={tp}, pp={pp}, {how}",
-                        "Add GPUs (tp/ep or pp), or use lower-precision weights"
-                        + (", or lower engine.max_num_seqs (each sequence holds its "
-                           "recurrent state)" if model.linear is not None else ""), state)
+                        f"not fit with tp={tp}, pp={pp}, {how}", advice, state)
     replicas = tp if layout.attention_dp else 1
     return MemoryPlan(tuple(weights), free, tuple(block), blocks * replicas, block_size,
                       _note(model, tp, layout), max(state))
+
+
+def _state_advice(weights: list[float], block: list[int], state: list[float], fixed: float,
+                  budget: float, seqs: int, ranks: int) -> str:
+    """How many sequences' recurrent states fit beside the weights and one KV block on
+    the tightest stage, times the ``ranks`` that cache their own requests (attention DP):
+    the most ``engine.max_num_seqs`` may be."""
+    fits = min(int((budget - w - fixed - b) // (st / seqs)) if st else seqs
+               for w, b, st in zip(weights, block, state, strict=True))
+    if fits >= seqs:
+        return ""
+    return (f"; or lower engine.max_num_seqs to at most {max(fits, 0) * ranks} (each "
+            f"running sequence holds its recurrent state: {state[0] / seqs / 2**20:.1f} MiB "
+            f"per GPU on stage 0)")
 
 
 def _note(model: ModelSpec, tp: int, layout: ExpertLayout) -> str:
@@ -294,3 +310,32 @@ def _note(model: ModelSpec, tp: int, layout: ExpertLayout) -> str:
         parts.append(f"MLA cache replicated on all {tp} GPUs of the TP group (attention_dp "
                      f"would hold {tp}x the tokens)")
     return "; ".join(parts)
+
+
+def weight_classes(model: ModelSpec, tp: int, layout: ExpertLayout, layers: int,
+                   last: bool, weight_dtype: str) -> list[tuple[str, float, str]]:
+    """(class, bytes on one GPU, dtype) of the first pipeline stage (layers
+    ``0 .. layers-1``), for ``validate``: the terms of :func:`moe_weight_bytes_per_gpu`
+    grouped by layer class, so they add up to it."""
+    h, w_b = model.hidden, BYTES_PER_DTYPE[weight_dtype]
+    attn_tp = 1 if layout.attention_dp else tp
+    n_full = model.full_attention_layers(0, layers)
+    attn = n_full * attention_params_per_gpu(model, attn_tp)
+    if model.linear is not None:
+        attn += (layers - n_full) * model.linear.params_per_gpu(h, attn_tp)
+    n_moe = sum(1 for i in model.moe.layers if i < layers) if model.moe else 0
+    rows = [("attention", attn * w_b, weight_dtype),
+            ("dense MLP", (layers - n_moe) * model.mlp_params_per_layer / attn_tp * w_b,
+             weight_dtype)]
+    if n_moe:
+        m, lay = model.moe, layout
+        per = (lay.experts_per_rank(m.experts) if lay.ep > 1
+               else (m.experts + lay.redundant_experts) / tp)
+        rows += [("routed experts", n_moe * per * m.expert_params(h)
+                  * expert_bytes_per_weight(model, lay.expert_dtype), lay.expert_dtype),
+                 ("shared experts", n_moe * 3 * h * m.shared_intermediate / attn_tp * w_b,
+                  weight_dtype),
+                 ("routers", n_moe * m.router_params(h) * ACT_BYTES, "bf16")]
+    rows += [("embedding + LM head", embedding_bytes(model, tp, True, last), "bf16"),
+             ("norms", layers * 2 * h * ACT_BYTES, "bf16")]
+    return [r for r in rows if r[1]]

@@ -16,7 +16,7 @@ context ``c``:
 The whole attention module (projections, indexer, top-k and sparse FlashMLA) is priced by
 one fitted form, :func:`module_time` (floor + max of FLOPs and bytes over fitted
 efficiencies of the GPU's peak), with parameters :data:`DSA_FIT` fitted to
-AIConfigurator's measured ``dsa_*_module_perf`` tables (``benchmarks/fit_linear_attention.py``).
+AIConfigurator's measured ``dsa_*_module_perf`` tables (``benchmarks/fit_linear_attention.py`` (:mod:`simulator.calibration.attention_kinds`)).
 """
 
 from __future__ import annotations
