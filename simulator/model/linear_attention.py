@@ -39,7 +39,7 @@ ACT_BYTES = 2
 #: ``benchmarks/fit_linear_attention.py`` on AIConfigurator's vLLM 0.24.0 ``gdn_perf``
 #: tables (NVIDIA AIConfigurator, Apache-2.0; h100_sxm for hopper, b200_sxm for
 #: blackwell), fitted on the even rows of each table and checked on the odd ones (median
-#: absolute error 6.4% / 10.6% on hopper decode / prefill, 5.5% / 15.9% on blackwell).
+#: absolute error 6.4% / 10.6% on hopper decode / prefill, 5.5% / 16.0% on blackwell).
 GDN_FIT = {
     "hopper": {"decode": (5.34e-06, 0.282, 0.935), "prefill": (1.34e-05, 0.3, 0.575)},
     "blackwell": {"decode": (5.75e-06, 0.836, 0.813), "prefill": (2.3e-05, 0.3, 0.262)},

@@ -336,6 +336,6 @@ def weight_classes(model: ModelSpec, tp: int, layout: ExpertLayout, layers: int,
                  ("shared experts", n_moe * 3 * h * m.shared_intermediate / attn_tp * w_b,
                   weight_dtype),
                  ("routers", n_moe * m.router_params(h) * ACT_BYTES, "bf16")]
-    rows += [("embedding + LM head", embedding_bytes(model, tp, True, last), "bf16"),
-             ("norms", layers * 2 * h * ACT_BYTES, "bf16")]
+    rows.append(("embedding, LM head, norms", embedding_bytes(model, tp, True, last)
+                 + layers * 2 * h * ACT_BYTES, "bf16"))
     return [r for r in rows if r[1]]
