@@ -20,8 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulator.calibration import attention_kinds as ak  # noqa: E402
 from simulator.hardware.specs import load_gpu  # noqa: E402
-from simulator.model.linear_attention import GDN_FIT  # noqa: E402
-from simulator.model.sparse_attention import DSA_FIT  # noqa: E402
+from simulator.model.fitted import DSA_FIT, GDN_FIT  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

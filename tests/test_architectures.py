@@ -20,7 +20,7 @@ from simulator.cluster.build import build_plan
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_gpu
 from simulator.io.scenario import load_scenario
-from simulator.model import linear_attention as la
+from simulator.model.fitted import DSA_FIT, GDN_FIT
 from simulator.model.hybrid_cost import DSACost, GDNCost
 from simulator.model.memory import (
     ExpertLayout,
@@ -120,7 +120,7 @@ def test_hybrid_decode_step_grows_with_kv_on_full_layers_only():
     g = GDNCost(hyb, H200, 1)
     flops = n * (7 * 48 * 128 * 128 + 2 * (2 * 2048 + 6144) * 4)
     nbytes = n * (2 * 48 * 128 * 128 * 4 + 2 * 3 * 10240 * 2 + (2 * 10240 + 6144) * 2)
-    floor, ef, eb = la.GDN_FIT["hopper"]["decode"]
+    floor, ef, eb = GDN_FIT["hopper"]["decode"]
     assert g.decode(n) == pytest.approx(floor + max(flops / (ef * H200.peak("bf16")),
                                                     nbytes / (eb * H200.hbm_bandwidth_Bps)))
     # state-bound: 32 sequences move 32 x 6.3 MB per layer
@@ -148,6 +148,22 @@ def test_dsa_decode_flat_beyond_index_topk():
     assert beyond < below / 5  # the sparse attention stopped growing at 2048 keys
     # a dense MLA model keeps growing: DSA at 64k context is cheaper than V3 there
     assert dsa.index.selected(65536, 1) == 2048
+
+
+def test_dsa_stage_decode_stops_growing_with_context_unlike_mla():
+    """A decode step of DeepSeek-V3.2 barely grows from 16k to 64k tokens of context per
+    sequence (only the indexer reads more), while DeepSeek-V3's MLA reads every token."""
+    def growth(name):
+        m = load_model(name)
+        routing = Routing.build(np.ones(m.moe.experts) / m.moe.experts, 1, 0, m.moe.top_k, 0)
+        c = MoEStageCost(m, H200, 8, 0, m.layers, True, True, "fp8", "bf16",
+                         AllReduceCost((), 1), ExpertLayout(expert_dtype="fp8"), routing,
+                         None)
+        n = 16
+        return c.step(n, 0.0, 0, n * 65536, n)[0] - c.step(n, 0.0, 0, n * 16384, n)[0]
+
+    v32, v3 = growth("deepseek-v3.2"), growth("deepseek-v3")
+    assert 0 < v32 < v3 / 4
 
 
 def test_quantized_weight_bytes_per_class():
@@ -210,9 +226,9 @@ def test_unpriced_architectures_refused(source, needle):
 
 def _scenario(tmp_path, model, topology="hgx-h200", tp=8, extra="", dtype="bf16"):
     f = tmp_path / "s.toml"
-    f.write_text(f'[model]\nname = "{model}"\nweight_dtype = "{dtype}"\n[cluster]\ntopology = "{topology}"\n'
-                 f'[parallel]\ntp = {tp}\n{extra}[workload]\nrate_per_s = 1.0\n'
-                 f'num_requests = 4\n')
+    f.write_text(f'[model]\nname = "{model}"\nweight_dtype = "{dtype}"\n'
+                 f'[cluster]\ntopology = "{topology}"\n[parallel]\ntp = {tp}\n{extra}'
+                 f'[workload]\nrate_per_s = 1.0\nnum_requests = 4\n')
     return f
 
 
@@ -272,13 +288,12 @@ def test_shipped_forms_hold_on_the_held_back_rows(system, family, phase):
     tables: on the odd rows their median error is the one the docs quote, and refitting
     gives the shipped numbers back."""
     from simulator.calibration import attention_kinds as ak
-    from simulator.model.sparse_attention import DSA_FIT
     aic = SHARED / "calibration" / "aic"
     if not (aic / system).is_dir():
         pytest.skip("shared/calibration/aic not present")
     preset, gen = ak.SYSTEMS[system]
     gpu = load_gpu(preset)
-    table, shipped = ((ak.gdn_table, la.GDN_FIT) if family == "gdn" else
+    table, shipped = ((ak.gdn_table, GDN_FIT) if family == "gdn" else
                       (ak.dsa_table, DSA_FIT))
     f, b, t = table(aic, system, phase)
     params = shipped[gen][phase]

@@ -22,6 +22,7 @@ from scipy.optimize import least_squares
 
 from simulator.model import linear_attention as la
 from simulator.model import sparse_attention as sa
+from simulator.model.fitted import fitted_time
 
 #: AIConfigurator system folder -> (GPU preset, generation).
 SYSTEMS = {"h100_sxm": ("h100_sxm", "hopper"), "b200_sxm": ("b200", "blackwell")}
@@ -80,7 +81,7 @@ def fit_form(flops, nbytes, seconds, peak: float, bw: float) -> tuple[float, flo
     f, b, t = flops[::2], nbytes[::2], seconds[::2]
 
     def residual(p):
-        return np.log(la.fitted_time(tuple(np.exp(p)), f, b, peak, bw)) - np.log(t)
+        return np.log(fitted_time(tuple(np.exp(p)), f, b, peak, bw)) - np.log(t)
 
     res = least_squares(residual, np.log([min(t.min(), 1e-5) / 2, 0.3, 0.5]),
                         bounds=(np.log([1e-8, 1e-4, 1e-3]), np.log([1e-2, 1.0, 1.0])),
@@ -90,5 +91,5 @@ def fit_form(flops, nbytes, seconds, peak: float, bw: float) -> tuple[float, flo
 
 def held_back_error(params, flops, nbytes, seconds, peak: float, bw: float) -> np.ndarray:
     """|predicted / measured - 1| on the odd rows."""
-    pred = la.fitted_time(params, flops[1::2], nbytes[1::2], peak, bw)
+    pred = fitted_time(params, flops[1::2], nbytes[1::2], peak, bw)
     return np.abs(pred / seconds[1::2] - 1)

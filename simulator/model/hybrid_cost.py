@@ -16,12 +16,13 @@ from simulator.errors import ScenarioError
 from simulator.hardware.specs import GPUSpec
 from simulator.model import linear_attention as la
 from simulator.model import sparse_attention as sa
+from simulator.model.fitted import DSA_FIT, GDN_FIT, fit_for, fitted_time
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
 
 
 def _fit(table: dict, gpu: GPUSpec, what: str) -> dict:
     try:
-        return la.fit_for(table, gpu, what)
+        return fit_for(table, gpu, what)
     except ValueError as exc:
         raise ScenarioError(f"cluster.topology: {exc}") from None
 
@@ -37,7 +38,7 @@ class GDNCost:
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int):
         self.spec, self.tp = model.linear, tp
-        fit = _fit(la.GDN_FIT, gpu, "Gated DeltaNet")
+        fit = _fit(GDN_FIT, gpu, "Gated DeltaNet")
         self.fit_d, self.fit_p = fit["decode"], fit["prefill"]
         self.peak, self.bw = gpu.peak("bf16"), gpu.hbm_bandwidth_Bps
         self._decode: dict[int, float] = {}
@@ -47,7 +48,7 @@ class GDNCost:
         t = self._decode.get(seqs)
         if t is None:
             f, b = la.decode_work(self.spec, seqs, self.tp)
-            t = self._decode[seqs] = float(la.fitted_time(self.fit_d, f, b, self.peak,
+            t = self._decode[seqs] = float(fitted_time(self.fit_d, f, b, self.peak,
                                                           self.bw)) if seqs else 0.0
         return t
 
@@ -57,7 +58,7 @@ class GDNCost:
         if tokens <= 0:
             return 0.0
         f, b = la.prefill_work(self.spec, tokens, max(seqs, 1), self.tp)
-        return float(la.fitted_time(self.fit_p, f, b, self.peak, self.bw))
+        return float(fitted_time(self.fit_p, f, b, self.peak, self.bw))
 
 
 class DSACost:
@@ -76,7 +77,7 @@ class DSACost:
         self.shape = sa.DSAShape(model.hidden, heads, m.q_lora_rank or model.hidden,
                                  m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim,
                                  m.v_head_dim, model.dsa)
-        fit = _fit(sa.DSA_FIT, gpu, "DeepSeek sparse attention")
+        fit = _fit(DSA_FIT, gpu, "DeepSeek sparse attention")
         self.fit_d, self.fit_p = fit["decode"], fit["prefill"]
         self.kv_b, self.w_b = BYTES_PER_DTYPE[kv_dtype], BYTES_PER_DTYPE[weight_dtype]
         self.peak, self.bw = gpu.peak("bf16"), gpu.hbm_bandwidth_Bps
@@ -87,11 +88,11 @@ class DSACost:
         kv = np.asarray(kv, dtype=float)
         selected = np.minimum(kv, seqs * self.index.index_topk)
         f, b = self.shape.work(seqs, kv, selected, self.kv_b, self.w_b)
-        return la.fitted_time(self.fit_d, f, b, self.peak, self.bw)
+        return fitted_time(self.fit_d, f, b, self.peak, self.bw)
 
     def prefill(self, tokens: int, pairs: float) -> float:
         """Seconds of a prefill of ``tokens`` tokens scoring ``pairs`` causal (query,
         key) pairs (cached context included)."""
         f, b = self.shape.work(tokens, pairs, self.index.selected(pairs, tokens), self.kv_b,
                                self.w_b)
-        return float(la.fitted_time(self.fit_p, f, b, self.peak, self.bw))
+        return float(fitted_time(self.fit_p, f, b, self.peak, self.bw))

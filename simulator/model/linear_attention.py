@@ -16,35 +16,19 @@ depth-wise ``conv1d`` over the ``2 n_k d_k + n_v d_v`` q/k/v channels (kernel K,
 Qwen3.5 release; the measured decode kernel moves 4-byte states, see
 :func:`decode_work`), the convolution state in 16-bit.
 
-Kernel times come from :func:`fitted_time`: a floor plus the larger of FLOPs over
-``eff_flops * peak`` and bytes over ``eff_bw * HBM bandwidth``, with the three parameters
-fitted per phase to AIConfigurator's measured ``gdn_perf`` tables
-(:data:`GDN_FIT`, ``benchmarks/fit_linear_attention.py`` (:mod:`simulator.calibration.attention_kinds`)).
+Kernel times come from :func:`simulator.model.fitted.fitted_time` on the work here, with
+parameters fitted to AIConfigurator's measured ``gdn_perf`` tables
+(:data:`simulator.model.fitted.GDN_FIT`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from simulator.hardware.specs import GPUSpec
-
 #: Chunk length of the chunked prefill kernel (``chunk_gated_delta_rule``, FLA / FlashInfer).
 CHUNK = 64
 #: Bytes of a 16-bit activation / convolution state element.
 ACT_BYTES = 2
-
-#: Fitted (floor_s, eff_flops, eff_bw) per GPU generation and phase, from
-#: ``benchmarks/fit_linear_attention.py`` on AIConfigurator's vLLM 0.24.0 ``gdn_perf``
-#: tables (NVIDIA AIConfigurator, Apache-2.0; h100_sxm for hopper, b200_sxm for
-#: blackwell), fitted on the even rows of each table and checked on the odd ones (median
-#: absolute error 6.4% / 10.6% on hopper decode / prefill, 5.5% / 16.0% on blackwell).
-GDN_FIT = {
-    "hopper": {"decode": (5.34e-06, 0.282, 0.935), "prefill": (1.34e-05, 0.3, 0.575)},
-    "blackwell": {"decode": (5.75e-06, 0.836, 0.813), "prefill": (2.3e-05, 0.3, 0.262)},
-}
-
 
 @dataclass(frozen=True)
 class LinearAttentionSpec:
@@ -134,24 +118,3 @@ def prefill_work(spec: LinearAttentionSpec, tokens: int, seqs: int,
     nbytes = (tokens * (3 * conv + nv * dv + 2 * nv) * ACT_BYTES
               + seqs * 2.0 * nv * dk * dv * spec.state_bytes)
     return flops, nbytes
-
-
-def fit_for(table: dict, gpu: GPUSpec, what: str) -> dict[str, tuple[float, float, float]]:
-    """The fitted parameters in ``table`` (:data:`GDN_FIT`, ``DSA_FIT``) of ``gpu``'s
-    generation (efficiencies carry to GPUs of a measured generation: H200 from H100, B300
-    from B200), or a ValueError naming the GPU and ``what`` lacks them."""
-    fit = table.get(gpu.generation)
-    if fit is None:
-        raise ValueError(f"no {what} calibration for {gpu.name} (generation "
-                         f"{gpu.generation or 'unset'!r}; measured: {', '.join(table)})")
-    return fit
-
-
-def fitted_time(fit: tuple[float, float, float], flops, nbytes, peak: float,
-                bandwidth: float):
-    """Seconds of one fitted kernel family call: ``floor + max(F / (e_f P), B / (e_b BW))``.
-
-    Never below the roofline ``max(F / P, B / BW)``: both efficiencies are <= 1.
-    """
-    floor, eff_f, eff_b = fit
-    return floor + np.maximum(flops / (eff_f * peak), nbytes / (eff_b * bandwidth))

@@ -14,33 +14,18 @@ context ``c``:
   ``PV`` over the latent) and ``min(c, k)`` latent reads: flat once ``c > index_topk``.
 
 The whole attention module (projections, indexer, top-k and sparse FlashMLA) is priced by
-one fitted form, :func:`module_time` (floor + max of FLOPs and bytes over fitted
-efficiencies of the GPU's peak), with parameters :data:`DSA_FIT` fitted to
-AIConfigurator's measured ``dsa_*_module_perf`` tables (``benchmarks/fit_linear_attention.py`` (:mod:`simulator.calibration.attention_kinds`)).
+:func:`simulator.model.fitted.fitted_time` on :meth:`DSAShape.work`, with parameters
+fitted to AIConfigurator's measured ``dsa_*_module_perf`` tables
+(:data:`simulator.model.fitted.DSA_FIT`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.model.linear_attention import fitted_time as module_time  # noqa: F401 (one form)
-
 #: Bytes of one token's indexer key per layer: 128 FP8 values and one fp32 scale.
 INDEX_KEY_BYTES_PER_DIM = 1 + 4 / 128
 ACT_BYTES = 2
-
-#: Fitted (floor_s, eff_flops, eff_bw) per GPU generation and phase, from
-#: ``benchmarks/fit_linear_attention.py`` on AIConfigurator's vLLM 0.24.0
-#: ``dsa_{context,generation}_module_perf`` tables (DeepSeek-V3.2 and GLM-5 rows; NVIDIA
-#: AIConfigurator, Apache-2.0; h100_sxm: hopper, b200_sxm: blackwell), fitted on the even
-#: rows, checked on the odd ones (median absolute error 10.2% decode / 17.7% prefill on
-#: hopper, 11.6% / 21.8% on blackwell). The prefill floor (1.4 ms) is the module's measured
-#: one-token time: vLLM's DSA prefill path runs outside CUDA graphs.
-DSA_FIT = {
-    "hopper": {"decode": (1.8e-04, 0.264, 0.693), "prefill": (1.42e-03, 0.525, 0.921)},
-    "blackwell": {"decode": (1.68e-04, 0.255, 0.634), "prefill": (1.64e-03, 0.487, 0.588)},
-}
-
 
 @dataclass(frozen=True)
 class SparseAttentionSpec:

@@ -534,11 +534,23 @@ def load_model(name: str, base_dir: str | Path = ".") -> ModelSpec:
                   else path.with_name(path.name.removesuffix("config.json")
                                       + "hf_quant_config.json"))
     hf_quant = _read_json(quant_path) if quant_path.is_file() else None
-    if name in names:
-        return from_config(config, name, hf_quant, str(path.name))
     # A Hugging Face checkout holds config.json: the model's name is its folder's.
-    return from_config(config, path.parent.name if path.stem == "config" else path.stem,
-                       hf_quant, str(path))
+    label = name if name in names else (path.parent.name if path.stem == "config"
+                                        else path.stem)
+    try:
+        return from_config(config, label, hf_quant,
+                           path.name if name in names else str(path))
+    except ScenarioError as exc:  # name the file read, not "config.json"
+        raise ScenarioError([_named(p, path, quant_path) for p in exc.problems]) from None
+
+
+def _named(problem: str, path: Path, quant_path: Path) -> str:
+    """A parser problem with the file it concerns named by its path."""
+    for generic, real in (("model.name: hf_quant_config.json", quant_path),
+                          ("model.name: config.json", path)):
+        if problem.startswith(generic):
+            return f"model.name: {real}" + problem[len(generic):]
+    return problem
 
 
 def _read_json(path: Path) -> dict:
