@@ -77,6 +77,18 @@ def test_dsa_parameter_counts_by_hand_and_published():
     assert glm.mtp_layers == v32.mtp_layers == 1 and load_model("qwen3.5-27b").mtp_layers == 1
 
 
+def test_full_attention_interval_without_layer_types():
+    """Qwen3-Next's config gives only full_attention_interval: every fourth layer is full
+    attention, as Qwen3.5's explicit layer_types say."""
+    c = _config("qwen3.5-35b-a3b")
+    explicit = from_config(c, "x")
+    del c["text_config"]["layer_types"]
+    implied = from_config(c, "x")
+    assert implied.linear.layers == explicit.linear.layers == tuple(
+        i for i in range(40) if (i + 1) % 4)
+    assert implied.total_params == explicit.total_params
+
+
 def test_state_and_kv_bytes_per_sequence_by_hand():
     m = load_model("qwen3.5-27b")
     ssm = 48 * 128 * 128 * 4  # fp32 recurrent state per layer (mamba_ssm_dtype)

@@ -142,3 +142,32 @@ def parse_quant(config: dict, hf_quant: dict | None, names: dict[str, list[str]]
     if scheme == "mxfp4":  # gpt-oss: only the experts are MXFP4, the rest ships 16-bit
         classes = {c: ("fp4" if c == "experts" else "bf16") for c in CLASSES}
     return QuantSpec(scheme, source=source, **classes)
+
+
+def module_names(spec) -> dict[str, list[str]]:
+    """Module names of each layer class's projections, as a checkpoint spells them
+    (``model.layers.<i>.self_attn.q_proj``, ...) of a :class:`~simulator.model.spec.ModelSpec`,
+    for :func:`parse_quant`."""
+    lin = set(spec.linear.layers) if spec.linear else set()
+    moe = set(spec.moe.layers) if spec.moe else set()
+    attn = (("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+            if spec.mla else ("q_proj", "k_proj", "v_proj", "o_proj"))
+    names: dict[str, list[str]] = {c: [] for c in ("attention", "dense_mlp", "shared_experts",
+                                                   "experts")}
+    for i in range(spec.layers):
+        layer = f"model.layers.{i}."
+        if i in lin:
+            names["attention"] += [layer + "linear_attn.in_proj_qkvz", layer
+                                   + "linear_attn.out_proj"]
+        else:
+            names["attention"] += [layer + "self_attn." + a for a in attn]
+        if i in moe:
+            names["experts"].append(layer + "mlp.experts.0.gate_proj")
+            if spec.moe.shared_intermediate:
+                names["shared_experts"] += [layer + "mlp.shared_experts.gate_proj",
+                                            layer + "mlp.shared_expert.gate_proj"]
+        else:
+            names["dense_mlp"] += [layer + "mlp." + m for m in ("gate_proj", "up_proj",
+                                                                "down_proj")]
+    names["lm_head"] = ["lm_head"]
+    return names

@@ -16,13 +16,16 @@ approximation.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from simulator.errors import ScenarioError
+from simulator.model.config_fields import UNPRICED, dsa_spec, layer_types, linear_spec
+from simulator.model.config_fields import int_field as _int
 from simulator.model.linear_attention import LinearAttentionSpec
-from simulator.model.quant import QuantSpec, parse_quant
+from simulator.model.quant import QuantSpec, module_names, parse_quant
 from simulator.model.sparse_attention import SparseAttentionSpec
 from simulator.paths import MODEL_CONFIGS, catalog
 
@@ -252,18 +255,6 @@ def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
     return max(1, kv_heads // tp)
 
 
-def _int(config: dict, key: str, default=None, minimum: int = 1) -> int:
-    """A whole-number field >= ``minimum``, or a ScenarioError naming it."""
-    value = config.get(key, default)
-    if value is None:
-        raise ScenarioError(f"model.name: config.json lacks the field {key!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not value.is_integer()) or value < minimum:
-        raise ScenarioError(f"model.name: config.json field {key!r} = {value!r} is not an "
-                            f"integer >= {minimum}")
-    return int(value)
-
-
 def _moe(config: dict, layers: int, hidden: int) -> MoESpec | None:
     """The MoE part of a config, or None for a dense model."""
     key = next((k for k in ("n_routed_experts", "num_local_experts", "num_experts")
@@ -322,69 +313,6 @@ def _mla(config: dict) -> MLASpec | None:
                    _int(config, "qk_rope_head_dim"), _int(config, "v_head_dim"))
 
 
-#: layer_types entries the parser knows.
-LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
-#: Architectures whose keys name a layer kind the simulator cannot price yet, and why.
-UNPRICED = {
-    "hybrid_override_pattern": "Mamba2 layers (Nemotron-H / Nemotron-3) are not modelled",
-    "compress_ratios": "DeepSeek-V4 compressed sparse attention (CSA / HCA) is not modelled",
-    "linear_attn_config": "Kimi Delta Attention (KDA) layers are not modelled",
-    "sparse_attention_config": "MiniMax sparse attention (MSA) is not modelled",
-}
-#: mamba_ssm_dtype values and the bytes of one recurrent-state element.
-STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def _layer_types(config: dict, layers: int) -> list[str] | None:
-    """``layer_types`` (checked), or the pattern ``full_attention_interval`` implies."""
-    types = config.get("layer_types")
-    if types is None and config.get("full_attention_interval"):
-        k = _int(config, "full_attention_interval")
-        return ["full_attention" if (i + 1) % k == 0 else "linear_attention"
-                for i in range(layers)]
-    if types is None:
-        return None
-    if not isinstance(types, list) or len(types) != layers:
-        raise ScenarioError(f"model.name: config.json field 'layer_types' must list {layers} "
-                            f"entries (num_hidden_layers)")
-    bad = next((t for t in types if t not in LAYER_TYPES), None)
-    if bad is not None:
-        raise ScenarioError(f"model.name: config.json field 'layer_types' has {bad!r}, "
-                            f"which the simulator cannot price (allowed: "
-                            f"{', '.join(LAYER_TYPES)})")
-    return types
-
-
-def _linear(config: dict, types: list[str] | None) -> LinearAttentionSpec | None:
-    """The Gated DeltaNet layers of a hybrid model (Qwen3.5, Qwen3-Next), or None."""
-    if not types or "linear_attention" not in types:
-        return None
-    dtype = config.get("mamba_ssm_dtype", "float32")
-    if dtype not in STATE_DTYPES:
-        raise ScenarioError(f"model.name: config.json field 'mamba_ssm_dtype' = {dtype!r} is "
-                            f"not supported (allowed: {', '.join(STATE_DTYPES)})")
-    spec = LinearAttentionSpec(
-        _int(config, "linear_num_key_heads"), _int(config, "linear_key_head_dim"),
-        _int(config, "linear_num_value_heads"), _int(config, "linear_value_head_dim"),
-        _int(config, "linear_conv_kernel_dim"),
-        tuple(i for i, t in enumerate(types) if t == "linear_attention"), STATE_DTYPES[dtype])
-    if spec.value_heads % spec.key_heads:
-        raise ScenarioError(f"model.name: config.json field 'linear_num_value_heads' = "
-                            f"{spec.value_heads} is not a multiple of linear_num_key_heads = "
-                            f"{spec.key_heads}")
-    return spec
-
-
-def _dsa(config: dict, mla: MLASpec | None) -> SparseAttentionSpec | None:
-    if "index_topk" not in config:
-        return None
-    if mla is None:
-        raise ScenarioError("model.name: config.json field 'index_topk' (DeepSeek sparse "
-                            "attention) needs an MLA model (kv_lora_rank)")
-    return SparseAttentionSpec(_int(config, "index_n_heads"), _int(config, "index_head_dim"),
-                               _int(config, "index_topk"))
-
-
 def _windows(config: dict, layers: int,
              types: list[str] | None) -> tuple[int | None, tuple[int, ...]]:
     """Sliding-window layers (gpt-oss ``layer_types``, Mistral ``sliding_window``) and
@@ -402,34 +330,6 @@ def _windows(config: dict, layers: int,
                                 "supported")
         return _int(config, "sliding_window"), tuple(range(layers))
     return None, ()
-
-
-def module_names(spec: ModelSpec) -> dict[str, list[str]]:
-    """Module names of each layer class's projections, as a checkpoint spells them
-    (``model.layers.<i>.self_attn.q_proj``, ...), for :func:`quant.parse_quant`."""
-    lin = set(spec.linear.layers) if spec.linear else set()
-    moe = set(spec.moe.layers) if spec.moe else set()
-    attn = (("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
-            if spec.mla else ("q_proj", "k_proj", "v_proj", "o_proj"))
-    names: dict[str, list[str]] = {c: [] for c in ("attention", "dense_mlp", "shared_experts",
-                                                   "experts")}
-    for i in range(spec.layers):
-        layer = f"model.layers.{i}."
-        if i in lin:
-            names["attention"] += [layer + "linear_attn.in_proj_qkvz", layer
-                                   + "linear_attn.out_proj"]
-        else:
-            names["attention"] += [layer + "self_attn." + a for a in attn]
-        if i in moe:
-            names["experts"].append(layer + "mlp.experts.0.gate_proj")
-            if spec.moe.shared_intermediate:
-                names["shared_experts"] += [layer + "mlp.shared_experts.gate_proj",
-                                            layer + "mlp.shared_expert.gate_proj"]
-        else:
-            names["dense_mlp"] += [layer + "mlp." + m for m in ("gate_proj", "up_proj",
-                                                                "down_proj")]
-    names["lm_head"] = ["lm_head"]
-    return names
 
 
 def from_config(config: dict, name: str, hf_quant: dict | None = None,
@@ -474,9 +374,9 @@ def from_config(config: dict, name: str, hf_quant: dict | None = None,
         native = NATIVE_QUANT[quant["quant_method"]] if quant["quant_method"] == "fp8" else None
     act = config.get("hidden_act", "silu")
     moe = _moe(config, layers, hidden)
-    types = _layer_types(config, layers)
+    types = layer_types(config, layers)
     window, windowed = _windows(config, layers, types)
-    linear = _linear(config, types)
+    linear = linear_spec(config, types)
     spec = ModelSpec(
         name=name,
         hidden=hidden,
@@ -496,7 +396,7 @@ def from_config(config: dict, name: str, hf_quant: dict | None = None,
         native_dtype=native,
         mtp_layers=_int(config, "num_nextn_predict_layers",
                         config.get("mtp_num_hidden_layers", 0), minimum=0),
-        linear=linear, dsa=_dsa(config, mla),
+        linear=linear, dsa=dsa_spec(config, mla),
         attn_output_gate=bool(config.get("attn_output_gate", False)),
     )
     q = parse_quant(config, hf_quant, module_names(spec), label)
@@ -521,9 +421,12 @@ def load_model(name: str, base_dir: str | Path = ".") -> ModelSpec:
     else:
         candidate = Path(name) if Path(name).is_absolute() else Path(base_dir) / name
         if not name or not (name.endswith(".json") or candidate.is_dir()):
-            raise ScenarioError(f"model.name: unknown model {name!r} "
-                                f"(catalog: {', '.join(names)}; or a path to a config.json "
-                                f"or to a folder holding one)")
+            # the catalog outgrew one line: the closest names, and where the rest are
+            close = difflib.get_close_matches(name, names, n=8, cutoff=0.4) or names[:8]
+            raise ScenarioError(f"model.name: unknown model {name!r} (catalog, closest: "
+                                f"{', '.join(close)}; all {len(names)} in "
+                                f"simulator/model/configs/README.md; or a path to a "
+                                f"config.json or to a folder holding one)")
         path = candidate / "config.json" if candidate.is_dir() else candidate
         if not path.is_file():
             raise ScenarioError(f"model.name: config file {str(path)!r} not found")
