@@ -354,3 +354,12 @@ def test_docs_refusal_and_figures(capsys):
     f = ROOT / "workloads" / "hybrid-qwen3.5-27b.toml"
     assert main(["validate", str(f), "--set", "engine.max_num_seqs=1024"]) == 2
     assert "at most 514 " in capsys.readouterr().err
+
+
+def test_disaggregated_hand_off_of_a_hybrid_is_refused(capsys):
+    f = ROOT / "workloads" / "disagg-70b-1p1d-short.toml"
+    code = main(["validate", str(f), "--set", "model.name=qwen3.5-27b",
+                 "--set", "engine.max_num_seqs=64"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "pools[0] (prefill).role" in err and "allowed: mixed" in err
+    assert len(err.splitlines()) == 1

@@ -31,7 +31,8 @@ LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 UNPRICED = {
     "hybrid_override_pattern": "Mamba2 layers (Nemotron-H / Nemotron-3) are not modelled",
     "compress_ratios": "DeepSeek-V4 compressed sparse attention (CSA / HCA) is not modelled",
-    "linear_attn_config": "Kimi Delta Attention (KDA) layers are not modelled",
+    "linear_attn_config": "Kimi Delta Attention (KDA) layers, with Kimi-K3's latent MoE "
+                          "(routed_expert_hidden_size) and SiTU activation, are not modelled",
     "sparse_attention_config": "MiniMax sparse attention (MSA) is not modelled",
 }
 #: mamba_ssm_dtype values and the bytes of one recurrent-state element.
