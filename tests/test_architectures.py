@@ -363,3 +363,10 @@ def test_disaggregated_hand_off_of_a_hybrid_is_refused(capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and "pools[0] (prefill).role" in err and "allowed: mixed" in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_release_that_does_not_fit_in_16_bit_names_its_precision(tmp_path, capsys):
+    assert main(["validate", str(_scenario(tmp_path, "deepseek-v3.2"))]) == 2
+    err = capsys.readouterr().err
+    assert 'the release ships in fp8_block: model.weight_dtype = "fp8"' in err
+    assert main(["validate", str(_scenario(tmp_path, "deepseek-v3.2", dtype="fp8"))]) == 0

@@ -267,6 +267,10 @@ def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
            f"redundant_experts={layout.redundant_experts}")
     budget = gpu_memory_bytes * utilization
     advice = "Add GPUs (tp/ep or pp), or use lower-precision weights"
+    q = model.quant
+    if q is not None and q.attention != weight_dtype and q.attention != "bf16":
+        advice += (f" (the release ships in {q.scheme}: model.weight_dtype = "
+                   f"\"{q.attention}\")")
     if model.linear is not None:
         advice += _state_advice(weights, block, state, act + reserve_bytes, budget, rank_seqs,
                                 tp if layout.attention_dp else 1)
