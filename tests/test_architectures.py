@@ -227,6 +227,7 @@ def test_refusals_name_the_key_and_value(edit, needle):
     ("deepseek-ai--DeepSeek-V4-Flash_config.json", "compress_ratios"),
     ("moonshotai--Kimi-K3_config.json", "linear_attn_config"),
     ("nvidia--Nemotron-H-56B-Base-8K_config.json", "hybrid_override_pattern"),
+    ("zai-org--GLM-5.2_config.json", "indexer_types"),
 ])
 def test_unpriced_architectures_refused(source, needle):
     path = SHARED / "models" / "aic" / source

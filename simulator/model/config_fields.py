@@ -87,6 +87,12 @@ def dsa_spec(config: dict, mla) -> SparseAttentionSpec | None:
     if mla is None:
         raise ScenarioError("model.name: config.json field 'index_topk' (DeepSeek sparse "
                             "attention) needs an MLA model (kv_lora_rank)")
+    shared = [t for t in config.get("indexer_types") or [] if t != "full"]
+    if shared or config.get("index_topk_freq", 1) != 1:
+        raise ScenarioError(f"model.name: config.json field 'indexer_types' / "
+                            f"'index_topk_freq' = {config.get('index_topk_freq', 1)!r}: layers "
+                            f"that reuse another layer's top-k indices (GLM-5.2) are not "
+                            f"modelled (allowed: every layer 'full', index_topk_freq 1)")
     return SparseAttentionSpec(int_field(config, "index_n_heads"),
                                int_field(config, "index_head_dim"),
                                int_field(config, "index_topk"))
