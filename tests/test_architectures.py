@@ -20,6 +20,7 @@ from simulator.cluster.build import build_plan
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_gpu
 from simulator.io.scenario import load_scenario
+from simulator.model import linear_attention as la
 from simulator.model.fitted import DSA_FIT, GDN_FIT
 from simulator.model.hybrid_cost import DSACost, GDNCost
 from simulator.model.memory import (
@@ -371,3 +372,28 @@ def test_a_release_that_does_not_fit_in_16_bit_names_its_precision(tmp_path, cap
     err = capsys.readouterr().err
     assert 'the release ships in fp8_block: model.weight_dtype = "fp8"' in err
     assert main(["validate", str(_scenario(tmp_path, "deepseek-v3.2", dtype="fp8"))]) == 0
+
+
+def test_new_forms_never_beat_the_roofline():
+    """For any shape and batch, the fitted GDN and DSA times are at least FLOPs / peak and
+    bytes / bandwidth (both efficiencies <= 1, the floor >= 0)."""
+    rng = np.random.default_rng(0)
+    peak, bw = H200.peak("bf16"), H200.hbm_bandwidth_Bps
+    q27, v32 = load_model("qwen3.5-27b"), load_model("deepseek-v3.2")
+    gdn, dsa = GDNCost(q27, H200, 1), DSACost(v32, H200, 16, "bf16", "fp8")
+    for _ in range(200):
+        n, tokens, kv = (int(x) for x in rng.integers(1, 4096, 3))
+        f, b = la.decode_work(q27.linear, n, 1)
+        assert gdn.decode(n) >= max(f / peak, b / bw)
+        f, b = la.prefill_work(q27.linear, tokens, n, 1)
+        assert gdn.prefill(tokens, n) >= max(f / peak, b / bw)
+        f, b = dsa.shape.work(n, n * kv, min(n * kv, n * 2048), 2, 1)
+        assert float(dsa.decode(n, n * kv)) >= max(f / peak, b / bw)
+
+
+def test_a_gpu_generation_without_measurements_is_refused(tmp_path, capsys):
+    f = _scenario(tmp_path, "qwen3.5-27b", topology="l40s-pcie", tp=4,
+                  extra="[engine]\nmax_num_seqs = 16\n")
+    assert main(["validate", str(f)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no Gated DeltaNet calibration for l40s" in err and len(err.splitlines()) == 1
