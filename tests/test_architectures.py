@@ -163,19 +163,23 @@ def test_dsa_decode_flat_beyond_index_topk():
     assert dsa.index.selected(65536, 1) == 2048
 
 
-def test_dsa_stage_decode_stops_growing_with_context_unlike_mla():
-    """A decode step of DeepSeek-V3.2 barely grows from 16k to 64k tokens of context per
-    sequence (only the indexer reads more), while DeepSeek-V3's MLA reads every token."""
-    def growth(name):
-        m = load_model(name)
-        routing = Routing.build(np.ones(m.moe.experts) / m.moe.experts, 1, 0, m.moe.top_k, 0)
-        c = MoEStageCost(m, H200, 8, 0, m.layers, True, True, "fp8", "bf16",
-                         AllReduceCost((), 1), ExpertLayout(expert_dtype="fp8"), routing,
-                         None)
-        n = 16
-        return c.step(n, 0.0, 0, n * 65536, n)[0] - c.step(n, 0.0, 0, n * 16384, n)[0]
+def _attention_growth(model, lo=16384, hi=65536, n=16):
+    """Decode step growth from ``lo`` to ``hi`` tokens per sequence of ``model`` with its
+    experts replaced by the dense MLP (no routing draw: only attention depends on the
+    context), on 8 H200 in FP8."""
+    m = replace(model, moe=None)
+    c = MoEStageCost(m, H200, 8, 0, m.layers, True, True, "fp8", "bf16",
+                     AllReduceCost((), 1), ExpertLayout(), Routing.build(np.ones(1), 1, 0, 1,
+                                                                          0), None)
+    return c, c.step(n, 0.0, 0, n * hi, n)[0] - c.step(n, 0.0, 0, n * lo, n)[0]
 
-    v32, v3 = growth("deepseek-v3.2"), growth("deepseek-v3")
+
+def test_dsa_stage_decode_stops_growing_with_context_unlike_mla():
+    """A decode step of DeepSeek-V3.2 grows far less from 16k to 64k tokens of context per
+    sequence (only the indexer reads more) than DeepSeek-V3's, whose MLA reads every
+    token."""
+    v32 = _attention_growth(load_model("deepseek-v3.2"))[1]
+    v3 = _attention_growth(load_model("deepseek-v3"))[1]
     assert 0 < v32 < v3 / 4
 
 
@@ -228,7 +232,6 @@ def test_refusals_name_the_key_and_value(edit, needle):
     ("deepseek-ai--DeepSeek-V4-Flash_config.json", "compress_ratios"),
     ("moonshotai--Kimi-K3_config.json", "linear_attn_config"),
     ("nvidia--Nemotron-H-56B-Base-8K_config.json", "hybrid_override_pattern"),
-    ("zai-org--GLM-5.2_config.json", "indexer_types"),
 ])
 def test_unpriced_architectures_refused(source, needle):
     path = SHARED / "models" / "aic" / source
@@ -397,3 +400,23 @@ def test_a_gpu_generation_without_measurements_is_refused(tmp_path, capsys):
     assert main(["validate", str(f)]) == 2
     err = capsys.readouterr().err.strip()
     assert "no Gated DeltaNet calibration for l40s" in err and len(err.splitlines()) == 1
+
+
+def test_shared_indexers_of_glm52(tmp_path):
+    """GLM-5.2 runs its own indexer on 21 of 78 layers ('full' in indexer_types); the 57
+    others reuse those top-k indices: no indexer weights, keys or scoring there."""
+    path = SHARED / "models" / "aic" / "zai-org--GLM-5.2_config.json"
+    if not path.is_file():
+        pytest.skip("shared/models/aic not present")
+    g52, g5 = load_model(str(path)), load_model("glm-5")
+    ix = g5.dsa.indexer_params(6144, 2048)
+    assert g52.dsa.indexed(0, 78) == 21
+    assert g5.total_params - g52.total_params == 57 * ix
+    assert g5.kv_bytes_per_token(2) - g52.kv_bytes_per_token(2) == 57 * 132
+    c52, grow52 = _attention_growth(g52)
+    c5, grow5 = _attention_growth(g5)
+    assert (c52.n_skip, c5.n_skip) == (57, 0)
+    # a layer reusing top-k indices costs the same at 4k and 64k tokens of context
+    assert float(c52.dsa_skip.decode(16, 16 * 65536)) == float(c52.dsa_skip.decode(16, 16 * 4096))
+    # so past top-k only 21 indexers grow where GLM-5 has 78
+    assert grow52 == pytest.approx(grow5 * 21 / 78, rel=1e-6)

@@ -25,8 +25,10 @@ def int_field(config: dict, key: str, default=None, minimum: int = 1) -> int:
     return int(value)
 
 
-#: layer_types entries the parser knows.
-LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+#: layer_types entries the parser knows (deepseek_sparse_attention: a full-attention MLA
+#: layer with a DSA indexer, as GLM-5.2's NVFP4 release spells it).
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention",
+               "deepseek_sparse_attention")
 #: Architectures whose keys name a layer kind the simulator cannot price yet, and why.
 UNPRICED = {
     "hybrid_override_pattern": "Mamba2 layers (Nemotron-H / Nemotron-3) are not modelled",
@@ -87,12 +89,18 @@ def dsa_spec(config: dict, mla) -> SparseAttentionSpec | None:
     if mla is None:
         raise ScenarioError("model.name: config.json field 'index_topk' (DeepSeek sparse "
                             "attention) needs an MLA model (kv_lora_rank)")
-    shared = [t for t in config.get("indexer_types") or [] if t != "full"]
-    if shared or config.get("index_topk_freq", 1) != 1:
-        raise ScenarioError(f"model.name: config.json field 'indexer_types' / "
-                            f"'index_topk_freq' = {config.get('index_topk_freq', 1)!r}: layers "
-                            f"that reuse another layer's top-k indices (GLM-5.2) are not "
-                            f"modelled (allowed: every layer 'full', index_topk_freq 1)")
+    types = config.get("indexer_types")
+    layers = int_field(config, "num_hidden_layers")
+    if types is not None and (not isinstance(types, list) or len(types) != layers
+                              or any(t not in ("full", "shared") for t in types)):
+        raise ScenarioError(f"model.name: config.json field 'indexer_types' must list "
+                            f"{layers} entries of full, shared")
+    if types is None and config.get("index_topk_freq", 1) != 1:
+        raise ScenarioError(f"model.name: config.json field 'index_topk_freq' = "
+                            f"{config['index_topk_freq']!r} without 'indexer_types' is not "
+                            f"supported (allowed: 1, or list the layers in indexer_types)")
+    indexed = (None if types is None or all(t == "full" for t in types)
+               else tuple(i for i, t in enumerate(types) if t == "full"))
     return SparseAttentionSpec(int_field(config, "index_n_heads"),
                                int_field(config, "index_head_dim"),
-                               int_field(config, "index_topk"))
+                               int_field(config, "index_topk"), indexed)

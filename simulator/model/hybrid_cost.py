@@ -71,12 +71,12 @@ class DSACost:
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, heads: int, kv_dtype: str,
-                 weight_dtype: str):
+                 weight_dtype: str, indexed: bool = True):
         m = model.mla
         self.index = model.dsa
         self.shape = sa.DSAShape(model.hidden, heads, m.q_lora_rank or model.hidden,
                                  m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim,
-                                 m.v_head_dim, model.dsa)
+                                 m.v_head_dim, model.dsa, indexed)
         fit = _fit(DSA_FIT, gpu, "DeepSeek sparse attention")
         self.fit_d, self.fit_p = fit["decode"], fit["prefill"]
         self.kv_b, self.w_b = BYTES_PER_DTYPE[kv_dtype], BYTES_PER_DTYPE[weight_dtype]

@@ -167,7 +167,9 @@ def attention_params_per_gpu(model: ModelSpec, tp: int) -> float:
     m = model.mla
     down = h * m.q_lora_rank + m.q_lora_rank + h * m.cache_width + m.kv_lora_rank
     # DSA's lightning indexer is replicated on every rank (vLLM: ReplicatedLinear).
-    index = model.dsa.indexer_params(h, m.q_lora_rank) if model.dsa is not None else 0
+    # (GLM-5.2: the indexed share of the layers, as an average per layer)
+    index = (model.dsa.indexer_params(h, m.q_lora_rank) * model.dsa.indexed(0, model.layers)
+             / model.layers if model.dsa is not None else 0)
     return down + (model.attn_params_per_layer - down) / tp + index
 
 

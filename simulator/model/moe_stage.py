@@ -129,6 +129,10 @@ class MoEStageCost(StageCost):
         self.gdn = GDNCost(model, gpu, attn_tp) if self.n_lin else None
         self.dsa = (DSACost(model, gpu, heads, kv_dtype, weight_dtype)
                     if model.dsa is not None else None)
+        # GLM-5.2: layers reusing another layer's top-k run the module without an indexer
+        self.n_skip = layers - model.dsa.indexed(start, layers) if model.dsa else 0
+        self.dsa_skip = (DSACost(model, gpu, heads, kv_dtype, weight_dtype, False)
+                         if self.n_skip else None)
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         kv_b = BYTES_PER_DTYPE[kv_dtype]
         pshape, dshape = mla_shapes(model, heads, kv_b, gpu)
@@ -262,7 +266,9 @@ class MoEStageCost(StageCost):
                                                                                      per)
 
         kvr = kv / s
-        attn = (self.layers - self.n_window - self.n_lin) * attention(kvr)
+        attn = (self.layers - self.n_window - self.n_lin - self.n_skip) * attention(kvr)
+        if self.n_skip:
+            attn = attn + self.n_skip * self.dsa_skip.decode(nr, np.maximum(kvr, nr))
         if self.n_lin:  # fixed-size recurrent state per sequence: no KV term
             attn = attn + self.n_lin * self.gdn.decode(nr)
         if self.n_window:  # sum_i min(l_i, W) <= min(sum_i l_i, n W): an upper bound
@@ -338,7 +344,12 @@ class MoEStageCost(StageCost):
             return a
 
         pairs, ctx, kv = prefill_pairs / s, prefill_ctx / s, decode_kv / s
-        attn = (self.layers - self.n_window - self.n_lin) * attention(pairs, ctx, kv)
+        attn = (self.layers - self.n_window - self.n_lin - self.n_skip) * attention(pairs, ctx,
+                                                                                 kv)
+        if self.n_skip:
+            t_p = max(t_r - seqs_d, 1) if kv else t_r
+            attn += self.n_skip * (self.dsa_skip.prefill(t_p, pairs) + (float(
+                self.dsa_skip.decode(seqs_d, max(kv, seqs_d))) if kv else 0.0))
         if self.n_lin:  # chunked GDN over the prompt tokens, the recurrent kernel for decodes
             t_p = max(t_r - seqs_d, 1) if kv else t_r
             attn += self.n_lin * (self.gdn.prefill(t_p, seqs_p)

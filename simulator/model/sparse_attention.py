@@ -35,6 +35,16 @@ class SparseAttentionSpec:
     index_heads: int  # n_I
     index_head_dim: int  # d_I
     index_topk: int  # k
+    # Layers that run their own indexer (None: every layer); the others reuse the top-k
+    # indices of an earlier layer (GLM-5.2 ``indexer_types`` "shared"): no indexer weights,
+    # keys or scoring.
+    indexed_layers: tuple[int, ...] | None = None
+
+    def indexed(self, start: int, layers: int) -> int:
+        """Layers among ``start .. start+layers-1`` with their own indexer."""
+        if self.indexed_layers is None:
+            return layers
+        return sum(1 for i in self.indexed_layers if start <= i < start + layers)
 
     def indexer_params(self, hidden: int, q_lora_rank: int) -> int:
         """wq_b, wk, the key LayerNorm (weight and bias) and weights_proj of one layer."""
@@ -65,6 +75,7 @@ class DSAShape:
     qk_rope: int
     v_head: int
     index: SparseAttentionSpec
+    indexed: bool = True  # False: a layer reusing another layer's top-k (no indexer)
 
     @property
     def weights(self) -> float:
@@ -74,13 +85,14 @@ class DSAShape:
         return (h * self.q_lora_rank + self.q_lora_rank * n * qk
                 + h * (self.kv_lora_rank + self.qk_rope)
                 + n * self.kv_lora_rank * (self.qk_nope + self.v_head) + n * self.v_head * h
-                + self.index.indexer_params(h, self.q_lora_rank))
+                + (self.index.indexer_params(h, self.q_lora_rank) if self.indexed else 0))
 
     def work(self, tokens: float, index_pairs: float, selected: float, kv_bytes: float,
              w_bytes: float) -> tuple[float, float]:
         """(FLOPs, bytes) of the module for ``tokens`` query tokens whose indexer scores
         ``index_pairs`` (query, key) pairs and whose attention reads ``selected`` keys."""
         ix, n, r = self.index, self.heads, self.kv_lora_rank
+        index_pairs = index_pairs if self.indexed else 0.0
         flops = (2.0 * tokens * self.weights
                  + 2.0 * ix.index_heads * ix.index_head_dim * index_pairs
                  + 2.0 * n * (2 * r + self.qk_rope) * selected)

@@ -161,7 +161,8 @@ class ModelSpec:
             extra += len(self.linear.layers) * (self.linear.params(self.hidden)
                                                 - self.attn_params_per_layer)
         if self.dsa is not None:
-            extra += self.layers * self.dsa.indexer_params(self.hidden, self.mla.q_lora_rank)
+            extra += (self.dsa.indexed(0, self.layers)
+                      * self.dsa.indexer_params(self.hidden, self.mla.q_lora_rank))
         return extra
 
     @property
@@ -214,8 +215,10 @@ class ModelSpec:
         """
         layers = self.layers if layers is None else layers
         if self.mla is not None:  # DSA adds its indexer keys (FP8 + scales) per layer
-            index = self.dsa.key_bytes if self.dsa is not None else 0
-            return int(layers * (self.mla.cache_width * kv_bytes + index))
+            index = 0.0
+            if self.dsa is not None:  # on the indexed share of the layers (all but GLM-5.2)
+                index = self.dsa.key_bytes * self.dsa.indexed(0, self.layers) / self.layers
+            return round(layers * (self.mla.cache_width * kv_bytes + index))
         return 2 * layers * kv_heads_per_gpu(self.kv_heads, tp) * self.head_dim * kv_bytes
 
     def describe(self) -> str:
