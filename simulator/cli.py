@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.cluster.build import expert_setup
 from simulator.cluster.pools import describe_pools
 from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import check_out, default_out, write_result
-from simulator.model.memory import GIB
+from simulator.model.memory import GIB, split_layers, weight_classes
 from simulator.printout import format_summary
 from simulator.sweep import BACKENDS, SweepInterrupted, sweep
 
@@ -81,6 +82,8 @@ def cmd_validate(args) -> int:
           f"{mem.kv_blocks} blocks = {mem.kv_tokens} tokens per replica")
     if mem.note:
         print(f"  layout     {mem.note}")
+    for line in memory_lines(scenario, plan):
+        print(line)
     print(f"  max_model_len {plan.max_model_len}{_max_len_note(scenario, plan)}")
     w = scenario.workload
     if requests is None:
@@ -95,6 +98,30 @@ def cmd_validate(args) -> int:
         print(f"  speculative {sp.method}, k = {sp.num_speculative_tokens}: "
               f"{1 + plan.speculative.acceptance.mean:.2f} tokens per verification step")
     return 0
+
+
+def memory_lines(scenario, plan) -> list[str]:
+    """The memory plan of a MoE / MLA / hybrid model by layer class (first stage, one
+    GPU), the release's shipped precision, and the recurrent state set aside."""
+    m, p, mem = plan.model, scenario.parallel, plan.memory
+    lines = []
+    if m.quant is not None:
+        lines.append(f"  release    {m.quant.describe()}")
+    if not m.layer_plan:
+        return lines
+    layout = expert_setup(scenario, m, plan.node)[0]
+    stage = split_layers(m.layers, p.pp)[0]
+    rows = weight_classes(m, p.tp, layout, stage, p.pp == 1, scenario.model.weight_dtype)
+    lines.append("  weights    per GPU (stage 0): " + ", ".join(
+        f"{name} {b / GIB:.2f} GiB ({dtype})" for name, b, dtype in rows))
+    if m.linear is not None:
+        kv_tp = 1 if p.attention_dp else p.tp
+        per = m.linear.state_bytes_per_seq(kv_tp, stage - m.full_attention_layers(0, stage))
+        seqs = round(mem.state_bytes_per_gpu / per) if per else 0
+        lines.append(f"  state      Gated DeltaNet {per / 2**20:.1f} MiB per sequence per GPU "
+                     f"x {seqs} sequences = {mem.state_bytes_per_gpu / GIB:.2f} GiB set "
+                     f"aside; KV on {m.full_attention_layers()} of {m.layers} layers")
+    return lines
 
 
 def _max_len_note(scenario, plan) -> str:

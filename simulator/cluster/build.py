@@ -117,7 +117,7 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
                        eng.custom_allreduce and nvlink)
         key = (i, ar)
         cost = shared.get(key) if shared is not None else None
-        if cost is None and (model.moe is not None or model.mla is not None):
+        if cost is None and (model.layer_plan):
             layout, routing = expert_setup(s, model, node)
             cost = MoEStageCost(model, node.gpu, tp, sum(layers[:i]), layers[i], i == 0,
                                 i == pp - 1, s.model.weight_dtype, s.model.kv_dtype, ar,
@@ -150,7 +150,12 @@ def expert_setup(s: Scenario, model: ModelSpec, node: NodeSpec) -> tuple[ExpertL
     ranks, redundant experts, the run's routing draws from the scenario seed)."""
     par, moe = s.parallel, model.moe
     dtype = s.model.weight_dtype
-    if moe is not None and moe.expert_dtype is not None:  # the release's own (MXFP4)
+    if moe is not None and moe.expert_dtype is not None:  # the release's own (MXFP4, NVFP4)
+        if moe.expert_scheme == "nvfp4" and moe.expert_dtype not in node.gpu.weight_dtypes:
+            raise ScenarioError(f"model.name: {model.name} ships its experts in NVFP4, which "
+                                f"needs FP4 tensor cores; {node.gpu.name} has none (allowed "
+                                f"there: {', '.join(node.gpu.weight_dtypes)}); use a "
+                                f"Blackwell GPU or the release's FP8 / BF16 checkpoint")
         dtype = moe.expert_dtype if moe.expert_dtype in node.gpu.weight_dtypes else "int4"
     layout = ExpertLayout(par.ep, par.attention_dp, par.redundant_experts, dtype,
                           (par.attention_tp or 1) if par.attention_dp else 1)
@@ -282,6 +287,12 @@ def _build(s: Scenario) -> ClusterPlan:
                              head_engine(s.parallel.heads_rule, s.engine.profile),
                              "parallel.attention_tp" if s.parallel.attention_dp else
                              "parallel.tp")
+    if model.linear is not None and prefix_unit(s):
+        problems.append(f"engine.prefix_caching: true with a hash-block workload is not "
+                        f"modelled for {model.name}, a hybrid linear-attention model (vLLM "
+                        f"keeps its Gated DeltaNet state only at block-aligned checkpoints, "
+                        f"mamba_cache_mode 'align'; docs/model.md); set engine.prefix_caching "
+                        f"= false")
     if problems:
         raise ScenarioError(problems)
     for key, allowed in (("weight_dtype", node.gpu.weight_dtypes), ("kv_dtype", KV_DTYPES)):
@@ -294,7 +305,7 @@ def _build(s: Scenario) -> ClusterPlan:
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
     draft, draft_bytes = drafter_of(s, model, tp, node)
-    if model.moe is not None or model.mla is not None:
+    if model.layer_plan:
         memory = plan_moe_memory(model, node.gpu.memory_bytes, tp, pp,
                                  expert_setup(s, model, node)[0], s.model.weight_dtype,
                                  s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
@@ -375,7 +386,7 @@ def _spec_config(s: Scenario, model: ModelSpec, node: NodeSpec, draft: ModelSpec
     graphs, mixed = capture_sizes(eng.cuda_graphs, eng.max_num_seqs, eng.cuda_graph_max_batch,
                                   tp)
     ar, head = rp.stages[-1].allreduce, None
-    if sp.method == "mtp" and (model.moe is not None or model.mla is not None):
+    if sp.method == "mtp" and (model.layer_plan):
         layout, routing = expert_setup(s, model, node)
         head = MoEStageCost(model, node.gpu, tp, model.layers - 1, 1, False, True,
                             s.model.weight_dtype, s.model.kv_dtype, ar, layout, routing,
@@ -418,7 +429,7 @@ def drafter_of(s: Scenario, model: ModelSpec, tp: int,
                                 f"{draft.vocab} tokens, {model.name} {model.vocab}; a draft "
                                 f"must share the target's tokenizer")
     layout = (expert_setup(s, model, node)[0]
-              if model.moe is not None or model.mla is not None else None)
+              if model.layer_plan else None)
     return draft, draft_weight_bytes(sp.method, model, draft, tp, s.model.weight_dtype, layout)
 
 

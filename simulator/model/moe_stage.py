@@ -23,6 +23,7 @@ import numpy as np
 from simulator.calibration.forms import ACT_BYTES, gemm_time
 from simulator.hardware.specs import GPUSpec
 from simulator.model.cost import StageCost
+from simulator.model.hybrid_cost import DSACost, GDNCost
 from simulator.model.memory import ExpertLayout, attention_params_per_gpu
 from simulator.model.moe_cost import (
     A2APaths,
@@ -143,6 +144,15 @@ class MoEStageCost(StageCost):
         # MLA models price the whole attention module (projections included) by the
         # calibrated MLA forms; GQA models keep the attention forms and GEMMs below.
         self.mla, self.heads = model.mla is not None, heads
+        # Gated DeltaNet layers (hybrid models) and DeepSeek sparse attention modules.
+        self.n_lin = layers - model.full_attention_layers(start, layers)
+        self.gdn = GDNCost(model, gpu, attn_tp) if self.n_lin else None
+        self.dsa = (DSACost(model, gpu, heads, kv_dtype, weight_dtype)
+                    if model.dsa is not None else None)
+        # GLM-5.2: layers reusing another layer's top-k run the module without an indexer
+        self.n_skip = layers - model.dsa.indexed(start, layers) if model.dsa else 0
+        self.dsa_skip = (DSACost(model, gpu, heads, kv_dtype, weight_dtype, False)
+                         if self.n_skip else None)
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         kv_b = BYTES_PER_DTYPE[kv_dtype]
         pshape, dshape = mla_shapes(model, heads, kv_b, gpu)
@@ -153,7 +163,9 @@ class MoEStageCost(StageCost):
          self._dexp) = dshape.decode_coeffs(cal.decode_for(kv_dtype))
         if model.mla is None:
             d, kvh = model.head_dim, kv_heads_per_gpu(model.kv_heads, attn_tp)
-            self.attn_gemms = [((heads + 2 * kvh) * d, h), (h, heads * d)]
+            gate = heads if model.attn_output_gate else 0  # q_proj also emits the gate
+            self.attn_gemms = [((heads + gate + 2 * kvh) * d, h), (h, heads * d)]
+            self.lin_gemms = model.linear.gemms(h, attn_tp) if self.n_lin else []
         else:
             m = model.mla
             qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -193,6 +205,9 @@ class MoEStageCost(StageCost):
                                  self.bf16_peak, self.gpu.hbm_bandwidth_Bps,
                                  self.gpu.sm_count, ACT_BYTES)) if self.n_moe else 0.0
         elem = self.elem_launch + t * self.elem_bytes_attn / self.elem_bw
+        if self.n_lin:  # Gated DeltaNet projections instead of Q/K/V/O on those layers
+            lin = sum(g(t, n, k) for n, k in self.lin_gemms)
+            attn = ((self.layers - self.n_lin) * attn + self.n_lin * lin) / self.layers
         compute = (self.layers * (attn + elem)
                    + self.n_dense * (dense + t * self.elem_bytes_dense / self.elem_bw)
                    + self.n_moe * (router + shared + t * self.elem_bytes_moe / self.elem_bw))
@@ -271,6 +286,8 @@ class MoEStageCost(StageCost):
         per = self._dseq * nr
 
         def attention(kvr):
+            if self.dsa is not None:
+                return self.dsa.decode(nr, np.maximum(kvr, nr))
             if self.mla:
                 return mla_decode(self.model, self.gpu, self.heads, nr,
                                   np.maximum(kvr, nr), self.kv_dtype, self.weight_dtype)
@@ -280,7 +297,11 @@ class MoEStageCost(StageCost):
                                                                                      per)
 
         kvr = kv / s
-        attn = (self.layers - self.n_window) * attention(kvr)
+        attn = (self.layers - self.n_window - self.n_lin - self.n_skip) * attention(kvr)
+        if self.n_skip:
+            attn = attn + self.n_skip * self.dsa_skip.decode(nr, np.maximum(kvr, nr))
+        if self.n_lin:  # fixed-size recurrent state per sequence: no KV term
+            attn = attn + self.n_lin * self.gdn.decode(nr)
         if self.n_window:  # sum_i min(l_i, W) <= min(sum_i l_i, n W): an upper bound
             attn = attn + self.n_window * attention(np.minimum(kvr, self.window * nr))
         tab = self.table(n, self._mode(True), idx)
@@ -334,6 +355,10 @@ class MoEStageCost(StageCost):
         t_r = self._rank_tokens(tokens)
 
         def attention(pairs, ctx, kv):
+            if self.dsa is not None:  # prefill chunks and decodes as separate modules
+                t_p = max(t_r - seqs_d, 1) if kv else t_r
+                a = self.dsa.prefill(t_p, pairs)
+                return a + (float(self.dsa.decode(seqs_d, max(kv, seqs_d))) if kv else 0.0)
             if self.mla:  # prefill chunks and decodes as separate kernels
                 t_p = max(t_r - seqs_d, 1) if kv else t_r
                 a = float(mla_prefill(self.model, self.gpu, self.heads, t_p, pairs, ctx,
@@ -350,7 +375,16 @@ class MoEStageCost(StageCost):
             return a
 
         pairs, ctx, kv = prefill_pairs / s, prefill_ctx / s, decode_kv / s
-        attn = (self.layers - self.n_window) * attention(pairs, ctx, kv)
+        attn = (self.layers - self.n_window - self.n_lin - self.n_skip) * attention(pairs, ctx,
+                                                                                 kv)
+        if self.n_skip:
+            t_p = max(t_r - seqs_d, 1) if kv else t_r
+            attn += self.n_skip * (self.dsa_skip.prefill(t_p, pairs) + (float(
+                self.dsa_skip.decode(seqs_d, max(kv, seqs_d))) if kv else 0.0))
+        if self.n_lin:  # chunked GDN over the prompt tokens, the recurrent kernel for decodes
+            t_p = max(t_r - seqs_d, 1) if kv else t_r
+            attn += self.n_lin * (self.gdn.prefill(t_p, seqs_p)
+                                  + (self.gdn.decode(seqs_d) if kv else 0.0))
         if self.n_window:  # each query sees at most W keys (upper bounds, as in decode)
             w = self.window
             attn += self.n_window * attention(min(pairs, t_r * w), min(ctx, t_r * w),

@@ -255,7 +255,7 @@ def rule_of_thumb(s: Scenario, model: ModelSpec, gpu_memory_bytes: float, node_g
     short = ""
     for pp in range(1, min(model.layers, gpus // tp) + 1):
         try:
-            if model.moe is not None or model.mla is not None:  # vLLM's default: MoE-TP
+            if model.layer_plan:  # vLLM's default: MoE-TP
                 expert = (model.moe.expert_dtype if model.moe and model.moe.expert_dtype
                           else s.model.weight_dtype)
                 mem = plan_moe_memory(model, gpu_memory_bytes, tp, pp,
