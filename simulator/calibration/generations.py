@@ -38,7 +38,49 @@ GENERATIONS: dict[str, dict[str, object]] = {
         "attention_kernel": "FlashInfer / TRT-LLM Blackwell kernels (tcgen05), cuDNN",
         "tensor_core": "tcgen05 UMMA, tensor memory, 2-CTA 256 x N", "nvlink": 5,
         "nvswitch": 4, "nvls": True, "hbm": "HBM3e"},
+    # B300, GB300 (sm_103): Blackwell's SM with twice the SFU exponential rate for
+    # attention softmax, 1.5x dense FP4, INT8 and FP64 cut (NVIDIA, "Inside NVIDIA
+    # Blackwell Ultra", 2025); same NVLink 5 and NVSwitch.
+    "blackwell_ultra": {
+        "attention_kernel": "FlashInfer / TRT-LLM Blackwell kernels (tcgen05), cuDNN",
+        "tensor_core": "tcgen05 UMMA (sm_103), 2x SFU exp, NVFP4 1.5x sm_100",
+        "nvlink": 5, "nvswitch": 4, "nvls": True, "hbm": "HBM3e 12-high"},
+    # AMD Instinct: GPUs of a node joined point to point by Infinity Fabric (xGMI) links,
+    # no switch, so no in-switch reduction; "the collective routines are implemented using
+    # Ring and Tree algorithms" over xGMI inside a node (RCCL documentation,
+    # rocm.docs.amd.com/projects/rccl, "What is RCCL?"). FP8 formats differ:
+    # CDNA3 computes the FNUZ variants (e4m3fnuz, e5m2fnuz), CDNA4 the OCP ones (e4m3fn,
+    # e5m2) and OCP MX FP6 / FP4 (AMD CDNA 3 and CDNA 4 architecture white papers).
+    "cdna3": {  # MI300X, MI325X (gfx942)
+        "attention_kernel": "CK / AITER FlashAttention (ROCm), Triton",
+        "tensor_core": "MFMA matrix cores, FP8 FNUZ (e4m3fnuz, e5m2fnuz)",
+        "nvlink": None, "nvswitch": None, "nvls": False, "xgmi": "Infinity Fabric 4",
+        "hbm": "HBM3 (MI300X), HBM3E (MI325X)"},
+    "cdna4": {  # MI350X, MI355X (gfx950)
+        "attention_kernel": "AITER / CK FlashAttention (ROCm), Triton",
+        "tensor_core": "MFMA matrix cores, OCP FP8 (e4m3fn, e5m2), MXFP6, MXFP4",
+        "nvlink": None, "nvswitch": None, "nvls": False, "xgmi": "Infinity Fabric 4",
+        "hbm": "HBM3E"},
 }
+
+#: The generation whose kernels a generation without a fit borrows: the nearest one in
+#: kernel design (tensor-core width per cycle, attention kernel family). Followed until a
+#: generation in :data:`FITTED`. CDNA3 (MFMA, 2,048 BF16 FLOP per CU per cycle, FA-style
+#: attention) sits nearest Hopper; CDNA4 (4,096, FP4/FP6) nearest Blackwell.
+NEAREST: dict[str, str] = {"ampere": "hopper", "ada": "hopper", "blackwell": "hopper",
+                           "blackwell_ultra": "blackwell", "cdna3": "hopper",
+                           "cdna4": "blackwell"}
+#: Generations with a measured (fitted) calibration, and the GPU file that holds it.
+FITTED: dict[str, str] = {"hopper": "h100_sxm"}
+
+
+def fitted_reference(generation: str) -> str:
+    """The GPU whose fitted calibration a GPU of ``generation`` inherits: the fitted
+    generation reached by following :data:`NEAREST` (an unnamed generation: Hopper's)."""
+    gen = generation or "hopper"
+    while gen not in FITTED:
+        gen = NEAREST.get(gen, "hopper")
+    return FITTED[gen]
 
 
 def _scale_sm(p: object, factor: float) -> object:
