@@ -74,13 +74,19 @@ NEAREST: dict[str, str] = {"ampere": "hopper", "ada": "hopper", "blackwell": "ho
 FITTED: dict[str, str] = {"hopper": "h100_sxm"}
 
 
+def transfer_chain(generation: str) -> list[str]:
+    """``generation`` and the generations :data:`NEAREST` leads it through, ending at a
+    fitted one (an unnamed generation: Hopper)."""
+    chain = [generation or "hopper"]
+    while chain[-1] not in FITTED:
+        chain.append(NEAREST.get(chain[-1], "hopper"))
+    return chain
+
+
 def fitted_reference(generation: str) -> str:
     """The GPU whose fitted calibration a GPU of ``generation`` inherits: the fitted
-    generation reached by following :data:`NEAREST` (an unnamed generation: Hopper's)."""
-    gen = generation or "hopper"
-    while gen not in FITTED:
-        gen = NEAREST.get(gen, "hopper")
-    return FITTED[gen]
+    generation at the end of :func:`transfer_chain`."""
+    return FITTED[transfer_chain(generation)[-1]]
 
 
 def _scale_sm(p: object, factor: float) -> object:

@@ -50,7 +50,7 @@ def _keys(table: dict, allowed, where: str, prefix: str = "") -> None:
         if k not in allowed:
             close = difflib.get_close_matches(k, list(allowed), n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
-            raise ScenarioError(f"{where}: unknown key {prefix}{k!r} ({hint})")
+            raise ScenarioError(f"{where}: unknown key {prefix + k!r} ({hint})")
 
 
 def check_gpu_file(data: dict, path: Path, key: str) -> None:

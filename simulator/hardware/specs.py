@@ -11,7 +11,12 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from simulator.calibration.generations import GENERATIONS, fitted_reference, transfer
+from simulator.calibration.generations import (
+    GENERATIONS,
+    fitted_reference,
+    transfer,
+    transfer_chain,
+)
 from simulator.calibration.params import Calibration, from_legacy, from_toml
 from simulator.errors import ScenarioError
 from simulator.hardware.schema import check_gpu_file, check_node_file
@@ -169,6 +174,16 @@ def _gpu(path: Path, where: Path, mtime_ns: int, name: str, key: str) -> GPUSpec
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"{key}: GPU file for {name!r} is missing or has a bad field "
                             f"({exc})") from None
+
+
+def transfer_note(gpu: GPUSpec) -> str:
+    """What ``validate`` says of a GPU without a fit of its own: the fitted GPU and the
+    generations its kernels carry over from; "" for a GPU with its own calibration."""
+    if not gpu.calibration.source.startswith("carried over from "):
+        return ""
+    return (f"{gpu.name} has no fit of its own: kernels carried over from "
+            f"{fitted_reference(gpu.generation)} by datasheet transfer "
+            f"({' -> '.join(transfer_chain(gpu.generation))}; docs/hardware.md)")
 
 
 def _optional(data: dict, name: str) -> float | None:
