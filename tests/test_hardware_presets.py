@@ -8,16 +8,15 @@ from the preset it checks.
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 
 from simulator.calibration.generations import GENERATIONS, fitted_reference, transfer_chain
+from simulator.cli import main
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_gpu, load_node, transfer_note
 from simulator.parallel.collective import allreduce, run_collectives, schedules
-from simulator.paths import GPUS, ROOT, TOPOLOGIES
+from simulator.paths import GPUS, TOPOLOGIES
 from simulator.topology.graph import Paths, build_graph, gpus, nvlink_domains
 
 T, G = 1e12, 1e9
@@ -246,17 +245,16 @@ def test_a_gpu_file_with_an_unknown_generation_dtype_or_key_is_one_error(tmp_pat
     assert str(path) in str(err.value)
 
 
-def test_validate_of_a_node_with_an_unknown_kind_exits_2_with_one_line(tmp_path):
+def test_validate_of_a_node_with_an_unknown_kind_exits_2_with_one_line(tmp_path, capsys):
     node = _node_file(tmp_path, 'kind = "xgmi_mesh"', 'kind = "infinity"')
     scenario = tmp_path / "s.toml"
     scenario.write_text(f'name = "s"\n[model]\nname = "llama-3.1-8b"\n[cluster]\n'
                         f'topology = "{node}"\n[workload]\nrate_per_s = 1.0\n'
                         f'num_requests = 1\n')
-    proc = subprocess.run([sys.executable, "-m", "simulator", "validate", str(scenario)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert main(["validate", str(scenario)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
     assert str(node) in lines[0] and "scale_up.kind = 'infinity'" in lines[0]
     assert "allowed: nvswitch, pcie_switch, xgmi_mesh" in lines[0]
 

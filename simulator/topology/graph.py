@@ -7,8 +7,8 @@ Nodes carry ``kind`` (gpu, nvswitch, pcie_switch, host, nic, switch) and, for GP
 ``node`` and ``index`` (global GPU number, as faults and placements name them). Every
 physical link is two directed edges, each with ``bandwidth_Bps`` (per direction),
 ``latency_s`` and ``kind`` (nvlink, xgmi, pcie, network); scale-up links (the GPU-to-GPU
-fabric of a node) carry ``scale_up = True``. Times of transfers come from paths in this graph, never from
-constants in the engine.
+fabric of a node) carry ``scale_up = True``. Times of transfers come from paths in this
+graph, never from constants in the engine.
 """
 
 from __future__ import annotations
