@@ -151,6 +151,9 @@ def test_mi300x_is_a_full_xgmi_mesh_without_a_switch():
     assert not any(d.get("kind") in ("nvswitch", "pcie_switch") for _, d in g.nodes(data=True))
     assert g.edges["gpu0", "gpu5"]["bandwidth_Bps"] == 64e9
     assert not g.graph["in_switch_reduction"]
+    # Utilization divides a GPU's scale-up bytes by all seven of its links.
+    assert node.scale_up_per_gpu_Bps == 7 * 64e9
+    assert load_node("hgx-b300").scale_up_per_gpu_Bps == 900e9
 
 
 def test_mi300x_allreduce_is_rccl_ring_over_seven_links_by_hand_and_never_nvls():

@@ -85,6 +85,13 @@ class NodeSpec:
     switch_latency_s: float = 0.6e-6
     description: str = ""
 
+    @property
+    def scale_up_per_gpu_Bps(self) -> float:
+        """A GPU's scale-up bandwidth per direction, all its links together: its one switch
+        port, or on an ``xgmi_mesh`` node its ``gpus_per_node - 1`` links."""
+        links = self.gpus_per_node - 1 if self.scale_up.kind == "xgmi_mesh" else 1
+        return self.scale_up.bandwidth_Bps * max(links, 1)
+
 
 def _read(path: Path, key: str) -> dict:
     try:

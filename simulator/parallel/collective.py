@@ -347,7 +347,9 @@ def schedules(paths: Paths, op: str, group: tuple[str, ...],
     of S/2 per tree edge over two trees; NVLS (one domain, switch reduces): S into and out
     of the switch per GPU; hierarchical: reduce-scatter in each node (g-1 steps of S/g),
     all-reduce of S/g across the m nodes per rail (2(m-1) steps of S/(g m)), all-gather in
-    each node (g-1 steps of S/g); send_recv: one flow of S.
+    each node (g-1 steps of S/g); send_recv: one flow of S. GPUs of one full xGMI mesh
+    (an AMD node) run each ring step as ``n - 1`` rings, one per link
+    (:func:`_mesh_phase`); they have no NVLS.
     """
     if op not in OPS:
         raise ScenarioError(f"collective op: {op!r} is not one of {', '.join(OPS)}")

@@ -20,6 +20,7 @@ from itertools import groupby
 
 import networkx as nx
 
+from simulator.hardware.schema import FABRIC_KINDS
 from simulator.hardware.specs import NodeSpec
 
 
@@ -79,7 +80,8 @@ def add_server(g: nx.DiGraph, node: NodeSpec, n: int, first: int,
                   node.nic.latency_s + node.switch_latency_s / 2, "network")
 
 
-FABRICS = ("single_switch", "leaf_spine")
+#: Fabrics joining nodes (their one home is the node-file schema).
+FABRICS = FABRIC_KINDS
 
 
 def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
@@ -128,8 +130,8 @@ def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
     per = node.gpus_per_node
     if nodes > 1 and fabric == "single_switch":
         g.add_node("switch", kind="switch")
-    # The leaf names below serve only a preset whose [fabric] kind is neither of FABRICS
-    # (node files do not validate it): its NICs stay wired to leaves no spine joins.
+    # The leaf names below serve only a caller passing a fabric outside FABRICS (node files
+    # are checked against them, hardware/schema.py): its NICs stay on leaves no spine joins.
     for n in range(nodes):
         add_server(g, node, n, n * per, None if nodes == 1 else
                    (lambda local, n=n: "switch" if fabric == "single_switch" else
