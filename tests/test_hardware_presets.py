@@ -8,6 +8,7 @@ from the preset it checks.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -100,8 +101,13 @@ def test_new_gpus_get_their_own_generations_and_carry_kernels_from_the_nearest_f
     ref, car = h100.calibration.decode_for("bf16"), mi300.calibration.decode_for("bf16")
     assert car.seq_sm_s == pytest.approx(ref.seq_sm_s * 1.98e9 / 2.1e9, rel=1e-12)
     assert (car.floor_s, car.bandwidth_eff) == (ref.floor_s, ref.bandwidth_eff)
-    # B300 publishes no clock: carried unscaled.
+    # B300 publishes no clock: carried unscaled, but for the softmax exponential, whose SFU
+    # rate per SM doubles on Blackwell Ultra (32 against 16 per clock).
     assert b300.calibration.decode_for("bf16") == ref
+    pre_ref, pre = h100.calibration.prefill_for("bf16"), b300.calibration.prefill_for("bf16")
+    assert pre.exp_sm_s == pytest.approx(pre_ref.exp_sm_s / 2, rel=1e-12)
+    assert replace(pre, exp_sm_s=pre_ref.exp_sm_s) == pre_ref
+    assert load_gpu("b200").calibration.prefill_for("bf16") == pre_ref
     assert "cdna3 -> hopper" in transfer_note(mi300) and "h100_sxm" in transfer_note(mi300)
     assert transfer_note(h100) == ""  # a GPU with its own fit says nothing
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from simulator.calibration.generations import (
     GENERATIONS,
+    exp_factor,
     fitted_reference,
     transfer,
     transfer_chain,
@@ -138,9 +139,11 @@ def _calibration(data: dict, key: str) -> Calibration:
         return from_toml(data["calibration"], f"{key}: calibration")
     if "efficiency" in data:
         return from_legacy(data["efficiency"], f"{key}: efficiency")
-    ref, clock = fitted_reference(data.get("generation", "")), data.get("boost_clock_hz")
+    gen = data.get("generation", "")
+    ref, clock = fitted_reference(gen), data.get("boost_clock_hz")
     return transfer(_reference_calibration(ref), _reference_clock(ref),
-                    None if clock is None else float(clock))
+                    None if clock is None else float(clock),
+                    exp=exp_factor(transfer_chain(gen)[-1], gen))
 
 
 def read_gpu_file(name: str, base_dir: str | Path = ".", key: str = "--gpu") -> dict:
