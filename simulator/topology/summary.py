@@ -108,8 +108,11 @@ def draw(g: nx.DiGraph, path: str) -> None:
     for kind, style in (("nvlink", "solid"), ("xgmi", "solid"), ("pcie", "solid"),
                         ("network", "dashed")):
         edges = [(a, b) for a, b, d in u.edges(data=True) if d["kind"] == kind]
+        # A mesh's links join GPUs of one row: drawn as arcs, or they would overlap.
+        arcs = {"arrows": True, "arrowstyle": "-", "connectionstyle": "arc3,rad=0.35"}
         nx.draw_networkx_edges(u, pos, edgelist=edges, ax=ax, width=0.6, alpha=0.6,
-                               edge_color=colors[kind], style=style)
+                               edge_color=colors[kind], style=style,
+                               **(arcs if kind == "xgmi" and edges else {}))
     marks = {"gpu": ("o", "tab:green"), "nic": ("s", "tab:blue"),
              "nvswitch": ("D", "tab:olive"), "pcie_switch": ("D", "tab:gray"),
              "host": ("^", "tab:brown"), "switch": ("h", "tab:purple")}
