@@ -40,7 +40,7 @@ from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import Recorder
 from simulator.paths import ROOT
 from simulator.topology.graph import Paths
-from simulator.workload.arrivals import arrival_times, trace_window
+from simulator.workload.arrivals import arrival_times, profiled_trace, trace_window
 from simulator.workload.lengths import LengthStream, sample_lengths
 from simulator.workload.mooncake import load_mooncake
 from simulator.workload.sessions import session_requests
@@ -56,8 +56,10 @@ def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.
             path = ROOT / w.trace  # shipped traces, for dict scenarios run from anywhere
         try:
             if path.suffix == ".jsonl":  # Mooncake: with prefix-block hashes
-                return trace_window(load_mooncake(path, w.hash_block_tokens), w)
-            return trace_window(load_trace(path), w)
+                df = trace_window(load_mooncake(path, w.hash_block_tokens), w)
+            else:
+                df = trace_window(load_trace(path), w)
+            return profiled_trace(df, w, rngs["arrivals"])
         except ScenarioError as exc:
             raise exc.with_source(s.source) from None
     if w.arrival == "sessions":

@@ -36,6 +36,7 @@ from simulator.io.schema import (
     Scenario,
     SpeculativeKeys,
 )
+from simulator.workload.profile import PROFILED, parse_profile
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -440,9 +441,26 @@ def _pool_speculative(key: str, pool: PoolKeys, problems: list[str]) -> PoolKeys
     return dataclasses.replace(pool, speculative=keys)
 
 
+def _rate_profile_problems(w) -> list[str]:
+    """``[workload.rate_profile]``: its keys, and the arrivals it may shape."""
+    p: list[str] = []
+    if w.arrival not in PROFILED:
+        p.append(f"workload.rate_profile: shapes arrival = {', '.join(PROFILED)}, not "
+                 f"\"{w.arrival}\"")
+        return p
+    if w.arrival != "trace" and w.rate_per_s is not None:
+        p.append("workload.rate_per_s: not used with workload.rate_profile (the profile "
+                 "gives the rate; remove one)")
+    parse_profile(w.rate_profile, w.arrival == "trace", p)
+    return p
+
+
 def _workload_problems(s: Scenario) -> list[str]:
     w, p = s.workload, []
-    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is not None:
+    if w.rate_profile is not None:
+        p += _rate_profile_problems(w)
+    elif w.arrival in ("poisson", "gamma", "constant", "sessions") and (
+            w.rate_per_s is not None):
         if w.num_requests is None and w.duration_s is not None and (
                 w.rate_per_s * w.duration_s > MAX_REQUESTS):
             p.append(f"workload.duration_s: rate_per_s x duration_s = "
@@ -453,7 +471,8 @@ def _workload_problems(s: Scenario) -> list[str]:
             p.append(f"workload.rate_per_s: num_requests / rate_per_s = "
                      f"{w.num_requests / w.rate_per_s:.3g} s of arrivals, beyond the "
                      f"{MAX_TIME_S:g} s a run may simulate (raise the rate or set duration_s)")
-    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is None:
+    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is None \
+            and w.rate_profile is None:
         p.append(f"workload.rate_per_s: required for arrival = \"{w.arrival}\" (a number > 0)")
     if w.arrival == "closed_loop" and w.concurrency is None:
         p.append("workload.concurrency: required for arrival = \"closed_loop\" (an integer >= 1)")

@@ -158,6 +158,9 @@ class WorkloadKeys:
     turns: Any = _f(4, kind="length")
     shared_prefix_tokens: int = _f(0, min=0)
     prefix_groups: int = _f(1, min=1)
+    # [workload.rate_profile]: the rate over time (diurnal, steps, bursts, noise); a
+    # multiplier of the trace's rate over a replay. Checked in simulator.workload.profile.
+    rate_profile: dict | None = _f(None, kind="table", optional=True)
 
 
 @dataclass(frozen=True)
