@@ -80,12 +80,15 @@ def test_the_worked_runs_give_the_doc_figures():
     assert f"({hbm:.2f}x)" in DOC
 
 
-def test_the_kv_blocks_quoted_for_mi300x_and_h100(capsys):
+def test_the_kv_blocks_and_allreduce_quoted_for_mi300x_and_h100(capsys):
     for preset, blocks in (("amd-mi300x", "531,689"), ("dgx-h100", "201,270")):
         assert main(["validate", str(EXAMPLE), "--set", f"cluster.topology={preset}"]) == 0
         out = capsys.readouterr().out
         assert f"KV cache {blocks.replace(',', '')} blocks" in out, preset
         assert blocks in DOC
+        # "14.7 us each at 64 tokens on both"
+        assert "64 tokens take 14.7 us (two_shot)" in out, preset
+    assert "14.7 us each at 64 tokens on both" in DOC
 
 
 def test_the_quoted_refusal_is_the_loader_s(tmp_path):
