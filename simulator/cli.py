@@ -14,6 +14,7 @@ from simulator.cluster.pools import describe_pools
 from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
+from simulator.hardware.specs import transfer_note
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import check_out, default_out, write_result
 from simulator.model.memory import GIB, split_layers, weight_classes
@@ -59,6 +60,8 @@ def cmd_validate(args) -> int:
     gpus = f"{plan.gpus_used} GPU{'s' if plan.gpus_used != 1 else ''}"
     print(f"  cluster    {scenario.cluster.nodes} x {plan.node.name} "
           f"({plan.graph.graph['gpu'].name}), {gpus} used")
+    if transfer_note(plan.graph.graph["gpu"]):  # docs/hardware.md
+        print(f"  kernels    {transfer_note(plan.graph.graph['gpu'])}")
     print(f"  layout     tp={p.tp} pp={p.pp} dp={p.dp}, "
           f"{plan.streams_per_replica} micro-batch stream(s) per replica")
     for rp in plan.replicas:

@@ -33,7 +33,7 @@ from simulator.model.speculative import DraftCost, draft_kv_bytes_per_token, dra
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce, group_cost
 from simulator.parallel.placement import ReplicaPlacement, place
 from simulator.topology.flows import Flow, finish_times
-from simulator.topology.graph import Paths, build_graph, nvlink_domains
+from simulator.topology.graph import PEER_LINKS, Paths, build_graph, nvlink_domains
 
 
 @dataclass(frozen=True)
@@ -209,8 +209,8 @@ def a2a_paths(paths: Paths, group: tuple[str, ...]) -> A2APaths:
     for dst in group[1:]:
         path = paths.path(src, dst)
         one = 1.0 / paths.bandwidth(src, dst)
-        if all(g.edges[a, b]["kind"] == "nvlink" for a, b in zip(path, path[1:],
-                                                                 strict=False)):
+        if all(g.edges[a, b]["kind"] in PEER_LINKS for a, b in zip(path, path[1:],
+                                                                   strict=False)):
             intra += one
             peers += 1
         else:
@@ -256,11 +256,12 @@ def _check_moe(model: ModelSpec, s: Scenario) -> list[str]:
 
 
 def _nvlink_ring(paths: Paths, group: tuple[str, ...]) -> bool:
-    """Whether every hop around the group's ring runs over NVLink edges only."""
+    """Whether every hop around the group's ring runs over NVLink (or xGMI) edges only."""
     g, n = paths.g, len(group)
     for i in range(n):
         path = paths.path(group[i], group[(i + 1) % n])
-        if any(g.edges[a, b]["kind"] != "nvlink" for a, b in zip(path, path[1:], strict=False)):
+        if any(g.edges[a, b]["kind"] not in PEER_LINKS
+               for a, b in zip(path, path[1:], strict=False)):
             return False
     return True
 

@@ -26,7 +26,7 @@ from simulator.cluster.build import (
     replica_costs,
 )
 from simulator.errors import ScenarioError
-from simulator.hardware.specs import NodeSpec
+from simulator.hardware.specs import NodeSpec, transfer_note
 from simulator.io.schema import ParallelKeys, PoolKeys, Scenario
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, load_model
 from simulator.parallel.placement import ReplicaPlacement, place
@@ -245,6 +245,8 @@ def describe_pools(plan: PooledPlan) -> str:
         lines.append(f"  pool {sp.name} ({sp.role})  {pool.plan.node.name}, tp={sp.tp} "
                      f"pp={sp.pp} dp={sp.dp}{moe}, KV {pool.kv_dtype} {mem.kv_tokens} tokens per "
                      f"replica, weights {max(mem.weights_per_gpu) / 2**30:.1f} GiB per GPU")
+        if transfer_note(pool.plan.node.gpu):  # docs/hardware.md
+            lines.append(f"    kernels  {transfer_note(pool.plan.node.gpu)}")
         for rp in pool.plan.replicas:
             stages = " | ".join(",".join(g.removeprefix("gpu") for g in st)
                                 for st in rp.placement.stages)

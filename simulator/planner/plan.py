@@ -230,7 +230,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
                  sarathi_chunk(e)
                  if e.scheduler == "sarathi" else None)
     try:
-        domain = "NVLink" if node.scale_up.link.startswith("NVLink") else "PCIe"
+        domain = ("NVLink" if node.scale_up.link.startswith("NVLink") else
+                  "xGMI" if node.scale_up.kind == "xgmi_mesh" else "PCIe")
         rule, rule_why = rule_of_thumb(s, model, node.gpu.memory_bytes, node.gpus_per_node,
                                        cap, stats, domain)
     except ScenarioError as exc:
