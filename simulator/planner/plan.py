@@ -19,7 +19,7 @@ import pandas as pd
 
 from simulator.cluster.simulation import workload_requests
 from simulator.engine.schedulers import sarathi_chunk
-from simulator.errors import ScenarioError
+from simulator.errors import NoAnswer, ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario, SloKeys
@@ -42,6 +42,7 @@ from simulator.planner.nearmiss import (
     group_of,
     margins,
 )
+from simulator.planner.progress import Progress, collect
 from simulator.planner.ranking import (  # noqa: F401 - _rank_key, rank_correlation: API
     PREFILL_COLUMNS,
     _layout,
@@ -118,6 +119,11 @@ class PlanResult:
     # the near-miss ratios (estimate / simulation) the plan ended with.
     rank_correlations: dict | None = None
     margins: dict | None = None
+    # Ctrl-C stopped the simulations: the tables hold the runs that finished.
+    interrupted: bool = False
+    # The scenario's own request count (None: its workload has none), kept by
+    # recommended.toml; ``stats.requests`` is the sample simulated per candidate.
+    own_requests: int | None = None
 
 
 def _meets(sim: dict, slo: SloKeys) -> bool:
@@ -160,9 +166,11 @@ def ahead_of_met(ranked: pd.DataFrame, picked: list[int], met: list[int],
 
 def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
          objective: str = "goodput_per_gpu", top: int = DEFAULT_TOP,
-         requests: int | None = DEFAULT_REQUESTS, jobs: int | None = None,
+         requests: int | None = None, jobs: int | None = None,
          slo_quantile: float = 0.99, overrides: list[str] | None = None,
-         disagg: bool = False, cross: CrossPairs | None = None) -> PlanResult:
+         disagg: bool = False, cross: CrossPairs | None = None, only: str | None = None,
+         progress: bool = False,
+         backend: str = "local", address: str | None = None) -> PlanResult:
     """Search layouts and engine limits for a scenario; simulate the best and recommend one.
 
     Parameters
@@ -182,7 +190,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         one more for the unsimulated candidates the estimate rates better than the best
         that met, if any (:func:`ahead_of_met`).
     requests : int, optional
-        Cap on the requests simulated per candidate (None: the scenario's).
+        Requests simulated per candidate, above the scenario's count too (None: the
+        scenario's, at most ``DEFAULT_REQUESTS``). recommended.toml keeps the scenario's.
     jobs : int, optional
         Worker processes (default: the CPUs).
     slo_quantile : float
@@ -195,6 +204,15 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     cross : CrossPairs, optional
         With ``disagg``, also the pairs whose decode pool is on another node kind
         (:mod:`simulator.planner.hetero`; ``plan --disagg --nodes``).
+    only : {None, "disaggregated"}
+        With ``disagg``, ``"disaggregated"`` keeps only the prefill + decode pool layouts
+        (``plan --disagg-only``); the others are listed as excluded.
+    progress : bool
+        A progress line on stderr when it is a terminal (:mod:`simulator.planner.progress`).
+    backend, address : str
+        Where the simulations run: ``local`` (``jobs`` processes) or ``ray`` (the cluster
+        at ``address``, or a local one), as for sweeps; the results do not depend on it.
+        Ctrl-C stops them: the plan returns what finished, ``interrupted`` set.
 
     Raises
     ------
@@ -209,7 +227,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         raise ScenarioError(f"--top: must be >= 1, got {top}")
     if not 0 < slo_quantile <= 1:
         raise ScenarioError(f"--slo-quantile: must be in (0, 1], got {slo_quantile}")
-    base = without_pools(base_scenario(scenario, overrides, requests))
+    base = without_pools(base_scenario(scenario, overrides, requests, DEFAULT_REQUESTS))
+    own_requests = load_scenario(scenario, overrides=overrides).workload.num_requests
     s = load_scenario(base)
     node = load_node(s.cluster.topology, s.base_dir)
     model = load_model(s.model.name, s.base_dir)
@@ -220,10 +239,31 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     cap = gpus or total
     reqs = workload_requests(s)
     stats = workload_stats(s, reqs)
-    cands = enumerate_candidates(base, s, cap, stats, objective, jobs, disagg, cross)
-    feasible = cands[cands["status"] == "feasible"]
-    if feasible.empty:
-        raise ScenarioError(no_fit(cands, model.name, s.model.weight_dtype, cap))
+    bar = Progress(objective, progress)
+    try:
+        cands = enumerate_candidates(base, s, cap, stats, objective, jobs, disagg, cross)
+        if only is not None:
+            if only != "disaggregated" or not disagg:
+                raise ScenarioError(f"plan: only={only!r} needs disagg=True (allowed: "
+                                    f"'disaggregated')")
+            out = (cands["kind"] != "disaggregated") & (cands["status"] == "feasible")
+            cands.loc[out, "status"] = "excluded"
+            cands.loc[out, "reason"] = "--disagg-only: colocated layouts not searched"
+        feasible = cands[cands["status"] == "feasible"]
+        if feasible.empty:
+            raise NoAnswer(no_fit(cands, model.name, s.model.weight_dtype, cap))
+        bar.estimated(len(cands), len(feasible))
+        return _search(base, s, node, model, total, cap, stats, cands, objective, top,
+                       jobs, slo_quantile, disagg, cross, bar, backend, address, t0,
+                       own_requests)
+    finally:
+        bar.close()
+
+
+def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs,
+            slo_quantile, disagg, cross, bar, backend, address, t0,
+            own_requests) -> PlanResult:
+    """The rounds of simulation and the ranking of :func:`plan` (its arguments)."""
 
     e = s.engine
     own = Limits(e.max_num_seqs, e.max_num_batched_tokens,
@@ -280,7 +320,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     per: dict[tuple, int] = {}
     sims: dict[int, dict] = {}
     m = margins(None)
-    chased = 0
+    chased, interrupted = 0, False
     for round_ in range(MAX_ROUNDS + CHASE_ROUNDS):
         met = [i for i in picked if _meets(sims[i], s.slo)]
         chase = any(i != rule_idx for i in met)
@@ -302,14 +342,20 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
             batch.append(rule_idx)
         if not batch:
             break
-        sims.update(simulate_many({i: job(i) for i in batch if i not in sims}, slo_quantile,
-                                  jobs))
-        picked += [i for i in batch if i not in picked]
+        todo = {i: job(i) for i in batch if i not in sims}
+        bar.planned(len(todo))
+        interrupted = collect(simulate_many(todo, slo_quantile, jobs, backend, address),
+                              sims, bar, lambda row: _meets(row, s.slo))
+        picked += [i for i in batch if i not in picked and i in sims]
+        if interrupted:
+            break
         m = margins(_sim_frame(cands, picked, sims))
     cands.loc[picked, "simulated"] = True
     ranked = rerank(cands, s, stats, objective, m, cross)
     cands["est_slo"], cands["est_objective"] = ranked["est_slo"], ranked["est_objective"]
 
+    if not picked:
+        raise KeyboardInterrupt  # stopped before any simulation finished: nothing known
     rows, wall = [], 0.0
     for i in picked:
         c = cands.loc[i]
@@ -369,4 +415,5 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
                       cands.reset_index(drop=True), table[columns].copy(), rule,
                       rule_why, best, why, comparison, error, time.perf_counter() - t0,
                       wall, rank_correlation(table, objective),
-                      rank_correlations=group_correlations(table, objective), margins=m)
+                      rank_correlations=group_correlations(table, objective), margins=m,
+                      interrupted=interrupted, own_requests=own_requests)

@@ -15,8 +15,9 @@ import pandas as pd
 import tomli_w
 
 from simulator.io.scenario import to_dict
-from simulator.planner.capacity import CapacityResult
+from simulator.planner.capacity import TOO_SHORT, CapacityResult
 from simulator.planner.disagg import pools_of
+from simulator.planner.explain import side_by_side
 from simulator.planner.hetero import cross_pools
 from simulator.planner.mixdp import mix_kind, mix_pools
 from simulator.planner.nearmiss import MARGIN_QUANTILE
@@ -52,6 +53,10 @@ def recommended_scenario(result: PlanResult) -> dict | None:
     lay = {k: int(best[k]) for k in ("tp", "pp", "dp")}
     lim = Limits.of_row(best)
     data["name"] = f"{s.name}-tp{lay['tp']}-pp{lay['pp']}-dp{lay['dp']}"
+    if result.own_requests is None:  # the sample the plan simulated is not the scenario's
+        data["workload"].pop("num_requests", None)
+    else:
+        data["workload"]["num_requests"] = result.own_requests
     data["parallel"] = {**data.get("parallel", {}), **lay}
     for key, value in lim.overrides().items():
         data["engine"][key.split(".", 1)[1]] = value
@@ -130,6 +135,9 @@ def format_plan(result: PlanResult) -> str:
                      f"simulation, p{MARGIN_QUANTILE * 100:g} over the simulated points)")
     if result.best is not None:
         lines.append(f"  recommend  {result.reason}")
+    both = side_by_side(result.table, result.objective)
+    if both:
+        lines.append(f"  agg/disagg {both}")
     short = int(result.table["keep_up_ratio"].isna().sum())
     if short:
         lines.append(f"  note       {short} of {len(result.table)} runs too short to judge keeping "
@@ -179,6 +187,9 @@ def format_capacity(result: CapacityResult) -> str:
     q = f"p{result.quantile * 100:g}"
     upper = (f"{result.failed_rate_per_s:.3g} req/s is not: {result.bound}"
              if result.failed_rate_per_s != float("inf") else result.bound)
+    if TOO_SHORT in result.bound:  # a lower bound: the runs cannot judge above it
+        upper = (f"a lower bound: at {result.failed_rate_per_s:.3g} req/s runs of "
+                 f"{s.workload.num_requests} requests are {TOO_SHORT}")
     return "\n".join([
         f"capacity {s.name}: {s.model.name} TP{p.tp} PP{p.pp} DP{p.dp} on "
         f"{s.cluster.nodes} x {s.cluster.topology}, SLO {q} TTFT <= {s.slo.ttft_s:g} s, "
