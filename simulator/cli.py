@@ -236,8 +236,17 @@ def cmd_collective(args) -> int:
 
 def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
-    from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
+    from simulator.planner.report import (  # noqa: PLC0415
+        LAUNCH,
+        RECOMMENDED,
+        format_plan,
+        row_scenario,
+        write_launch,
+        write_plan,
+    )
 
+    if args.emit is not None and args.emit < 1:
+        raise ScenarioError(f"--emit: a rank of plan.csv (1, 2, ...), got {args.emit}")
     # the whole space unless restricted: colocated and disaggregated in one ranking
     disagg = not args.colocated_only
     only = "disaggregated" if args.disagg_only else None
@@ -266,8 +275,17 @@ def cmd_plan(args) -> int:
               f"from those")
     if result.best is not None:
         pick = out / RECOMMENDED
+        print(f"  launch     {out / LAUNCH} (vLLM, SGLang, TensorRT-LLM)")
         print(f"  next       python -m simulator run {pick}\n"
               f"             python -m simulator capacity {pick}")
+    if args.emit is not None:
+        rows = result.table[result.table["rank"] == args.emit]
+        if rows.empty:
+            raise ScenarioError(f"--emit: no rank {args.emit} in plan.csv (ranks 1 to "
+                                f"{len(result.table)})", source=args.scenario)
+        where = out / f"launch-rank{args.emit}"
+        written = write_launch(load_scenario(row_scenario(result, rows.iloc[0])), where)
+        print(f"  emit       rank {args.emit}: {written[0]}\n" + written[0].read_text())
     if result.error:
         print(NoAnswer(result.error, source=args.scenario).render(), file=sys.stderr)
         return EXIT_NO_ANSWER
@@ -412,6 +430,9 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
     n.add_argument("--no-plot", action="store_true", help="no pareto.png")
+    n.add_argument("--emit", type=int, metavar="RANK",
+                   help="also write the launch commands of plan.csv's row RANK "
+                        "(launch-rankRANK/launch.sh)")
     n.set_defaults(func=cmd_plan)
     y = sub.add_parser("capacity", help="highest request rate the scenario's layout "
                                         "sustains within its SLOs (bisection)")

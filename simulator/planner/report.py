@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pandas as pd
 import tomli_w
+import yaml
 
-from simulator.io.scenario import to_dict
+from simulator.io.scenario import load_scenario, to_dict
+from simulator.io.schema import Scenario
 from simulator.planner.capacity import TOO_SHORT, CapacityResult
 from simulator.planner.disagg import pools_of
 from simulator.planner.explain import side_by_side
 from simulator.planner.hetero import cross_pools
+from simulator.planner.launch import ENGINES, launch
 from simulator.planner.mixdp import mix_kind, mix_pools
 from simulator.planner.nearmiss import MARGIN_QUANTILE
 from simulator.planner.plan import PlanResult
@@ -27,6 +30,8 @@ from simulator.planner.space import Limits, cross_kind, layout_label
 
 #: File name of the pick's runnable scenario in a plan's output folder.
 RECOMMENDED = "recommended.toml"
+#: File name of the pick's launch commands (vLLM, SGLang, TensorRT-LLM).
+LAUNCH = "launch.sh"
 
 
 def _absolute(value, base: Path):
@@ -45,9 +50,12 @@ def _absolute(value, base: Path):
 
 def recommended_scenario(result: PlanResult) -> dict | None:
     """The scenario with the pick's layout and engine limits (None without a pick)."""
-    best = result.best
-    if best is None:
-        return None
+    return None if result.best is None else row_scenario(result, result.best)
+
+
+def row_scenario(result: PlanResult, best: pd.Series) -> dict:
+    """The scenario with one plan.csv row's layout and engine limits, runnable as it is;
+    it keeps the scenario's own request count."""
     s = result.scenario
     data = to_dict(s)
     lay = {k: int(best[k]) for k in ("tp", "pp", "dp")}
@@ -90,6 +98,8 @@ def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list
         files.append(out / RECOMMENDED)
         files[-1].write_text(f"# The plan's pick for {result.scenario.name}: {result.reason}\n"
                              .replace("\n", " ").rstrip() + "\n" + tomli_w.dumps(pick))
+    if pick is not None:
+        files += write_launch(load_scenario(pick), out)
     if figure and not result.table.empty:
         s = result.scenario
         where = (", ".join(sorted(result.table["node"].unique())) if "node" in result.table
@@ -97,6 +107,27 @@ def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list
         title = (f"{s.model.name} ({s.model.weight_dtype}) on {where}: throughput per GPU "
                  f"and per dollar vs speed per user")
         files.append(pareto_plot(result.table, out / "pareto.png", title))
+    return files
+
+
+def write_launch(s: Scenario, out: str | Path) -> list[Path]:
+    """Write ``launch.sh`` (the commands that start the scenario on vLLM, SGLang and
+    TensorRT-LLM, :mod:`simulator.planner.launch`) and TensorRT-LLM's LLM API options
+    files beside it."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    found = launch(s)
+    parts = [f"# Launch {s.name} ({found.model}): one command per replica; run each "
+             f"replica's on its own GPUs, behind a router.", *(f"# note: {n}" for n in
+                                                             found.notes)]
+    names = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+    for engine in ENGINES:
+        parts += ["", f"## {names[engine]}", found.text(engine)]
+    files = [out / LAUNCH]
+    files[0].write_text("\n".join(parts) + "\n")
+    for argv, extra in zip(found.commands["trtllm"], found.extra, strict=True):
+        files.append(out / argv[argv.index("--extra_llm_api_options") + 1])
+        files[-1].write_text(yaml.safe_dump(extra, sort_keys=False))
     return files
 
 
