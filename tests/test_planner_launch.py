@@ -184,3 +184,21 @@ def test_plan_emits_a_row(tmp_path, capsys):
     assert main(["plan", str(path), "--gpus", "2", "--top", "1", "--jobs", "1",
                  "--colocated-only", "--no-plot", "--emit", "99", "--out", str(out)]) == 2
     assert "--emit: no rank 99" in capsys.readouterr().err
+
+
+def test_worked_deploy_and_side_by_side_match_the_doc(tmp_path, capsys):
+    """docs/planner.md quotes this plan's agg/disagg line and its launch.sh commands."""
+    doc = (ROOT / "docs" / "planner.md").read_text()
+    out = tmp_path / "o"
+    assert main(["plan", str(ROOT / "workloads/plan-70b-1xdgx.toml"), "--requests", "200",
+                 "--top", "3", "--no-plot", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("  agg/disagg "))
+    assert line in doc and "colocated ahead by 50%" in line
+    commands = [x for x in (out / LAUNCH).read_text().splitlines()
+                if x.startswith(("vllm ", "python -m sglang", "trtllm-serve "))]
+    assert len(commands) == 3
+    for c in commands:
+        assert c in doc
+    assert yaml.safe_load((out / "extra_llm_api_options.yaml").read_text()) == {
+        "kv_cache_config": {"enable_block_reuse": True}}

@@ -10,6 +10,7 @@ import copy
 import importlib
 import math
 import tomllib
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -141,3 +142,19 @@ def test_ray_backend_gives_the_local_plan():
     ray = plan(_small(), gpus=1, top=2, backend="ray")
     cols = [c for c in local.table.columns if c not in ("wall_time_s",)]
     pd.testing.assert_frame_equal(local.table[cols], ray.table[cols])
+
+
+def _doc_block(after: str, lang: str) -> str:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    start = text.index(f"```{lang}\n", text.index(after)) + len(lang) + 4
+    return text[start:text.index("```", start)]
+
+
+def test_doc_capacity_of_a_short_run_figures():
+    """docs/planner.md, Capacity: 42 req/s (a lower bound) with 100 requests, 62 with
+    3000, where the NaN keep-up ratio counted as keeping up gave 2.5e+03."""
+    s = tomllib.loads(_doc_block("This scenario (`capacity-8b-100.toml`)", "toml"))
+    short = capacity(s)
+    assert f"{short.rate_per_s:.3g}" == "42" and f"{short.failed_rate_per_s:.3g}" == "44"
+    assert "too short to judge keeping up" in short.bound
+    assert f"{capacity(s, requests=3000).rate_per_s:.3g}" == "62"
