@@ -42,6 +42,7 @@ from simulator.planner.nearmiss import (
     group_of,
     margins,
 )
+from simulator.planner.noise import MAX_DOUBLINGS, MAX_REQUESTS, flags
 from simulator.planner.progress import Progress, collect
 from simulator.planner.ranking import (  # noqa: F401 - _rank_key, rank_correlation: API
     PREFILL_COLUMNS,
@@ -88,7 +89,8 @@ PLAN_COLUMNS = [
     "est_tpot_s", "placement", "note", "est_objective", "gpu_hour_usd",
     "cost_per_million_output_tokens_usd", "goodput_req_per_usd", "power_mean_w",
     "energy_per_output_token_j", "tokens_per_joule", "binds", "status", "error", "kind",
-    "spec_k", "pools", "est_slo"]
+    "spec_k", "pools", "est_slo", "ttft_slo_q_lo_s", "ttft_slo_q_hi_s", "tpot_slo_q_lo_s",
+    "tpot_slo_q_hi_s", "goodput_req_per_s_per_gpu_ci_half", "requests_total"]
 
 
 @dataclass
@@ -124,6 +126,9 @@ class PlanResult:
     # The scenario's own request count (None: its workload has none), kept by
     # recommended.toml; ``stats.requests`` is the sample simulated per candidate.
     own_requests: int | None = None
+    # What is within noise about the pick (simulator.planner.noise), after the rounds on
+    # a larger sample; empty when the pick is clear of its targets and of the runner-up.
+    noise: list | None = None
 
 
 def _meets(sim: dict, slo: SloKeys) -> bool:
@@ -356,6 +361,61 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
 
     if not picked:
         raise KeyboardInterrupt  # stopped before any simulation finished: nothing known
+    def tabulate():
+        return _table(cands, picked, sims, rule_idx, s, slo_quantile, objective,
+                      _columns(PLAN_COLUMNS, model, disagg, cross is not None), total)
+
+    table, rule_row, wall = tabulate()
+    # Answers within their noise: a pick whose interval reaches past a target, or whose
+    # objective overlaps the runner-up's, is simulated again on a larger sample
+    # (simulator.planner.noise), up to MAX_DOUBLINGS times; what is still within noise
+    # then is said, not hidden.
+    column = "goodput_req_per_s_per_gpu" if objective == "goodput_per_gpu" else None
+    sample = stats.requests
+    noise, again = flags(table, s.slo.ttft_s, s.slo.tpot_s, slo_quantile, column)
+    for _ in range(MAX_DOUBLINGS):
+        if not again or interrupted or sample * 2 > MAX_REQUESTS:
+            break
+        sample *= 2
+        todo = {int(table.loc[j, "_cand"]): resolve_point(
+            job(int(table.loc[j, "_cand"])), {"workload.num_requests": sample}, s.seed)
+            for j in again}
+        bar.planned(len(todo))
+        interrupted = collect(simulate_many(todo, slo_quantile, jobs, backend, address),
+                              sims, bar, lambda row: _meets(row, s.slo))
+        table, rule_row, wall = tabulate()
+        noise, again = flags(table, s.slo.ttft_s, s.slo.tpot_s, slo_quantile, column)
+    if sample > stats.requests:  # more were simulated: say what they settled
+        noise.append(f"still within noise after {sample} requests for the pick: the "
+                     f"simulation cannot tell (raise --requests)" if again else
+                     f"the pick was within noise at {stats.requests} requests; clear "
+                     f"after {sample}")
+    table = table.drop(columns=["_rule", "_cand"])
+    slo = s.slo
+
+    met = table[table["slo_met"]]
+    best = met.iloc[0] if not met.empty else None
+    error = None if best is not None else no_slo(table, slo, slo_quantile, stats)
+    why = (reason(best, table, cands, objective, slo, slo_quantile, stats, total)
+           if best is not None else "")
+    comparison = compare(best, rule_row.iloc[0] if not rule_row.empty else None, rule,
+                          objective, slo, slo_quantile)
+    if best is not None and table.apply(group_of, axis=1).nunique() > 1:
+        comparison += "; " + versus_groups(best, table, objective)
+    columns = _columns(PLAN_COLUMNS, model, disagg, cross is not None)
+    return PlanResult(s, objective, slo_quantile, cap, total, stats,
+                      cands.reset_index(drop=True), table[columns].copy(), rule,
+                      rule_why, best, why, comparison, error, time.perf_counter() - t0,
+                      wall, rank_correlation(table, objective),
+                      rank_correlations=group_correlations(table, objective), margins=m,
+                      interrupted=interrupted, own_requests=own_requests, noise=noise)
+
+
+def _table(cands, picked, sims, rule_idx, s, slo_quantile, objective, columns,
+           total) -> tuple[pd.DataFrame, pd.DataFrame, float]:
+    """plan.csv's rows of the simulated candidates, ranked (with ``_rule`` and
+    ``_cand``, the candidate index), the rule of thumb's row, and the simulations' wall
+    time."""
     rows, wall = [], 0.0
     for i in picked:
         c = cands.loc[i]
@@ -373,12 +433,12 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
         row["ttft_slo_q_s"] = sim.get("ttft_q_s", math.nan)
         row["tpot_slo_q_s"] = sim.get("tpot_q_s", math.nan)
         wall += sim.get("wall_time_s", 0.0)
-        row["_rule"] = i == rule_idx
+        row["_rule"], row["_cand"] = i == rule_idx, i
         rows.append(row)
     table = pd.DataFrame(rows)
     table["pools"] = [layout_label(r) if r["kind"] == "disaggregated" else ""
                       for _, r in table.iterrows()]
-    for c in [*_columns(PLAN_COLUMNS, model, disagg, cross is not None), "status", "error"]:
+    for c in [*columns, "status", "error"]:
         if c not in table:
             table[c] = math.nan
     slo = s.slo
@@ -398,22 +458,5 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
         notes.append("; ".join(parts))
     table["note"] = notes
     table["binds"] = [binds(r, slo, slo_quantile) for _, r in table.iterrows()]
-    rule_row = table[table["_rule"]]
-    table = table.drop(columns="_rule")
+    return table, table[table["_rule"]], wall
 
-    met = table[table["slo_met"]]
-    best = met.iloc[0] if not met.empty else None
-    error = None if best is not None else no_slo(table, slo, slo_quantile, stats)
-    why = (reason(best, table, cands, objective, slo, slo_quantile, stats, total)
-           if best is not None else "")
-    comparison = compare(best, rule_row.iloc[0] if not rule_row.empty else None, rule,
-                          objective, slo, slo_quantile)
-    if best is not None and table.apply(group_of, axis=1).nunique() > 1:
-        comparison += "; " + versus_groups(best, table, objective)
-    columns = _columns(PLAN_COLUMNS, model, disagg, cross is not None)
-    return PlanResult(s, objective, slo_quantile, cap, total, stats,
-                      cands.reset_index(drop=True), table[columns].copy(), rule,
-                      rule_why, best, why, comparison, error, time.perf_counter() - t0,
-                      wall, rank_correlation(table, objective),
-                      rank_correlations=group_correlations(table, objective), margins=m,
-                      interrupted=interrupted, own_requests=own_requests)

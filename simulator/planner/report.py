@@ -166,6 +166,8 @@ def format_plan(result: PlanResult) -> str:
                      f"simulation, p{MARGIN_QUANTILE * 100:g} over the simulated points)")
     if result.best is not None:
         lines.append(f"  recommend  {result.reason}")
+    for i, say in enumerate(result.noise or []):
+        lines.append(f"  {'noise' if i == 0 else '':<10} {say}")
     both = side_by_side(result.table, result.objective)
     if both:
         lines.append(f"  agg/disagg {both}")

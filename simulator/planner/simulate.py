@@ -21,6 +21,7 @@ from simulator.cluster.build import ClusterPlan
 from simulator.cluster.running import run
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, to_dict
+from simulator.planner.noise import attainment_half, quantile_ci
 from simulator.planner.objectives import sim_values
 from simulator.sweep import run_many
 
@@ -179,7 +180,8 @@ def simulate(resolved: dict, quantile: float = 0.99) -> dict:
     try:
         # Step records only when the plan asks for energy (tokens_per_joule).
         wants = bool(resolved.get("output", {}).get("steps", False))
-        result = run(load_scenario(resolved), keep_steps=wants, energy=wants)
+        sc = load_scenario(resolved)
+        result = run(sc, keep_steps=wants, energy=wants)
     except ScenarioError as exc:
         return {"status": "error", "error": exc.render().replace("\n", "; ")}
     s, req = result.summary, result.requests
@@ -215,7 +217,26 @@ def simulate(resolved: dict, quantile: float = 0.99) -> dict:
            "placement": placement_text(result.plan),
            "wall_time_s": s["wall_time_s"]}
     row.update(sim_values(row, s))
+    row.update(intervals(req, ttft, tpot, quantile, sc.slo.ttft_s, sc.slo.tpot_s,
+                         row["goodput_req_per_s_per_gpu"], s["slo_attainment"]))
     return row
+
+
+def intervals(req: pd.DataFrame, ttft: np.ndarray, tpot: np.ndarray, q: float,
+              ttft_s: float, tpot_s: float, goodput_per_gpu: float,
+              attainment: float) -> dict:
+    """95% intervals of a run's TTFT and TPOT q-quantiles and the half-width of its
+    goodput per GPU and per dollar (the attainment's, scaled), by sectioning in arrival
+    order (:mod:`simulator.planner.noise`)."""
+    order = np.argsort(req["arrival_s"].to_numpy(dtype=float), kind="stable")
+    out = {}
+    for name, v in (("ttft", ttft), ("tpot", tpot)):
+        out[f"{name}_slo_q_lo_s"], out[f"{name}_slo_q_hi_s"] = quantile_ci(v[order], q)
+    meets = (ttft <= ttft_s) & (tpot <= tpot_s)
+    half = attainment_half(meets[order])
+    scale = goodput_per_gpu / attainment if attainment > 0 else math.nan
+    out["goodput_req_per_s_per_gpu_ci_half"] = half * scale
+    return out
 
 
 def _one(job: tuple[dict, float]) -> dict:
