@@ -74,3 +74,9 @@ def test_simulated_points_carry_intervals_around_their_value():
     for name in ("ttft", "tpot"):
         assert row[f"{name}_slo_q_lo_s"] <= row[f"{name}_slo_q_s"] <= row[f"{name}_slo_q_hi_s"]
     assert row["requests_total"] >= 600
+
+
+def test_a_sample_too_small_to_section_says_so():
+    says, again = flags(_rows(ttft_slo_q_hi_s=[math.nan, 1.1]), 2.0, 0.05, 0.99, None)
+    assert says == ["no interval for the pick: p99 needs sections of 100 requests (500 in "
+                    "all; raise --requests)"] and again == []

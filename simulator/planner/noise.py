@@ -75,6 +75,10 @@ def flags(table: pd.DataFrame, ttft_s: float, tpot_s: float, q: float,
     i = met.index[0]
     r, p = table.loc[i], f"p{q * 100:g}"
     says, again = [], []
+    if "ttft_slo_q_hi_s" in r and r["ttft_slo_q_hi_s"] != r["ttft_slo_q_hi_s"]:
+        least = SECTIONS * math.ceil(1.0 / (1.0 - q)) if q < 1 else math.inf
+        says.append(f"no interval for the pick: {p} needs sections of "
+                    f"{least // SECTIONS:g} requests ({least:g} in all; raise --requests)")
     for name, target in (("ttft", ttft_s), ("tpot", tpot_s)):
         hi = r.get(f"{name}_slo_q_hi_s", math.nan)
         if hi == hi and hi > target:
