@@ -28,9 +28,7 @@ from simulator.planner.candidates import _point, without_spec
 from simulator.planner.disagg import pools_of
 from simulator.planner.enumeration import _columns, enumerate_candidates, rerank
 from simulator.planner.explain import (
-    binds,
     compare,
-    misses,
     no_fit,
     no_slo,
     reason,
@@ -58,10 +56,10 @@ from simulator.planner.space import (
     Limits,
     WorkloadStats,
     cross_kind,
-    layout_label,
     rule_of_thumb,
     workload_stats,
 )
+from simulator.planner.table import RULE, _table  # noqa: F401 - RULE: API (kinds)
 from simulator.sweep import resolve_point
 
 OBJECTIVES = ("goodput_per_gpu", "goodput_per_usd", "tokens_per_joule", "min_ttft",
@@ -76,7 +74,6 @@ MAX_ROUNDS = 3
 CHASE_ROUNDS = 1
 #: Requests simulated per candidate by default (the scenario's count, capped).
 DEFAULT_REQUESTS = 500
-RULE = "rule of thumb"
 
 #: Columns of plan.csv, in order.
 PLAN_COLUMNS = [
@@ -409,54 +406,4 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
                       wall, rank_correlation(table, objective),
                       rank_correlations=group_correlations(table, objective), margins=m,
                       interrupted=interrupted, own_requests=own_requests, noise=noise)
-
-
-def _table(cands, picked, sims, rule_idx, s, slo_quantile, objective, columns,
-           total) -> tuple[pd.DataFrame, pd.DataFrame, float]:
-    """plan.csv's rows of the simulated candidates, ranked (with ``_rule`` and
-    ``_cand``, the candidate index), the rule of thumb's row, and the simulations' wall
-    time."""
-    rows, wall = [], 0.0
-    for i in picked:
-        c = cands.loc[i]
-        sim = sims[i]
-        row = {k: c[k] for k in ("tp", "pp", "dp", *(("ep", "attention_dp") if "ep" in c
-                                                     else ()),
-                                 "kind", "spec_k", "est_slo",
-                                 *(x for x in ["decode_node", *PREFILL_COLUMNS] if x in c),
-                                 "max_num_seqs", "max_num_batched_tokens",
-                                 "chunk_size", "gpus", "est_capacity_req_per_s",
-                                 "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica",
-                                 "est_objective")}
-        row.update({k: v for k, v in sim.items()
-                    if k not in ("wall_time_s", "ttft_q_s", "tpot_q_s")})
-        row["ttft_slo_q_s"] = sim.get("ttft_q_s", math.nan)
-        row["tpot_slo_q_s"] = sim.get("tpot_q_s", math.nan)
-        wall += sim.get("wall_time_s", 0.0)
-        row["_rule"], row["_cand"] = i == rule_idx, i
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    table["pools"] = [layout_label(r) if r["kind"] == "disaggregated" else ""
-                      for _, r in table.iterrows()]
-    for c in [*columns, "status", "error"]:
-        if c not in table:
-            table[c] = math.nan
-    slo = s.slo
-    table["slo_met"] = [r["status"] == "ok" and not misses(r, slo, slo_quantile)
-                        for _, r in table.iterrows()]
-    order = sorted(range(len(table)), key=lambda i: _rank_key(objective)(table.iloc[i]))
-    table = table.iloc[order].reset_index(drop=True)
-    table["rank"] = range(1, len(table) + 1)
-    notes = []
-    for _, r in table.iterrows():
-        parts = []
-        if r["_rule"]:
-            parts.append(RULE)
-        if r["gpus"] < total:
-            parts.append(f"uses {int(r['gpus'])} of {total} GPUs")
-        parts += misses(r, slo, slo_quantile)
-        notes.append("; ".join(parts))
-    table["note"] = notes
-    table["binds"] = [binds(r, slo, slo_quantile) for _, r in table.iterrows()]
-    return table, table[table["_rule"]], wall
 
