@@ -22,6 +22,7 @@ from simulator.planner.disagg import pools_of
 from simulator.planner.explain import side_by_side
 from simulator.planner.hetero import cross_pools
 from simulator.planner.launch import ENGINES, launch
+from simulator.planner.manifests import dynamo, llmd
 from simulator.planner.mixdp import mix_kind, mix_pools
 from simulator.planner.nearmiss import MARGIN_QUANTILE
 from simulator.planner.plan import PlanResult
@@ -32,6 +33,8 @@ from simulator.planner.space import Limits, cross_kind, layout_label
 RECOMMENDED = "recommended.toml"
 #: File name of the pick's launch commands (vLLM, SGLang, TensorRT-LLM).
 LAUNCH = "launch.sh"
+#: A disaggregated pick's NVIDIA Dynamo deployment and llm-d Helm values.
+DYNAMO, LLMD = "dynamo.yaml", "llm-d-values.yaml"
 
 
 def _absolute(value, base: Path):
@@ -128,7 +131,18 @@ def write_launch(s: Scenario, out: str | Path) -> list[Path]:
     for argv, extra in zip(found.commands["trtllm"], found.extra, strict=True):
         files.append(out / argv[argv.index("--extra_llm_api_options") + 1])
         files[-1].write_text(yaml.safe_dump(extra, sort_keys=False))
+    if sorted(v.role for v in found.servers) == ["decode", "prefill"]:  # Kubernetes
+        files.append(out / DYNAMO)
+        files[-1].write_text(yaml.safe_dump(dynamo(found, _k8s_name(s.name)), sort_keys=False))
+        files.append(out / LLMD)
+        files[-1].write_text(yaml.safe_dump(llmd(found), sort_keys=False))
     return files
+
+
+def _k8s_name(name: str) -> str:
+    """A Kubernetes object name (RFC 1123 label: lowercase alphanumerics and '-')."""
+    text = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+    return text[:63].rstrip("-") or "plan"
 
 
 def format_plan(result: PlanResult) -> str:
