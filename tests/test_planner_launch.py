@@ -166,7 +166,9 @@ def test_write_launch_files_are_valid(tmp_path):
     assert files[0].name == LAUNCH
     text = files[0].read_text()
     assert text.count("vllm serve ") == 2 and text.count("trtllm-serve ") == 2
-    for f in files[1:]:
+    options = [f for f in files if f.name in ("prefill-0.yaml", "decode-1.yaml")]
+    assert len(options) == 2  # TensorRT-LLM's option file of each pool
+    for f in options:
         assert yaml.safe_load(f.read_text())["kv_cache_config"]["enable_block_reuse"] is True
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import copy
 import importlib
 import math
-import tomllib
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import tomli_w
+import tomllib
 
 from simulator.cli import EXIT_INTERRUPTED, EXIT_NO_ANSWER, main
 from simulator.planner import capacity, plan

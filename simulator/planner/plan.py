@@ -75,7 +75,8 @@ CHASE_ROUNDS = 1
 #: Requests simulated per candidate by default (the scenario's count, capped).
 DEFAULT_REQUESTS = 500
 
-#: Columns of plan.csv, in order.
+#: Columns of plan.csv, in order; the last, INTERVAL_COLUMNS, are each point's 95%
+#: intervals and sample (simulator.planner.noise).
 PLAN_COLUMNS = [
     "rank", "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
     "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "ttft_slo_q_s", "tpot_slo_q_s",
@@ -86,8 +87,9 @@ PLAN_COLUMNS = [
     "est_tpot_s", "placement", "note", "est_objective", "gpu_hour_usd",
     "cost_per_million_output_tokens_usd", "goodput_req_per_usd", "power_mean_w",
     "energy_per_output_token_j", "tokens_per_joule", "binds", "status", "error", "kind",
-    "spec_k", "pools", "est_slo", "ttft_slo_q_lo_s", "ttft_slo_q_hi_s", "tpot_slo_q_lo_s",
-    "tpot_slo_q_hi_s", "goodput_req_per_s_per_gpu_ci_half", "requests_total"]
+    "spec_k", "pools", "est_slo", *(INTERVAL_COLUMNS := [
+        "ttft_slo_q_lo_s", "ttft_slo_q_hi_s", "tpot_slo_q_lo_s", "tpot_slo_q_hi_s",
+        "goodput_req_per_s_per_gpu_ci_half", "requests_total"])]
 
 
 @dataclass
