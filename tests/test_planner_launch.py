@@ -204,3 +204,18 @@ def test_worked_deploy_and_side_by_side_match_the_doc(tmp_path, capsys):
         assert c in doc
     assert yaml.safe_load((out / "extra_llm_api_options.yaml").read_text()) == {
         "kv_cache_config": {"enable_block_reuse": True}}
+
+
+def test_first_worked_example_matches_the_doc(tmp_path, capsys):
+    """docs/planner.md's first worked example (the default search with its noise rounds):
+    the printout's answer lines as quoted."""
+    doc = (ROOT / "docs" / "planner.md").read_text()
+    assert main(["plan", str(ROOT / "workloads/plan-70b-1xdgx.toml"), "--disagg",
+                 "--no-plot", "--out", str(tmp_path / "o")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    quoted = [x for x in lines if x.startswith(("  recommend", "  noise", "  agg/disagg",
+                                                "  estimate", "             per kind",
+                                                "             still within noise"))]
+    assert len(quoted) == 6
+    for x in quoted:
+        assert x in doc, x

@@ -385,10 +385,12 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
         table, rule_row, wall = tabulate()
         noise, again = flags(table, s.slo.ttft_s, s.slo.tpot_s, slo_quantile, column)
     if sample > stats.requests:  # more were simulated: say what they settled
-        noise.append(f"still within noise after {sample} requests for the pick: the "
+        met = table[table["slo_met"]]
+        n = int(met["requests_total"].iloc[0]) if not met.empty else sample
+        noise.append(f"still within noise after {n} requests for the pick: the "
                      f"simulation cannot tell (raise --requests)" if again else
                      f"the pick was within noise at {stats.requests} requests; clear "
-                     f"after {sample}")
+                     f"after {n}")
     table = table.drop(columns=["_rule", "_cand"])
     slo = s.slo
 
