@@ -13,13 +13,18 @@ from simulator.cluster.build import expert_setup
 from simulator.cluster.pools import describe_pools
 from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
-from simulator.errors import ScenarioError
+from simulator.errors import NoAnswer, ScenarioError
 from simulator.hardware.specs import transfer_note
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import check_out, default_out, write_result
 from simulator.model.memory import GIB, split_layers, weight_classes
 from simulator.printout import format_summary
 from simulator.sweep import BACKENDS, SweepInterrupted, sweep
+
+#: Exit status of plan and capacity when the question has no answer (bad input: 2).
+EXIT_NO_ANSWER = 3
+#: Exit status after Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 
 def _load(args) -> object:
@@ -307,7 +312,20 @@ def cmd_collective(args) -> int:
 
 def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
-    from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
+    from simulator.planner.report import (  # noqa: PLC0415
+        LAUNCH,
+        RECOMMENDED,
+        format_plan,
+        row_scenario,
+        write_launch,
+        write_plan,
+    )
+
+    if args.emit is not None and args.emit < 1:
+        raise ScenarioError(f"--emit: a rank of plan.csv (1, 2, ...), got {args.emit}")
+    # the whole space unless restricted: colocated and disaggregated in one ranking
+    disagg = not args.colocated_only
+    only = "disaggregated" if args.disagg_only else None
 
     if args.nodes:  # several node kinds (simulator/planner/kinds.py)
         from simulator.planner.kinds import plan_kinds  # noqa: PLC0415 - on use
@@ -317,22 +335,37 @@ def cmd_plan(args) -> int:
                             gpus=args.gpus, objective=args.objective, top=args.top,
                             requests=args.requests, jobs=args.jobs,
                             slo_quantile=args.slo_quantile, overrides=args.set,
-                            disagg=args.disagg)
+                            disagg=disagg, only=only, progress=True,
+                            backend=args.backend, address=args.ray_address)
     else:
         result = plan(args.scenario, gpus=args.gpus, objective=args.objective, top=args.top,
                       requests=args.requests, jobs=args.jobs, slo_quantile=args.slo_quantile,
-                      overrides=args.set, disagg=args.disagg)
+                      overrides=args.set, disagg=disagg, only=only, progress=True,
+                      backend=args.backend, address=args.ray_address)
     out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-plan"
     files = write_plan(result, out, figure=not args.no_plot)
     print(format_plan(result))
     print(f"  outputs in {out}/ ({', '.join(f.name for f in files)})")
+    if result.interrupted:
+        print(f"  stopped    by Ctrl-C after {len(result.table)} simulations: the answer is "
+              f"from those")
     if result.best is not None:
         pick = out / RECOMMENDED
+        print(f"  launch     {out / LAUNCH} (vLLM, SGLang, TensorRT-LLM)")
         print(f"  next       python -m simulator run {pick}\n"
               f"             python -m simulator capacity {pick}")
+    if args.emit is not None:
+        rows = result.table[result.table["rank"] == args.emit]
+        if rows.empty:
+            raise ScenarioError(f"--emit: no rank {args.emit} in plan.csv (ranks 1 to "
+                                f"{len(result.table)})", source=args.scenario)
+        where = out / f"launch-rank{args.emit}"
+        written = write_launch(load_scenario(row_scenario(result, rows.iloc[0])), where)
+        print(f"  emit       rank {args.emit}: {written[0]}\n" + written[0].read_text())
     if result.error:
-        raise ScenarioError(result.error, source=args.scenario)
-    return 0
+        print(NoAnswer(result.error, source=args.scenario).render(), file=sys.stderr)
+        return EXIT_NO_ANSWER
+    return EXIT_INTERRUPTED if result.interrupted else 0
 
 
 def cmd_capacity(args) -> int:
@@ -340,12 +373,12 @@ def cmd_capacity(args) -> int:
     from simulator.planner.report import format_capacity, write_capacity  # noqa: PLC0415
 
     result = capacity(args.scenario, slo_quantile=args.slo_quantile, tolerance=args.tolerance,
-                      requests=args.requests, overrides=args.set)
+                      requests=args.requests, overrides=args.set, progress=True)
     out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-capacity"
     files = write_capacity(result, out, figure=not args.no_plot)
     print(format_capacity(result))
     print(f"  outputs in {out}/ ({', '.join(f.name for f in files)})")
-    return 0
+    return EXIT_INTERRUPTED if result.interrupted else 0
 
 
 def cmd_calibrate(args) -> int:
@@ -482,23 +515,36 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--gpus", type=int, help="most GPUs a layout may use (default: all)")
     n.add_argument("--nodes", help="node kinds to search, comma-separated (e.g. "
                                    "dgx-h100,hgx-h200), each on the nodes --gpus needs")
-    n.add_argument("--disagg", action="store_true",
-                   help="also rank disaggregated prefill + decode pool layouts on the "
-                        "scenario's nodes, with the colocated ones (docs/planner.md)")
+    space = n.add_mutually_exclusive_group()
+    space.add_argument("--colocated-only", action="store_true",
+                       help="search colocated layouts only (default: colocated and "
+                            "disaggregated prefill + decode pools in one ranking)")
+    space.add_argument("--disagg-only", action="store_true",
+                       help="search disaggregated prefill + decode pool layouts only")
+    space.add_argument("--disagg", action="store_true",
+                       help="colocated and disaggregated layouts (the default; kept for "
+                            "old scripts)")
     n.add_argument("--objective", default="goodput_per_gpu",
                    help="goodput_per_gpu (default), goodput_per_usd, tokens_per_joule, "
                         "min_ttft or min_tpot")
     n.add_argument("--top", type=int, default=8, help="candidates simulated (default 8), "
                                                       "plus the rule of thumb")
-    n.add_argument("--requests", type=int, default=500,
-                   help="cap on requests simulated per candidate (default 500)")
+    n.add_argument("--requests", type=int,
+                   help="requests simulated per candidate (default: the scenario's, at "
+                        "most 500); recommended.toml keeps the scenario's count")
     n.add_argument("--slo-quantile", type=float, default=0.99,
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
     n.add_argument("--jobs", type=int, help="worker processes (default: the CPUs)")
+    n.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="where the simulations run: local processes (default) or ray")
+    n.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray)")
     n.add_argument("--out", help="output folder (default runs/<name>-plan/)")
     n.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
     n.add_argument("--no-plot", action="store_true", help="no pareto.png")
+    n.add_argument("--emit", type=int, metavar="RANK",
+                   help="also write the launch commands of plan.csv's row RANK "
+                        "(launch-rankRANK/launch.sh)")
     n.set_defaults(func=cmd_plan)
     y = sub.add_parser("capacity", help="highest request rate the scenario's layout "
                                         "sustains within its SLOs (bisection)")
@@ -507,8 +553,8 @@ def parser() -> argparse.ArgumentParser:
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
     y.add_argument("--tolerance", type=float, default=0.05,
                    help="relative width of the final bracket (default 0.05)")
-    y.add_argument("--requests", type=int, default=2000,
-                   help="cap on requests per probe (default 2000)")
+    y.add_argument("--requests", type=int,
+                   help="requests per probe (default: the scenario's, at most 2000)")
     y.add_argument("--out", help="output folder (default runs/<name>-capacity/)")
     y.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
@@ -541,9 +587,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
+    except NoAnswer as exc:  # a fair question without an answer: nothing meets
+        print(exc.render(), file=sys.stderr)
+        return EXIT_NO_ANSWER
     except ScenarioError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before anything was known
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into head: stop quietly
         sys.stderr.close()
         return 0
