@@ -97,8 +97,14 @@ class EngineKeys:
     gpu_memory_utilization: float = _f(0.9, gt=0.0, max=1.0)
     max_model_len: int | None = _f(None, min=1, optional=True)
     max_inflight_microbatches: int | None = _f(None, min=1, optional=True)
-    # CPU time per step (scheduling, input preparation, sampling launch), seconds.
+    # CPU time per step (scheduling, input preparation, sampling launch), seconds: the
+    # fixed part of the engine's host work per step.
     step_overhead_s: float = _f(0.003, min=0.0)
+    # The host work that grows with the step, seconds per scheduled sequence (scheduling,
+    # sampling, detokenization, output streaming) and per scheduled token (input
+    # preparation); overlapped or in line with the GPU as cpu_overlap says.
+    host_seq_s: float = _f(0.0, min=0.0)
+    host_token_s: float = _f(0.0, min=0.0)
     # Memory kept for the CUDA context, NCCL buffers and CUDA graphs, GiB per GPU.
     runtime_reserve_gib: float = _f(1.0, min=0.0)
     # Advance runs of decode-only steps in one event; results are identical either way.
@@ -358,6 +364,8 @@ LIMITS: dict[str, dict[str, float]] = {
     "engine.max_model_len": {"max": MAX_TOKENS},
     "engine.max_inflight_microbatches": {"max": 1024},
     "engine.step_overhead_s": {"max": 1.0},
+    "engine.host_seq_s": {"max": 0.01},
+    "engine.host_token_s": {"max": 0.001},
     "engine.runtime_reserve_gib": {"max": 1024.0},
     "engine.layer_launch_s": {"max": 0.1},
     "engine.cuda_graph_max_batch": {"max": 65536},
