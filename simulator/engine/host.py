@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from simulator.engine.clock import ticks
+
 
 def host_keys(eng: Any, stage: int) -> dict[str, Any]:
     """The host-cost arguments of pipeline stage ``stage``'s cost model, from the engine
@@ -27,3 +29,23 @@ def host_keys(eng: Any, stage: int) -> dict[str, Any]:
             "host_seq_s": eng.host_seq_s, "host_token_s": eng.host_token_s,
             "host_inline": not eng.cpu_overlap}
 
+
+
+class ApiServer:
+    """The API server in front of an engine: one process that handles each request in
+    turn (HTTP, validation, tokenization) before the engine sees it.
+
+    A request sent at ``now`` with ``prompt`` tokens starts when the server is free and
+    takes ``request_s + token_s * prompt`` seconds; it reaches the engine at the end
+    (:meth:`enter`). One process is each engine's default front end (vLLM's
+    ``--api-server-count`` 1, SGLang's one TokenizerManager, one ``trtllm-serve``).
+    """
+
+    def __init__(self, request_s: float, token_s: float):
+        self.request_s, self.token_s = request_s, token_s
+        self.free_s = 0.0
+
+    def enter(self, now: float, prompt: int) -> float:
+        """When a request sent at ``now`` reaches the engine (s, on the clock's grid)."""
+        self.free_s = max(now, self.free_s) + ticks(self.request_s + self.token_s * prompt)
+        return self.free_s
