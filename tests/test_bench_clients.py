@@ -126,3 +126,28 @@ def test_a_client_needs_a_closed_loop_and_warmups_need_a_client():
         simulator.load_scenario(toy_scenario(workload={
             "arrival": "closed_loop", "concurrency": 2, "num_requests": 4,
             "client": "vllm-bnch"}))
+
+
+def _client_ttft():
+    """benchmarks/client_ttft.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "client_ttft.py"
+    spec = importlib.util.spec_from_file_location("client_ttft", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fixed_concurrency_figures_of_the_cost_model_doc():
+    # docs/cost-model.md, "Benchmark clients and the held-out TTFT": at C = 8 the eight
+    # prompts stay one lockstep group (every prefill step holds all eight), and its TTFT
+    # is that step; the step's plain roofline bounds any lockstep TTFT from below.
+    ct = _client_ttft()
+    ttft, groups = ct.simulated("vllm-v1", "vllm-bench", "bf16", 1024, 512, 4, 8)
+    assert round(ttft) == 245 and set(groups) == {8}
+    assert round(ct.group_roofline_ms("bf16", 1024, 4, 8)) == 131
+    ttft, groups = ct.simulated("trtllm", "trtllm-bench", "fp8", 1024, 256, 4, 32)
+    assert round(ttft) == 358 and max(groups) < 8  # a step holds at most 7 of the 32
+    assert round(ct.group_roofline_ms("fp8", 1024, 4, 32)) == 263
