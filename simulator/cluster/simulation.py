@@ -41,7 +41,7 @@ from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import Recorder
 from simulator.paths import ROOT
 from simulator.topology.graph import Paths
-from simulator.workload.arrivals import arrival_times, trace_window
+from simulator.workload.arrivals import arrival_times, profiled_trace, trace_window
 from simulator.workload.lengths import LengthStream, sample_lengths
 from simulator.workload.mooncake import load_mooncake
 from simulator.workload.sessions import session_requests
@@ -57,8 +57,10 @@ def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.
             path = ROOT / w.trace  # shipped traces, for dict scenarios run from anywhere
         try:
             if path.suffix == ".jsonl":  # Mooncake: with prefix-block hashes
-                return trace_window(load_mooncake(path, w.hash_block_tokens), w)
-            return trace_window(load_trace(path), w)
+                df = trace_window(load_mooncake(path, w.hash_block_tokens), w)
+            else:
+                df = trace_window(load_trace(path), w)
+            return profiled_trace(df, w, rngs["arrivals"])
         except ScenarioError as exc:
             raise exc.with_source(s.source) from None
     if w.arrival == "sessions":
@@ -86,6 +88,7 @@ class Cluster:
                           eng, self.finish)
             for k, rp in enumerate(plan.replicas)]
         self._init_state()
+        self.scaling = None  # an Autoscaler when the scenario has [autoscale]
 
     def _replica(self, rp, send, streams: list[ContinuousBatcher], eng,
                  done: Callable) -> Replica:
@@ -165,6 +168,9 @@ class Cluster:
             self.finish(req)
             return
         up = [r for r in self.replicas if r.up] if self.any_down else self.replicas
+        if self.scaling is not None:  # only the replicas autoscaling has serving
+            self.scaling.on_submit()
+            up = [r for r in up if self.scaling.routable(r)]
         if not up:
             self.pending.append(req)
             timeout = self.plan.scenario.recovery.pending_timeout_s
@@ -183,6 +189,8 @@ class Cluster:
         self.last_event_s = max(self.env.now, req.finish_s)  # (NaN finish_s: env.now)
         self.completed += 1
         self.recorder.request(req)
+        if self.scaling is not None:
+            self.scaling.on_finish(req)
         ev = self.waiters.pop(req.id, None)
         if ev is not None:
             ev.succeed()
@@ -287,7 +295,8 @@ class Cluster:
     def _serve_pending(self, entry: list[Replica] | None = None) -> None:
         """Requests that waited for an up replica go to the router again, while one of
         ``entry`` (the replicas that take new requests; default all) is up."""
-        entry = self.replicas if entry is None else entry
+        if entry is None:
+            entry = self.replicas if self.scaling is None else self.scaling.serving()
         while self.pending and any(r.up for r in entry):
             req = self.pending.popleft()
             self._waiting.pop(req.id, None)
@@ -328,7 +337,8 @@ class Cluster:
             rep.next_arrival = lambda: self.next_arrival_s
             sc = self.plan.scenario
             # Nothing but arrivals (and faults) can observe the replica between its steps.
-            rep.run_ahead = rep.fast and not sc.faults and sc.random_faults is None
+            rep.run_ahead = (rep.fast and not sc.faults and sc.random_faults is None
+                             and sc.autoscale is None)
             if rep.run_ahead:
                 # It also takes the arrivals itself as its time passes them: no event each.
                 rep.pull = self._puller(times, prompts, outputs)
