@@ -26,6 +26,7 @@ from simulator.cluster.faults import (
     resolve_target,
     scheduled_faults,
 )
+from simulator.cluster.router import Scraped
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import TICK, ticks, ticks_array
 from simulator.engine.host import ApiServer
@@ -75,6 +76,11 @@ def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.
 class Cluster:
     """Live objects of one run: replicas, router and recorder on one environment."""
 
+    #: An Autoscaler with [autoscale]; the router's scraped views with [router] refresh_s
+    #: (class defaults: the pooled cluster shares ``finish`` and has neither).
+    scaling = None
+    views: list | None = None
+
     def __init__(self, env: simpy.Environment, plan: ClusterPlan, router: Any,
                  recorder: Recorder):
         self.env, self.plan, self.router, self.recorder = env, plan, router, recorder
@@ -88,7 +94,9 @@ class Cluster:
                           eng, self.finish)
             for k, rp in enumerate(plan.replicas)]
         self._init_state()
-        self.scaling = None  # an Autoscaler when the scenario has [autoscale]
+        if plan.scenario.router.refresh_s is not None:
+            self.views = [Scraped(r) for r in self.replicas]
+            env.process(self.scrape(plan.scenario.router.refresh_s))
 
     def _replica(self, rp, send, streams: list[ContinuousBatcher], eng,
                  done: Callable) -> Replica:
@@ -179,7 +187,18 @@ class Cluster:
                 self.env.timeout(ticks(timeout)).callbacks.append(
                     lambda _, req=req, token=token, t=timeout: self._give_up(req, token, t))
             return
+        if self.views is not None:  # the router decides on what it last scraped
+            seen = [self.views[r.index] for r in up]
+            up[self.router.choose(seen, req)].submit(req)
+            return
         up[self.router.choose(up, req)].submit(req)
+
+    def scrape(self, every_s: float):
+        """The router's metrics scrape: every ``every_s`` it refreshes its views."""
+        while not self.done.triggered:
+            for v in self.views:
+                v.scrape()
+            yield self.env.timeout(every_s)
 
     def finish(self, req: Request) -> None:
         if req.id < 0:  # a benchmark client's warm-up: served, left out of the results

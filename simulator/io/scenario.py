@@ -331,8 +331,8 @@ def load_scenario(source: str | Path | dict | Scenario,
     if "workload.duration_s" in already:
         already.add("workload.num_requests")
     problems += [p for p in _workload_problems(scenario) if p.split(":", 1)[0] not in already]
-    problems += [p for p in _autoscale_problems(scenario) if p.split(":", 1)[0]
-                 not in already]
+    problems += [p for p in _autoscale_problems(scenario) + _router_problems(scenario)
+                 if p.split(":", 1)[0] not in already]
     own = _speculative_problems(spec)
     problems += [p for p in own if p.split(":", 1)[0] not in already]
     for i, pool in enumerate(pools):  # a [pools.speculative] table over the section
@@ -513,6 +513,13 @@ def _workload_problems(s: Scenario) -> list[str]:
         p.append(f"engine.max_num_batched_tokens: must be >= engine.max_num_seqs "
                  f"({eng.max_num_seqs}), got {eng.max_num_batched_tokens}")
     return p
+
+
+def _router_problems(s: Scenario) -> list[str]:
+    if s.router.refresh_s is not None and s.pools:
+        return ["router.refresh_s: scraped router views are not modelled for [[pools]] yet "
+                "(remove refresh_s or the pools)"]
+    return []
 
 
 def _autoscale_problems(s: Scenario) -> list[str]:

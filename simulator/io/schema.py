@@ -148,6 +148,9 @@ class RouterKeys:
     policy: str = _f("round_robin", choices=ROUTERS)
     # kv_aware: score = cached prompt tokens - load_weight x load tokens.
     load_weight: float = _f(1.0, min=0.0)
+    # The replicas' load as of the router's last metrics scrape, every refresh_s (None:
+    # live).
+    refresh_s: float | None = _f(None, gt=0.0, optional=True)
 
 
 @dataclass(frozen=True)
