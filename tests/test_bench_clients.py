@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import toy_scenario
+from conftest import benchmark_module, toy_scenario
 
 import simulator
 from simulator.engine.host import ApiServer
@@ -129,15 +129,7 @@ def test_a_client_needs_a_closed_loop_and_warmups_need_a_client():
 
 
 def _client_ttft():
-    """benchmarks/client_ttft.py as a module (benchmarks/ is not a package)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "client_ttft.py"
-    spec = importlib.util.spec_from_file_location("client_ttft", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("client_ttft.py")
 
 
 def test_the_fixed_concurrency_figures_of_the_cost_model_doc():
