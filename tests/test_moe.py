@@ -137,6 +137,8 @@ def _qwen(**routing_parallel):
     return load_scenario({"model": model, "cluster": {"topology": "dgx-h100"},
                           "parallel": {"tp": 8, "ep": 8, "attention_dp": True,
                                        **routing_parallel},
+                          # the GPU's step: no host floor above it at 4096 sequences
+                          "engine": {"host_seq_s": 0.0},
                           "workload": {"rate_per_s": 1.0, "num_requests": 4}})
 
 

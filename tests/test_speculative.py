@@ -381,7 +381,8 @@ def test_chunked_prefill_and_verification_share_a_step(toy):
     assert row["prefill_tokens"] == 100 and row["decode_tokens"] == 4
     assert row["prefill_pairs"] == 100 * 101 / 2 + 4 * kv + 4 * 5 / 2
     assert row["sampled"] == 4 + 1  # every verified position, and the prompt's first token
-    compute, comm = res.plan.replicas[0].stages[0].step(104, row["prefill_pairs"], kv, 0, 5)
+    # Two sequences in the kernels and on the host: the prompt, the decoder's k + 1 positions.
+    compute, comm = res.plan.replicas[0].stages[0].step(104, row["prefill_pairs"], kv, 0, 5, 2)
     assert (row["compute_s"], row["comm_s"]) == (compute, comm)
     assert (res.requests["generated_tokens"] == 601).all()
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
+from simulator.engine.host import host_keys
 from simulator.engine.profiles import capture_sizes
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.engine.speculative import SpecConfig, spec_config
@@ -124,17 +125,15 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
                                 layout, routing, a2a_paths(paths, group),
                                 s.model.moe_a2a_mode, eng.layer_launch_s,
                                 s.model.two_batch_overlap,
-                                # async scheduling: the CPU's step work hides behind stage 0
-                                eng.step_overhead_s if eng.cpu_overlap and i == 0 else 0.0,
-                                layout_comm(paths, group, layout, node, eng.custom_allreduce))
+                                comm=layout_comm(paths, group, layout, node,
+                                                 eng.custom_allreduce),
+                                **host_keys(eng, i))
             if shared is not None:
                 shared[key] = cost
         if cost is None:
             cost = StageCost(model, node.gpu, tp, layers[i], i == 0, i == pp - 1,
                              s.model.weight_dtype, s.model.kv_dtype, ar, eng.layer_launch_s,
-                             graphs, mixed,
-                             # async scheduling: the CPU's step work hides behind stage 0
-                             eng.step_overhead_s if eng.cpu_overlap and i == 0 else 0.0)
+                             graphs, mixed, **host_keys(eng, i))
             if shared is not None:
                 shared[key] = cost
         stages.append(cost)

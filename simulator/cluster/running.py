@@ -19,6 +19,7 @@ from simpy.core import EmptySchedule
 from tqdm import tqdm
 
 from simulator.cluster.autoscale import Autoscaler
+from simulator.cluster.bench import benchmark
 from simulator.cluster.build import ClusterPlan, build_plan
 from simulator.cluster.disagg import PoolCluster
 from simulator.cluster.gateway import Gateway, check_gateway
@@ -129,8 +130,11 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
         release = None  # --request-rate inf: every client sends at once
         if w.rate_per_s is not None:
             release = ticks_array(release_times(w, rngs["arrivals"])).tolist()
-        for c in range(w.concurrency):
-            env.process(cluster.client(c, counter, prompts, outputs, release))
+        if w.client is not None:  # a named benchmark client: warm-ups first
+            env.process(benchmark(env, cluster, w, prompts, outputs, release))
+        else:
+            for c in range(w.concurrency):
+                env.process(cluster.client(c, counter, prompts, outputs, release))
         total = w.num_requests
     else:
         df = open_loop_workload(s, rngs)

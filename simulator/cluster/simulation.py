@@ -29,6 +29,7 @@ from simulator.cluster.faults import (
 from simulator.cluster.router import Scraped
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import TICK, ticks, ticks_array
+from simulator.engine.host import ApiServer
 from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
 from simulator.engine.request import WAITING, Request
@@ -121,6 +122,9 @@ class Cluster:
         self.done = env.event()
         self.next_arrival_s = float("inf")
         self.waiters: dict[int, simpy.Event] = {}
+        eng = plan.scenario.engine  # the API server closed-loop clients send through
+        self.api = (ApiServer(eng.api_request_s, eng.api_token_s)
+                    if eng.api_request_s or eng.api_token_s else None)
         # Failures: what is down, which replicas are up, requests waiting for any replica.
         self.fault_state = FaultState(plan.graph)
         self.hops = [replica_hops(rp.placement.stages) for rp in plan.replicas]
@@ -211,6 +215,9 @@ class Cluster:
             yield self.env.timeout(every_s)
 
     def finish(self, req: Request) -> None:
+        if req.id < 0:  # a benchmark client's warm-up: served, left out of the results
+            self.waiters.pop(req.id).succeed()
+            return
         # A replica running ahead of the clock finishes requests at their own time.
         self.last_event_s = max(self.env.now, req.finish_s)  # (NaN finish_s: env.now)
         self.completed += 1
@@ -425,6 +432,8 @@ class Cluster:
             req = Request(rid, env.now, prompt, output, client=c)
             done = self.waiters[rid] = env.event()
             before = env.now
+            if self.api is not None:  # through the API server first, in turn
+                yield env.timeout(self.api.enter(env.now, prompt) - env.now)
             self.submit(req)
             yield done
             if req.finish_s > env.now:  # the client sees the end token_delay_s later

@@ -59,6 +59,19 @@ def trtllm_sizes(max_bs: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+#: Host CPU work per step that grows with the step, per engine family (seconds per scheduled
+#: sequence and per scheduled token; the fixed part is ``step_overhead_s``, 3 ms). vLLM:
+#: the ~56 us per running sequence measured on Llama-3.1-8B at TP4 and TP8 on H100 (the
+#: same ~10 ms TPOT at 128 sequences on both: host-bound). SGLang and TensorRT-LLM: that
+#: slope scaled by the same measurement's engine ratio at 128 sequences (Qwen3-32B TP8:
+#: SGLang 15.4 ms, TensorRT-LLM 19.8, vLLM 21.3). Per token: 0 (input preparation is
+#: vectorized: numpy/torch over the whole batch). Sources: docs/cost-model.md.
+HOST: dict[str, dict[str, float]] = {
+    "vllm": {"host_seq_s": 56e-6, "host_token_s": 0.0},
+    "sglang": {"host_seq_s": 40e-6, "host_token_s": 0.0},
+    "trtllm": {"host_seq_s": 52e-6, "host_token_s": 0.0},
+}
+
 #: The profiles: the ``[engine]`` keys each sets. ``cuda_graph_sizes`` names a capture rule
 #: (:data:`CAPTURE_RULES`), evaluated with the scenario's ``max_num_seqs`` when the cluster
 #: is built; ``cuda_graph_max_batch`` bounds it (None: the rule's own bound).
@@ -70,7 +83,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "vllm-v0.6": {"scheduler": "vllm_v0", "max_num_seqs": 256,
                   "cuda_graphs": "vllm-v0.6", "cuda_graph_max_batch": None,
                   "custom_allreduce": True, "cpu_overlap": False, "token_delay_s": 0.0,
-                  "prefix_caching": False},
+                  "prefix_caching": False, **HOST["vllm"]},
     # vLLM V1 (v0.14+, async scheduling on by default): chunked prefill always, token budget
     # 8192 and 1024 sequences for the API server on >= 70 GiB GPUs other than A100,
     # FULL_AND_PIECEWISE graphs (mixed steps padded by token count), automatic prefix
@@ -78,14 +91,14 @@ PROFILES: dict[str, dict[str, Any]] = {
     "vllm-v1": {"scheduler": "vllm", "max_num_seqs": 1024, "max_num_batched_tokens": 8192,
                 "cuda_graphs": "vllm-v1", "cuda_graph_max_batch": None,
                 "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0,
-                "prefix_caching": True},
+                "prefix_caching": True, **HOST["vllm"]},
     # SGLang (server_args.py defaults on 80-160 GB GPUs): chunked_prefill_size 8192,
     # overlap scheduler on, cuda_graph_max_bs 256 below TP4 and 512 from TP4 (the rule),
     # radix cache on (ServerArgs.disable_radix_cache = False).
     "sglang": {"scheduler": "vllm", "max_num_batched_tokens": 8192,
                "cuda_graphs": "sglang", "cuda_graph_max_batch": None,
                "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0,
-               "prefix_caching": True},
+               "prefix_caching": True, **HOST["sglang"]},
     # TensorRT-LLM PyTorch backend (llm_args.py defaults): max_batch_size 2048,
     # max_num_tokens 8192, chunked prefill, overlap scheduler on, CUDA graphs with padding
     # up to cuda_graph_config.max_batch_size 128, KV block reuse on
@@ -93,7 +106,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "trtllm": {"scheduler": "vllm", "max_num_batched_tokens": 8192,
                "cuda_graphs": "trtllm", "cuda_graph_max_batch": 128,
                "custom_allreduce": True, "cpu_overlap": True, "token_delay_s": 0.0,
-               "prefix_caching": True},
+               "prefix_caching": True, **HOST["trtllm"]},
     # No profile: the [engine] keys' own defaults (the results before profiles existed).
     "none": {},
 }

@@ -505,6 +505,11 @@ def _workload_problems(s: Scenario) -> list[str]:
     if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is None \
             and w.rate_profile is None:
         p.append(f"workload.rate_per_s: required for arrival = \"{w.arrival}\" (a number > 0)")
+    if w.client is not None and w.arrival != "closed_loop":
+        p.append(f"workload.client: \"{w.client}\" drives a closed loop (set arrival = "
+                 f"\"closed_loop\" and concurrency), not arrival = \"{w.arrival}\"")
+    if w.warmup_requests is not None and w.client is None:
+        p.append("workload.warmup_requests: needs a named client (workload.client)")
     if w.arrival == "closed_loop" and w.concurrency is None:
         p.append("workload.concurrency: required for arrival = \"closed_loop\" (an integer >= 1)")
     if w.arrival == "closed_loop" and w.rate_per_s is not None:

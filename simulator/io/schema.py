@@ -24,6 +24,8 @@ PREEMPTION = ("recompute", "swap")
 LENGTH_DISTS = ("constant", "uniform", "normal", "lognormal", "exponential")
 #: Engine profiles (simulator/engine/profiles.py) and CUDA-graph capture rules.
 PROFILES = ("vllm-v0.6", "vllm-v1", "sglang", "trtllm", "none")
+#: Named benchmark clients (simulator/workload/clients.py).
+CLIENTS = ("vllm-bench", "sglang-bench", "aiperf", "genai-perf", "trtllm-bench")
 CUDA_GRAPHS = ("none", "vllm-v0.6", "vllm-v1", "sglang", "trtllm")
 SPEC_METHODS = ("draft_model", "eagle", "mtp", "ngram")
 #: Engines whose parallel flags ``[parallel] convention`` reads (simulator/io/layout.py).
@@ -112,8 +114,14 @@ class EngineKeys:
     gpu_memory_utilization: float = _f(0.9, gt=0.0, max=1.0)
     max_model_len: int | None = _f(None, min=1, optional=True)
     max_inflight_microbatches: int | None = _f(None, min=1, optional=True)
-    # CPU time per step (scheduling, input preparation, sampling launch), seconds.
+    # CPU time per step (scheduling, input preparation, sampling launch), seconds: the
+    # fixed part of the engine's host work per step.
     step_overhead_s: float = _f(0.003, min=0.0)
+    # The host work that grows with the step, seconds per scheduled sequence (scheduling,
+    # sampling, detokenization, output streaming) and per scheduled token (input
+    # preparation); overlapped or in line with the GPU as cpu_overlap says.
+    host_seq_s: float = _f(0.0, min=0.0)
+    host_token_s: float = _f(0.0, min=0.0)
     # Memory kept for the CUDA context, NCCL buffers and CUDA graphs, GiB per GPU.
     runtime_reserve_gib: float = _f(1.0, min=0.0)
     # Advance runs of decode-only steps in one event; results are identical either way.
@@ -135,6 +143,11 @@ class EngineKeys:
     # The CPU's per-step work overlaps the GPU step (async scheduling): a step takes
     # max(step_overhead_s, GPU compute) + communication instead of their sum.
     cpu_overlap: bool = _f(False)
+    # The API server in front of the engine (one process, requests in turn): seconds per
+    # request (HTTP, validation) and per prompt token (tokenization) before the engine
+    # sees a closed-loop client's request; TTFT counts them.
+    api_request_s: float = _f(0.0, min=0.0)
+    api_token_s: float = _f(0.0, min=0.0)
     # Seconds between a token's step end and the client seeing it (output processing,
     # detokenization, streaming); shifts first-token and finish times.
     token_delay_s: float = _f(0.0, min=0.0)
@@ -161,6 +174,10 @@ class WorkloadKeys:
     rate_per_s: float | None = _f(None, gt=0.0, optional=True)
     cv: float = _f(1.0, gt=0.0)  # gamma arrivals: coefficient of variation of the gaps
     concurrency: int | None = _f(None, min=1, optional=True)
+    # closed_loop: a named benchmark client's warm-up and front end (docs/scenario.md,
+    # "Benchmark clients"); warmup_requests overrides its warm-up count.
+    client: str | None = _f(None, choices=CLIENTS, optional=True)
+    warmup_requests: int | None = _f(None, min=0, optional=True)
     think_time_s: float = _f(0.0, min=0.0)  # closed_loop: pause between a reply and the next
     num_requests: int | None = _f(None, min=1, optional=True)
     duration_s: float | None = _f(None, gt=0.0, optional=True)
@@ -427,6 +444,10 @@ LIMITS: dict[str, dict[str, float]] = {
     "engine.max_model_len": {"max": MAX_TOKENS},
     "engine.max_inflight_microbatches": {"max": 1024},
     "engine.step_overhead_s": {"max": 1.0},
+    "engine.host_seq_s": {"max": 0.01},
+    "engine.host_token_s": {"max": 0.001},
+    "engine.api_request_s": {"max": 10.0},
+    "engine.api_token_s": {"max": 0.001},
     "engine.runtime_reserve_gib": {"max": 1024.0},
     "engine.layer_launch_s": {"max": 0.1},
     "engine.cuda_graph_max_batch": {"max": 65536},
@@ -436,6 +457,7 @@ LIMITS: dict[str, dict[str, float]] = {
     "workload.rate_per_s": {"min": 1e-6, "max": 1e6},
     "workload.cv": {"min": 0.01, "max": 100.0},
     "workload.concurrency": {"max": 100_000},
+    "workload.warmup_requests": {"max": 100_000},
     "workload.think_time_s": {"max": MAX_TIME_S},
     "workload.num_requests": {"max": MAX_REQUESTS},
     "workload.duration_s": {"max": MAX_TIME_S},

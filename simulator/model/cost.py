@@ -131,12 +131,23 @@ class StageCost:
     cpu_floor_s : float
         CPU time per step that overlaps the GPU step (async scheduling): the stage's
         compute then takes at least this long, graphed or not.
+    host_seq_s, host_token_s : float
+        The engine's host CPU time per step that grows with the step: seconds per
+        scheduled sequence (``seqs``, else ``sampled``: scheduling, sampling,
+        detokenization, output streaming) and per scheduled token (input preparation).
+        Overlapped (``host_inline`` false) they raise the CPU floor to
+        ``cpu_floor_s + host``; in line they add to the compute. 0: a constant CPU step.
+    host_inline : bool
+        Whether the CPU's per-step work runs in line with the GPU (no async scheduling),
+        so the step takes GPU + host instead of max(GPU, host).
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, layers: int, first: bool,
                  last: bool, weight_dtype: str, kv_dtype: str, allreduce: AllReduceCost,
                  layer_launch_s: float = 0.0, graph_sizes: tuple[int, ...] = (),
-                 graph_mixed: bool = False, cpu_floor_s: float = 0.0):
+                 graph_mixed: bool = False, cpu_floor_s: float = 0.0,
+                 host_seq_s: float = 0.0, host_token_s: float = 0.0,
+                 host_inline: bool = False):
         self.shapes = sh = LayerShapes(model, tp, weight_dtype, kv_dtype)
         self.gpu, self.weight_dtype = gpu, weight_dtype
         self.layers, self.first, self.last = layers, first, last
@@ -151,6 +162,8 @@ class StageCost:
         self.vocab_shard = model.vocab // tp
         self._launch = max(layers * layer_launch_s, cpu_floor_s)
         self._cpu = cpu_floor_s
+        self._hseq, self._htok, self._hinline = host_seq_s, host_token_s, host_inline
+        self._hvar = bool(host_seq_s or host_token_s)  # off: the constant CPU step only
         self.graph_sizes, self.graph_mixed = tuple(graph_sizes), graph_mixed
         self._head: dict[int, tuple[float, float]] = {}
         self._fixed: dict[int, tuple[float, float]] = {}
@@ -179,6 +192,19 @@ class StageCost:
         if not sizes or tokens > sizes[-1] or not (decode_only or self.graph_mixed):
             return tokens, self._launch
         return sizes[bisect.bisect_left(sizes, tokens)], self._cpu
+
+    def host_terms(self, launch: float, seqs: int, tokens: int) -> tuple[float, float]:
+        """The CPU floor and the in-line compute addition of a step of ``seqs`` sequences
+        and ``tokens`` tokens, given its constant floor ``launch`` (:meth:`graph_tokens`).
+
+        The host's variable work is ``h = host_seq_s * seqs + host_token_s * tokens``.
+        Overlapped, the step's CPU time is ``cpu_floor_s + h`` and the floor becomes
+        ``max(launch, cpu_floor_s + h)``; in line, the step takes ``h`` more.
+        """
+        h = self._hseq * seqs + self._htok * tokens
+        if self._hinline:
+            return launch, h
+        return max(launch, self._cpu + h), 0.0
 
     def gemm_time(self, tokens: int, n: int, k: int) -> float:
         """One of the layer's GEMMs at ``tokens`` rows, in the weight dtype."""
@@ -278,6 +304,9 @@ class StageCost:
             c, g = self._head.get(sampled) or self.head_time(sampled)
             compute += c
             comm += g
+        if self._hvar:  # the host's per-sequence and per-token work
+            launch, add = self.host_terms(launch, seqs or sampled, tokens)
+            compute += add
         if launch:  # the CPU floor covers the whole GPU step: max(launch, compute + comm)
             compute = max(compute, launch - comm)
         return compute, comm
@@ -299,6 +328,9 @@ class StageCost:
         dkv, dflop, dfloor, dexp, layers = (self._dkv, self._dflop, self._dfloor, self._dexp,
                                             self.layers)
         tok, per = self._dtok * n, self._dseq * n
+        add = 0.0
+        if self._hvar:
+            launch, add = self.host_terms(launch, n, n)
         floor = launch - comm if launch else 0.0
         out = []
         append, with_head = out.append, self.last and n
@@ -315,6 +347,8 @@ class StageCost:
             compute = fixed0 + layers * attn
             if with_head:
                 compute += head
+            if add:
+                compute += add
             if compute < floor:
                 compute = floor
             append(compute)
@@ -346,6 +380,10 @@ class StageCost:
             c, g = self._head.get(n) or self.head_time(n)
             attn += c
             comm += g
+        if self._hvar:
+            launch, add = self.host_terms(launch, n, n)
+            if add:
+                attn += add
         if launch:
             np.maximum(attn, launch - comm, out=attn)
         return attn, comm

@@ -111,6 +111,9 @@ class MoEStageCost(StageCost):
     two_batch_overlap : bool
         Split each step into two half batches whose all-to-all and compute overlap
         (:meth:`_overlap`); attention DP only.
+    cpu_floor_s, host_seq_s, host_token_s, host_inline
+        The host's work per step (:class:`StageCost`); under attention DP each rank's own
+        scheduler process handles its share of the sequences and tokens.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, start: int, layers: int,
@@ -118,9 +121,13 @@ class MoEStageCost(StageCost):
                  allreduce: AllReduceCost, layout: ExpertLayout, routing: Routing,
                  paths: A2APaths | None, a2a_mode: str = "auto",
                  layer_launch_s: float = 0.0, two_batch_overlap: bool = False,
-                 cpu_floor_s: float = 0.0, comm: LayoutComm | None = None):
+                 cpu_floor_s: float = 0.0, comm: LayoutComm | None = None,
+                 host_seq_s: float = 0.0, host_token_s: float = 0.0,
+                 host_inline: bool = False):
         super().__init__(model, gpu, tp, layers, first, last, weight_dtype, kv_dtype,
-                         allreduce, layer_launch_s, cpu_floor_s=cpu_floor_s)
+                         allreduce, layer_launch_s, cpu_floor_s=cpu_floor_s,
+                         host_seq_s=host_seq_s, host_token_s=host_token_s,
+                         host_inline=host_inline)
         self.model, self.layout, self.routing, self.paths = model, layout, routing, paths
         self.a2a_mode = a2a_mode
         self.tbo = two_batch_overlap
@@ -328,8 +335,14 @@ class MoEStageCost(StageCost):
             out = compute + a2a
         if self.last and n:
             out = out + (self._head.get(n) or self.head_time(n))[0]
-        if self._launch:
-            out = np.maximum(out, self._launch - comm)
+        launch = self._launch
+        if self._hvar:  # the host's per-sequence and per-token work, per DP scheduler
+            per = -(-n // self.split)
+            launch, add = self.host_terms(launch, per, per)
+            if add:
+                out = out + add
+        if launch:
+            out = np.maximum(out, launch - comm)
         return out
 
     def _comm(self, tokens: int, sampled: int) -> float:
@@ -416,8 +429,13 @@ class MoEStageCost(StageCost):
         if self.last and sampled:
             compute += (self._head.get(sampled) or self.head_time(sampled))[0]
         comm = self._comm(tokens, sampled)
-        if self._launch:  # the CPU floor covers the whole GPU step
-            compute = max(compute, self._launch - comm)
+        launch = self._launch
+        if self._hvar:  # the host's per-sequence and per-token work, per DP scheduler
+            launch, add = self.host_terms(launch, -(-(seqs or sampled) // self.split),
+                                          -(-tokens // self.split))
+            compute += add
+        if launch:  # the CPU floor covers the whole GPU step
+            compute = max(compute, launch - comm)
         return compute, comm
 
     def decode_run(self, n: int, decode_kv: int, k: int) -> tuple[list[float], float]:

@@ -53,8 +53,12 @@ class LengthStream:
         self._i = 0
 
     def next(self) -> int:
-        if self._i == len(self._buf):
-            self._buf, self._i = sample_lengths(self.spec, self.chunk, self.rng), 0
-        v = int(self._buf[self._i])
+        v = self.peek()
         self._i += 1
         return v
+
+    def peek(self) -> int:
+        """The length :meth:`next` returns next, without taking it."""
+        if self._i == len(self._buf):
+            self._buf, self._i = sample_lengths(self.spec, self.chunk, self.rng), 0
+        return int(self._buf[self._i])
