@@ -47,7 +47,7 @@ def test_vllm_bench_serve_result():
     assert m.metrics["throughput_tok_per_s"] == 655.36
     assert benchmark_workload(m) == {"num_requests": 64, "prompt_tokens": 512,
                                      "output_tokens": 128, "arrival": "closed_loop",
-                                     "concurrency": 8}
+                                     "concurrency": 8, "client": "vllm-bench"}
 
 
 def test_sglang_jsonl_needs_a_line_and_reads_either_run():

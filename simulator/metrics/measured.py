@@ -8,7 +8,8 @@ finite), or the same Poisson (gamma, for vLLM's ``--burstiness``) rate, and the 
 token lengths (exact when every request had the same length, as fixed-ISL/OSL benchmarks
 do; else a lognormal with the measured mean and spread, clipped to the measured range).
 :func:`comparison` puts each metric the file has beside the simulation's, with the signed
-relative error (simulated - measured) / measured.
+relative error (simulated - measured) / measured. A closed loop is driven by the named
+client that wrote the file (its warm-up and front end: simulator/workload/clients.py).
 """
 
 from __future__ import annotations
@@ -51,11 +52,11 @@ def benchmark_workload(m: Measured, concurrency: int | None = None,
     if conc is not None and conc < m.requests:
         # The clients' semaphore: at most `conc` in flight; with a finite rate, request i is
         # also held until its release time (vllm bench serve's rate-limited closed loop).
-        wl |= {"arrival": "closed_loop", "concurrency": conc}
+        wl |= {"arrival": "closed_loop", "concurrency": conc, "client": m.tool}
         if rate is not None:
             wl |= {"rate_per_s": rate, "cv": cv}
     elif rate is None:  # no cap, no rate: every request at once
-        wl |= {"arrival": "closed_loop", "concurrency": m.requests}
+        wl |= {"arrival": "closed_loop", "concurrency": m.requests, "client": m.tool}
     elif m.burstiness == 1.0:
         wl |= {"arrival": "poisson", "rate_per_s": rate}
     else:
