@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from simulator import files
 from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
 from simulator.io.schema import (
@@ -234,23 +235,26 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
 
 
 def read_toml(path: str | Path) -> dict:
+    """A scenario or grid TOML file: a regular file of at most
+    :data:`~simulator.files.MAX_CONFIG_BYTES`, nested at most
+    :data:`~simulator.files.MAX_DEPTH` levels (:mod:`simulator.files`)."""
     path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ScenarioError("scenario file not found", source=str(path)) from None
-    except IsADirectoryError:
+    if not path.exists() and not path.is_symlink():
+        raise ScenarioError("scenario file not found", source=str(path))
+    if path.is_dir():
         raise ScenarioError("the scenario path is a directory, not a TOML file",
-                            source=str(path)) from None
-    except PermissionError:
-        raise ScenarioError("scenario file cannot be read (permission denied)",
-                            source=str(path)) from None
+                            source=str(path))
+    data = files.read_bytes(path, "scenario file")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ScenarioError(f"not valid TOML: not UTF-8 text (byte {exc.start})",
                             source=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"not valid TOML: {exc}", source=str(path)) from None
+    try:
+        return files.parse_toml(text, "scenario")
+    except ScenarioError as exc:
+        raise ScenarioError(exc.problems[0].removeprefix("scenario: "),
+                            source=str(path)) from None
 
 
 def load_scenario(source: str | Path | dict | Scenario,

@@ -11,11 +11,11 @@ express is a :class:`ScenarioError` that names it: never a silent dense approxim
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from simulator.errors import ScenarioError
+from simulator.files import excerpt, load_json
 from simulator.paths import MODEL_CONFIGS, catalog
 
 #: Bytes per element. int4 and fp4 pack two weights per byte (scales are ignored: < 1%).
@@ -197,24 +197,38 @@ def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
     return max(1, kv_heads // tp)
 
 
+#: Largest value a config.json field may hold: far above any released model, low enough
+#: that the tables built from it (per layer, per expert) stay small. Other fields: 2^24.
+FIELD_MAX = {"num_hidden_layers": 1024, "n_routed_experts": 4096, "num_local_experts": 4096,
+             "num_experts": 4096, "num_experts_per_tok": 4096, "num_attention_heads": 4096,
+             "num_key_value_heads": 4096, "n_shared_experts": 4096,
+             "num_nextn_predict_layers": 64}
+FIELD_DEFAULT_MAX = 2**24
+#: Fields that mark a config as MoE: with one of them, zero experts is an error, not dense.
+MOE_MARKS = ("num_experts_per_tok", "moe_intermediate_size", "experts_per_token")
+
+
 def _int(config: dict, key: str, default=None, minimum: int = 1) -> int:
-    """A whole-number field >= ``minimum``, or a ScenarioError naming it."""
+    """A whole-number field in [``minimum``, :data:`FIELD_MAX`], or a ScenarioError naming
+    it (a value shown as a short excerpt)."""
     value = config.get(key, default)
     if value is None:
         raise ScenarioError(f"model.name: config.json lacks the field {key!r}")
+    top = FIELD_MAX.get(key, FIELD_DEFAULT_MAX)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not value.is_integer()) or value < minimum:
-        raise ScenarioError(f"model.name: config.json field {key!r} = {value!r} is not an "
-                            f"integer >= {minimum}")
+            isinstance(value, float) and not value.is_integer()) or not (
+            minimum <= value <= top):
+        raise ScenarioError(f"model.name: config.json field {key!r} = {excerpt(value)} is "
+                            f"not an integer in [{minimum}, {top}]")
     return int(value)
 
 
 def _moe(config: dict, layers: int, hidden: int) -> MoESpec | None:
     """The MoE part of a config, or None for a dense model."""
     key = next((k for k in ("n_routed_experts", "num_local_experts", "num_experts")
-                if config.get(k)), None)
-    if key is None:
-        return None
+                if config.get(k) is not None), None)
+    if key is None or (config[key] == 0 and not any(m in config for m in MOE_MARKS)):
+        return None  # dense (some dense configs carry num_experts = 0 or null)
     experts = _int(config, key)
     top_k = _int(config, "num_experts_per_tok", config.get("experts_per_token"))
     if top_k > experts:
@@ -236,8 +250,8 @@ def _moe(config: dict, layers: int, hidden: int) -> MoESpec | None:
         step = _int(config, "decoder_sparse_step", 1)
         dense = config.get("mlp_only_layers") or []
         if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
-            raise ScenarioError(f"model.name: config.json field 'mlp_only_layers' = {dense!r} "
-                                f"is not a list of layer indices")
+            raise ScenarioError(f"model.name: config.json field 'mlp_only_layers' = "
+                                f"{excerpt(dense)} is not a list of layer indices")
         moe_layers = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
         inter = _int(config, "moe_intermediate_size")
         shared = _int(config, "shared_expert_intermediate_size", 0, minimum=0)
@@ -323,7 +337,7 @@ def from_config(config: dict, name: str) -> ModelSpec:
         method = quant.get("quant_method") if isinstance(quant, dict) else None
         if method not in NATIVE_QUANT:
             raise ScenarioError(f"model.name: config.json field 'quantization_config."
-                                f"quant_method' = {method!r} is not supported (allowed: "
+                                f"quant_method' = {excerpt(method)} is not supported (allowed: "
                                 f"{', '.join(NATIVE_QUANT)}; or remove quantization_config "
                                 f"and set model.weight_dtype)")
         native = NATIVE_QUANT[method] if method == "fp8" else None
@@ -366,12 +380,9 @@ def load_model(name: str, base_dir: str | Path = ".") -> ModelSpec:
                                 f"(catalog: {', '.join(names)}; or a path to a config.json "
                                 f"or to a folder holding one)")
         path = candidate / "config.json" if candidate.is_dir() else candidate
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             raise ScenarioError(f"model.name: config file {str(path)!r} not found")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ScenarioError(f"model.name: cannot read {str(path)!r} as JSON ({exc})") from None
+    config = load_json(path, "model.name")
     if name in names:
         return from_config(config, name)
     # A Hugging Face checkout holds config.json: the model's name is its folder's.
