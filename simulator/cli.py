@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator import arguments
 from simulator.cluster.pools import describe_pools
 from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
+from simulator.files import excerpt
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import check_out, default_out, write_result
 from simulator.model.memory import GIB
@@ -233,11 +235,15 @@ def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
     from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
 
-    if args.nodes:  # several node kinds (simulator/planner/kinds.py)
+    kinds = None if args.nodes is None else [k.strip() for k in args.nodes.split(",")]
+    if kinds is not None and not all(kinds):
+        raise ScenarioError(f"plan --nodes: {excerpt(args.nodes)} names an empty node kind "
+                            f"(give node presets or files, comma-separated, e.g. "
+                            f"dgx-h100,hgx-h200)")
+    if kinds:  # several node kinds (simulator/planner/kinds.py)
         from simulator.planner.kinds import plan_kinds  # noqa: PLC0415 - on use
 
-        result = plan_kinds(args.scenario, [k.strip() for k in args.nodes.split(",")
-                                            if k.strip()],
+        result = plan_kinds(args.scenario, kinds,
                             gpus=args.gpus, objective=args.objective, top=args.top,
                             requests=args.requests, jobs=args.jobs,
                             slo_quantile=args.slo_quantile, overrides=args.set,
@@ -332,26 +338,30 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("topology", help="describe a cluster's graph")
     t.add_argument("action", choices=("show",))
     t.add_argument("target", help="node preset (dgx-h100, ...) or scenario TOML")
-    t.add_argument("--nodes", type=int, help="nodes (default: the scenario's, or 1)")
+    t.add_argument("--nodes", type=arguments.nodes,
+                   help="nodes (default: the scenario's, or 1)")
     t.add_argument("--fabric", choices=("single_switch", "leaf_spine"))
-    t.add_argument("--oversubscription", type=float, help="leaf_spine downlink/uplink ratio")
+    t.add_argument("--oversubscription", type=arguments.oversubscription,
+                   help="leaf_spine downlink/uplink ratio")
     t.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
     t.add_argument("--png", help="draw the graph to this PNG")
     t.set_defaults(func=cmd_topology)
     k = sub.add_parser("collective", help="time collectives over a cluster's links")
     k.add_argument("--topology", default="dgx-h100", help="node preset (default dgx-h100)")
-    k.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    k.add_argument("--nodes", type=arguments.nodes, default=1, help="nodes (default 1)")
     k.add_argument("--fabric", help="single_switch or leaf_spine (default: the preset's)")
-    k.add_argument("--oversubscription", type=float, default=1.0, help="leaf_spine ratio")
+    k.add_argument("--oversubscription", type=arguments.ratio, default=1.0,
+                   help="leaf_spine ratio")
     k.add_argument("--no-rail-optimized", action="store_true",
                    help="leaf_spine: a node's NICs on its own leaf (traffic crosses spines)")
-    k.add_argument("--nodes-per-leaf", type=int, default=1, help="with --no-rail-optimized")
+    k.add_argument("--nodes-per-leaf", type=arguments.nodes, default=1,
+                   help="with --no-rail-optimized")
     k.add_argument("--op", default="all_reduce",
                    help="all_reduce, all_gather, reduce_scatter or send_recv")
     k.add_argument("--gpus", help="GPU indices: ranges and lists, e.g. 0-15, 0,8, 0-3,8-11")
     k.add_argument("--bytes", default="64MiB", help="buffer size: 64MiB, 1GB, 1e6 (default 64MiB)")
-    k.add_argument("--concurrent", type=int, default=1,
+    k.add_argument("--concurrent", type=arguments.concurrent, default=1,
                    help="K identical collectives at once (next disjoint groups, or --groups)")
     k.add_argument("--groups", help="one GPU list per collective, e.g. '0-7;8-15'")
     k.add_argument("--algorithm", help="force ring, tree, nvls or hierarchical")
@@ -367,7 +377,8 @@ def parser() -> argparse.ArgumentParser:
     n = sub.add_parser("plan", help="search TP x PP x DP layouts and engine limits for a "
                                     "scenario; simulate the best and recommend one")
     n.add_argument("scenario", help="scenario TOML file (its layout is ignored)")
-    n.add_argument("--gpus", type=int, help="most GPUs a layout may use (default: all)")
+    n.add_argument("--gpus", type=arguments.gpus,
+                   help="most GPUs a layout may use (default: all)")
     n.add_argument("--nodes", help="node kinds to search, comma-separated (e.g. "
                                    "dgx-h100,hgx-h200), each on the nodes --gpus needs")
     n.add_argument("--disagg", action="store_true",
@@ -376,13 +387,14 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--objective", default="goodput_per_gpu",
                    help="goodput_per_gpu (default), goodput_per_usd, tokens_per_joule, "
                         "min_ttft or min_tpot")
-    n.add_argument("--top", type=int, default=8, help="candidates simulated (default 8), "
+    n.add_argument("--top", type=arguments.top, default=8,
+                   help="candidates simulated (default 8), "
                                                       "plus the rule of thumb")
-    n.add_argument("--requests", type=int, default=500,
+    n.add_argument("--requests", type=arguments.requests, default=500,
                    help="cap on requests simulated per candidate (default 500)")
-    n.add_argument("--slo-quantile", type=float, default=0.99,
+    n.add_argument("--slo-quantile", type=arguments.quantile, default=0.99,
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
-    n.add_argument("--jobs", type=int, help="worker processes (default: the CPUs)")
+    n.add_argument("--jobs", type=arguments.jobs, help="worker processes (default: the CPUs)")
     n.add_argument("--out", help="output folder (default runs/<name>-plan/)")
     n.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
@@ -391,11 +403,11 @@ def parser() -> argparse.ArgumentParser:
     y = sub.add_parser("capacity", help="highest request rate the scenario's layout "
                                         "sustains within its SLOs (bisection)")
     y.add_argument("scenario", help="scenario TOML file with a rate_per_s workload")
-    y.add_argument("--slo-quantile", type=float, default=0.99,
+    y.add_argument("--slo-quantile", type=arguments.quantile, default=0.99,
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
-    y.add_argument("--tolerance", type=float, default=0.05,
+    y.add_argument("--tolerance", type=arguments.tolerance, default=0.05,
                    help="relative width of the final bracket (default 0.05)")
-    y.add_argument("--requests", type=int, default=2000,
+    y.add_argument("--requests", type=arguments.requests, default=2000,
                    help="cap on requests per probe (default 2000)")
     y.add_argument("--out", help="output folder (default runs/<name>-capacity/)")
     y.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -414,7 +426,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # misuse (exit 2, one line) or --help (0), as a status
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return args.func(args)
     except ScenarioError as exc:
