@@ -6,14 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from simulator import arguments
 from simulator.cluster.pools import describe_pools
 from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
-from simulator.files import excerpt
+from simulator.files import excerpt, out_file, out_files, out_folder, read_text
+from simulator.io import runfolder
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import check_out, default_out, write_result
 from simulator.model.memory import GIB
@@ -142,16 +141,15 @@ def cmd_plot(args) -> int:
             raise ScenarioError(f"plot: {str(target)!r} has no requests.csv (not a run folder)")
         files = run_report(target, args.out)
     elif target.suffix == ".csv" and target.exists():
-        df = pd.read_csv(target)
+        df = runfolder.read_csv(target, "plot")
         missing = [k for k in (args.x, args.y, args.hue) if k and k not in df.columns]
         if not args.x or not args.y or missing:
             cols = ", ".join(c for c in df.columns if c not in ("run_id", "error"))
             raise ScenarioError(f"plot: a sweep CSV needs --x and --y among its columns"
                                 f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}"
                                 f"; columns: {cols}")
-        out = Path(args.out) if args.out else target.parent
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{target.stem}_{args.y}_vs_{args.x}.png".replace("/", "_")
+        name = f"{target.stem}_{args.y}_vs_{args.x}.png".replace("/", "_")
+        path = out_files(args.out or target.parent, [name], "plot --out")[0]
         files = [save_sweep_plot(df, args.x, args.y, args.hue, path)]
     else:
         raise ScenarioError(f"plot: {str(target)!r} is neither a run folder nor a sweep CSV")
@@ -172,9 +170,9 @@ def cmd_compare(args) -> int:
 
     table = compare_table(args.runs)
     out = Path(args.out) if args.out else Path("runs") / "compare"
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "compare.csv", index=False)
-    png = compare_plot(args.runs, out / "compare_cdf.png")
+    csv_path, png_path = out_files(out, ["compare.csv", "compare_cdf.png"], "compare --out")
+    table.to_csv(csv_path, index=False)
+    png = compare_plot(args.runs, png_path)
     print(format_compare(table))
     print(f"  outputs in {out}/ (compare.csv, {png.name})")
     return 0
@@ -190,7 +188,7 @@ def cmd_topology(args) -> int:
     target = args.target
     is_preset = (TOPOLOGIES / f"{target}.toml").exists() or (
         target.endswith(".toml") and Path(target).exists()
-        and "gpus_per_node" in Path(target).read_text())
+        and "gpus_per_node" in read_text(target, "topology show"))
     if not is_preset and not Path(target).exists():
         from simulator.paths import catalog  # noqa: PLC0415
 
@@ -213,7 +211,7 @@ def cmd_topology(args) -> int:
                         c.rail_optimized, c.nodes_per_leaf)
     print(format_summary(summary(g)))
     if args.png:
-        draw(g, args.png)
+        draw(g, out_file(args.png, "topology show --png"))
         print(f"  drawing in {args.png}")
     return 0
 
@@ -235,6 +233,8 @@ def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
     from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
 
+    if args.out:  # checked before the search: a plan whose files cannot be written is lost
+        out_folder(args.out, "--out", create=False)
     kinds = None if args.nodes is None else [k.strip() for k in args.nodes.split(",")]
     if kinds is not None and not all(kinds):
         raise ScenarioError(f"plan --nodes: {excerpt(args.nodes)} names an empty node kind "
@@ -269,6 +269,8 @@ def cmd_capacity(args) -> int:
     from simulator.planner import capacity  # noqa: PLC0415 - on use
     from simulator.planner.report import format_capacity, write_capacity  # noqa: PLC0415
 
+    if args.out:
+        out_folder(args.out, "--out", create=False)
     result = capacity(args.scenario, slo_quantile=args.slo_quantile, tolerance=args.tolerance,
                       requests=args.requests, overrides=args.set)
     out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-capacity"

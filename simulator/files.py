@@ -159,15 +159,23 @@ def _parents(path: Path, where: str) -> None:
         raise ScenarioError(f"{where}: cannot create its folder ({exc.strerror})") from None
 
 
-def out_folder(path: str | Path, flag: str) -> Path:
-    """A folder a command writes files into, created with its parents; a symbolic link or
-    an existing file at ``path`` is refused (``flag`` names the option)."""
+def out_folder(path: str | Path, flag: str, create: bool = True) -> Path:
+    """A folder a command writes files into, created with its parents (unless ``create``
+    is false: then only checked, before a long computation); a symbolic link or an
+    existing file at ``path`` is refused (``flag`` names the option)."""
     path = Path(path)
     where = f"{flag} {str(path)!r}"
     if path.is_symlink():
         raise ScenarioError(f"{where}: is a symbolic link; give the real folder")
     if path.exists() and not path.is_dir():
         raise ScenarioError(f"{where}: exists and is not a folder")
+    if not create:
+        parent = path
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise ScenarioError(f"{where}: {str(parent)!r} is a file, not a folder")
+        return path
     _parents(path, where)
     try:
         path.mkdir(exist_ok=True)
@@ -194,3 +202,11 @@ def out_file(path: str | Path, flag: str) -> Path:
         raise ScenarioError(f"{where}: cannot write in {str(path.parent)!r} "
                             f"(permission denied)")
     return path
+
+
+def out_files(folder: str | Path, names: list[str], flag: str) -> list[Path]:
+    """The paths ``folder/name`` a command is about to write, every one checked (the
+    folder by :func:`out_folder`, each file by :func:`out_file`) before any is written: a
+    refusal leaves the folder as it was."""
+    folder = out_folder(folder, flag)
+    return [out_file(folder / name, flag) for name in names]
