@@ -1,7 +1,7 @@
 """Typed command-line values: each numeric flag is parsed by a checker that knows its range.
 
 A value outside its range is an argparse error (one line naming the flag, exit 2) before
-the command spends any memory: ``--seeds 1000000000``, ``topology show --nodes 1000000``,
+the command spends any memory: ``topology show --nodes 1000000``,
 ``--oversubscription nan``, ``plan --jobs 0``. The ranges follow the scenario's own caps
 (:data:`simulator.io.schema.LIMITS`, docs/scenario.md) where a flag stands for a key.
 """
@@ -19,12 +19,13 @@ from simulator.io.schema import LIMITS, MAX_REQUESTS
 MAX_NODES = int(LIMITS["cluster.nodes"]["max"])
 #: Highest leaf_spine oversubscription (``cluster.oversubscription``' cap).
 MAX_OVERSUBSCRIPTION = LIMITS["cluster.oversubscription"]["max"]
-#: Most seeds per sweep point, and most worker processes a command may start.
-MAX_SEEDS = 10_000
+#: Most worker processes a command may start.
 MAX_JOBS = 1024
 #: Most GPUs a plan may search over, and most collectives timed at once.
 MAX_GPUS = 65_536
 MAX_CONCURRENT = 65_536
+#: Most candidates a plan simulates.
+MAX_TOP = 10_000
 
 
 def whole(lo: int, hi: int) -> Callable[[str], int]:
@@ -60,11 +61,10 @@ def real(lo: float, hi: float, low_open: bool = False) -> Callable[[str], float]
 
 nodes = whole(1, MAX_NODES)
 jobs = whole(1, MAX_JOBS)
-seeds = whole(1, MAX_SEEDS)
 gpus = whole(1, MAX_GPUS)
 concurrent = whole(1, MAX_CONCURRENT)
 requests = whole(1, MAX_REQUESTS)
-top = whole(1, 10_000)
+top = whole(1, MAX_TOP)
 quantile = real(0.0, 1.0, low_open=True)
 tolerance = real(0.0, 1.0, low_open=True)
 oversubscription = real(1.0, MAX_OVERSUBSCRIPTION)
