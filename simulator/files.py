@@ -159,6 +159,13 @@ def _parents(path: Path, where: str) -> None:
         raise ScenarioError(f"{where}: cannot create its folder ({exc.strerror})") from None
 
 
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def out_folder(path: str | Path, flag: str, create: bool = True) -> Path:
     """A folder a command writes files into, created with its parents (unless ``create``
     is false: then only checked, before a long computation); a symbolic link or an
@@ -170,11 +177,9 @@ def out_folder(path: str | Path, flag: str, create: bool = True) -> Path:
     if path.exists() and not path.is_dir():
         raise ScenarioError(f"{where}: exists and is not a folder")
     if not create:
-        parent = path
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
+        parent = nearest_existing(path)
         if not parent.is_dir():
-            raise ScenarioError(f"{where}: {str(parent)!r} is a file, not a folder")
+            raise ScenarioError(f"{where}: {str(parent)!r} is not a folder")
         return path
     _parents(path, where)
     try:

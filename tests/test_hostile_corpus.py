@@ -109,6 +109,11 @@ CASES = [
          {"s.toml": "[" + ".".join(["a"] * 40) + "]\nx = 1\n"}, ("s.toml", "deeper than 32")),
     Case("scenario-dev-zero", "validate {d}/s.toml", {"s.toml": Link("/dev/zero")},
          ("s.toml", "not a regular file")),
+    Case("set-deep", ["validate", "{d}/s.toml", "--set", "engine.x=" + "[" * 5000 + "]" * 5000],
+         {"s.toml": TOY}, ("--set engine.x", "deeper than 32")),
+    Case("grid-deep", "sweep {d}/s.toml --grid {d}/g.toml --out {d}/o.csv",
+         {"s.toml": TOY, "g.toml": "a = " + "[" * 5000 + "]" * 5000},
+         ("g.toml", "deeper than 32"), unwritten=("o.csv",)),
     Case("scenario-huge", "validate {d}/s.toml", {"s.toml": "#" * (17 * 2**20)},
          ("s.toml", "bytes, above")),
     # -- model config.json ------------------------------------------------------------------

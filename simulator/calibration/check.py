@@ -19,6 +19,7 @@ from simulator import files
 from simulator.calibration import forms, moe_check
 from simulator.calibration.params import ACTIVATION_QUANTIZED, CSV_DTYPES
 from simulator.errors import ScenarioError
+from simulator.files import excerpt
 from simulator.hardware.specs import GPUSpec, load_node
 from simulator.model.spec import BYTES_PER_DTYPE
 from simulator.paths import TOPOLOGIES, catalog
@@ -102,7 +103,7 @@ def _dtype(path: str, col: str, values) -> np.ndarray:
     out = pd.Series(values).map(CSV_DTYPES)
     if out.isna().any():
         bad = pd.Series(values)[out.isna()].iloc[0]
-        raise ScenarioError(f"{path}: column {col} has unknown dtype {bad!r} "
+        raise ScenarioError(f"{path}: column {col} has unknown dtype {excerpt(bad)} "
                             f"(known: {', '.join(CSV_DTYPES)})")
     return out.to_numpy()
 
@@ -172,7 +173,7 @@ def predict_collective(gpu: GPUSpec, df: pd.DataFrame, family: str,
                        link: ScaleUp | None) -> np.ndarray:
     if link is None:
         raise ScenarioError(f"{family}.csv: no node preset in topologies/ uses GPU "
-                            f"{gpu.name!r}; collectives need its NVLink bandwidth")
+                            f"{excerpt(gpu.name)}; collectives need its NVLink bandwidth")
     p = gpu.calibration.collectives
     if family == "vllm_custom_allreduce":
         eager = df["kernel_source"].str.contains("eager").to_numpy()
@@ -183,7 +184,7 @@ def predict_collective(gpu: GPUSpec, df: pd.DataFrame, family: str,
     ops = df["op_name"].to_numpy()
     for op in np.unique(ops):
         if op not in ("all_reduce", "all_gather", "reduce_scatter", "alltoall"):
-            raise ScenarioError(f"nccl.csv: unknown op_name {op!r} (known: all_reduce, "
+            raise ScenarioError(f"nccl.csv: unknown op_name {excerpt(op)} (known: all_reduce, "
                                 f"all_gather, reduce_scatter, alltoall)")
         rows = ops == op
         floats = df["dtype"].to_numpy()[rows].astype(str)
@@ -209,7 +210,7 @@ def predict(gpu: GPUSpec, family: str, df: pd.DataFrame,
         if family == "alltoall":
             link = link or scale_up_for(gpu)
             if link is None:
-                raise ValueError(f"no node preset in topologies/ uses GPU {gpu.name!r}; "
+                raise ValueError(f"no node preset in topologies/ uses GPU {excerpt(gpu.name)}; "
                                  f"the all-to-all needs its NVLink bandwidth")
             return moe_check.predict_alltoall(gpu, df, link.bandwidth_Bps)
     except ValueError as exc:

@@ -217,6 +217,10 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # a bare word is a string: --set model.name=llama-2-7b
+    except RecursionError:
+        raise ScenarioError(f"--set {key.strip()}: nests tables or arrays deeper than "
+                            f"{files.MAX_DEPTH} levels") from None
+    files.check_depth(value, f"--set {key.strip()}")
     return key.strip().split("."), value
 
 
@@ -291,7 +295,7 @@ def load_scenario(source: str | Path | dict | Scenario,
     except ScenarioError as exc:
         raise exc.with_source(origin) from None
     if overrides:  # problems may come from the flags, not the file: name both
-        flags = " ".join(f"--set {o}" for o in overrides)
+        flags = " ".join(f"--set {o if len(o) <= 64 else o[:61] + '...'}" for o in overrides)
         origin = f"{origin}: {flags}" if origin else flags
     if seed is not None:
         data["seed"] = seed
