@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from simulator import arguments
 from simulator.cluster.pools import describe_pools
 from simulator.cluster.running import check, run
@@ -148,6 +150,9 @@ def cmd_plot(args) -> int:
             raise ScenarioError(f"plot: a sweep CSV needs --x and --y among its columns"
                                 f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}"
                                 f"; columns: {cols}")
+        if not pd.api.types.is_numeric_dtype(df[args.y]):
+            raise ScenarioError(f"plot --y: column {excerpt(args.y)} of {str(target)!r} is not "
+                                f"numeric (a metric of the sweep)")
         name = f"{target.stem}_{args.y}_vs_{args.x}.png".replace("/", "_")
         path = out_files(args.out or target.parent, [name], "plot --out")[0]
         files = [save_sweep_plot(df, args.x, args.y, args.hue, path)]

@@ -321,6 +321,11 @@ CASES = [
     Case("plot-out-file", "plot {d}/r --out {d}/f", {"f": "a file"}, ("--out", "not a folder"),
          run=True),
     Case("plot-sweep-csv-empty", "plot {d}/w.csv --x a --y b", {"w.csv": ""}, ("w.csv", "empty")),
+    Case("plot-sweep-y-text", "plot {d}/w.csv --x a --y b",
+         {"w.csv": "run_id,a,seed,status,error,b\n1,x,0,ok,,hello\n"}, ("--y", "not numeric")),
+    Case("mooncake-environ", "validate {d}/s.toml",
+         {"s.toml": sc(workload=MOONCAKE_WL), "t.jsonl": f"{SECRET}=1\0HOME=/root\0"},
+         ("line 1", "is not valid JSON"), absent=(SECRET[:8],)),
     Case("plot-sweep-csv-dev-zero", "plot {d}/w.csv --x a --y b", {"w.csv": Link("/dev/zero")},
          ("w.csv", "not a regular file")),
     # -- calibrate ------------------------------------------------------------------------------

@@ -78,7 +78,8 @@ def read_jsonl(path: Path) -> pd.DataFrame:
             try:
                 row = files.parse_json(line, "line")
             except ScenarioError as exc:
-                raise _fail(path, n, exc.problems[0].removeprefix("line: ")) from None
+                why = exc.problems[0].removeprefix("line: ")
+                raise _fail(path, n, f"is {why}" if why.startswith("not") else why) from None
             _check_row(path, n, row)
             rows.append(row)
     if not rows:
