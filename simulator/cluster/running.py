@@ -18,6 +18,7 @@ import simpy
 from simpy.core import EmptySchedule
 from tqdm import tqdm
 
+from simulator.cluster.autoscale import Autoscaler
 from simulator.cluster.build import ClusterPlan, build_plan
 from simulator.cluster.disagg import PoolCluster
 from simulator.cluster.outcome import (
@@ -139,6 +140,9 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
         total = len(df)
     cluster.expected = total
     start_faults(env, cluster, s, rngs["faults"])
+    if s.autoscale is not None:
+        cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo)
+        env.process(cluster.scaling.run())
     return total
 
 
@@ -201,6 +205,13 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
         edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
         gpu_ts = fold.gpu_windows(fold.stages, edges)
     gpu_ts, ts = run_power(s, plan, requests, summary, gpu_ts, ts, window_s)
+    if cluster.scaling is not None:  # docs/autoscaling.md
+        done = requests[requests["status"] == "completed"]
+        summary.update(cluster.scaling.summary(
+            summary["simulated_time_s"], plan.gpus_used // s.parallel.dp,
+            summary["gpu_hour_usd"], float(done["output_tokens"].sum())))
+        ts = ts.assign(replicas=cluster.scaling.replicas_over_time(
+            ts["window_end_s"].to_numpy()))
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
 

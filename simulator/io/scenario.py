@@ -30,6 +30,7 @@ from simulator.io.schema import (
     SCHEDULER_PARAMS,
     SECTIONS,
     TOP_LEVEL,
+    AutoscaleKeys,
     EngineKeys,
     FaultSpec,
     PoolKeys,
@@ -37,6 +38,7 @@ from simulator.io.schema import (
     Scenario,
     SpeculativeKeys,
 )
+from simulator.workload.profile import PROFILED, parse_profile
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -304,7 +306,7 @@ def load_scenario(source: str | Path | dict | Scenario,
     faults, random_faults = _faults(data.get("faults"), problems)
     pools = _pools(data.get("pools"), problems)
     for k in data:
-        if k in ("faults", "speculative", "pools"):
+        if k in ("faults", "speculative", "pools", "autoscale"):
             continue
         if k not in SECTIONS and k not in TOP_LEVEL:
             problems.append(f"{k}: unknown key" + _did_you_mean(k, [*TOP_LEVEL, *SECTIONS]))
@@ -328,14 +330,18 @@ def load_scenario(source: str | Path | dict | Scenario,
             if "speculative" in data else None)
     # With [[pools]], decode and mixed pools speculate; prefill pools do not
     # (simulator.cluster.pools.pool_scenario).
+    scale = (_build_section("autoscale", AutoscaleKeys, data["autoscale"], problems)
+             if "autoscale" in data else None)
     scenario = Scenario(**top, **sections, faults=faults, random_faults=random_faults,
                         pools=pools, base_dir=str(base_dir), source=origin,
-                        speculative=spec)
+                        speculative=spec, autoscale=scale)
     already = {p.split(":", 1)[0] for p in problems}
     if "workload.duration_s" in already:
         already.add("workload.num_requests")
     problems += [p for p in _workload_problems(scenario) if p.split(":", 1)[0] not in already]
     problems += _pool_engine_problems(scenario, already)
+    problems += [p for p in _autoscale_problems(scenario) + _router_problems(scenario)
+                 if p.split(":", 1)[0] not in already]
     own = _speculative_problems(spec)
     problems += [p for p in own if p.split(":", 1)[0] not in already]
     for i, pool in enumerate(pools):  # a [pools.speculative] table over the section
@@ -453,9 +459,26 @@ def _pool_speculative(key: str, pool: PoolKeys, problems: list[str]) -> PoolKeys
     return dataclasses.replace(pool, speculative=keys)
 
 
+def _rate_profile_problems(w) -> list[str]:
+    """``[workload.rate_profile]``: its keys, and the arrivals it may shape."""
+    p: list[str] = []
+    if w.arrival not in PROFILED:
+        p.append(f"workload.rate_profile: shapes arrival = {', '.join(PROFILED)}, not "
+                 f"\"{w.arrival}\"")
+        return p
+    if w.arrival != "trace" and w.rate_per_s is not None:
+        p.append("workload.rate_per_s: not used with workload.rate_profile (the profile "
+                 "gives the rate; remove one)")
+    parse_profile(w.rate_profile, w.arrival == "trace", p)
+    return p
+
+
 def _workload_problems(s: Scenario) -> list[str]:
     w, p = s.workload, []
-    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is not None:
+    if w.rate_profile is not None:
+        p += _rate_profile_problems(w)
+    elif w.arrival in ("poisson", "gamma", "constant", "sessions") and (
+            w.rate_per_s is not None):
         if w.num_requests is None and w.duration_s is not None and (
                 w.rate_per_s * w.duration_s > MAX_REQUESTS):
             p.append(f"workload.duration_s: rate_per_s x duration_s = "
@@ -466,7 +489,8 @@ def _workload_problems(s: Scenario) -> list[str]:
             p.append(f"workload.rate_per_s: num_requests / rate_per_s = "
                      f"{w.num_requests / w.rate_per_s:.3g} s of arrivals, beyond the "
                      f"{MAX_TIME_S:g} s a run may simulate (raise the rate or set duration_s)")
-    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is None:
+    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is None \
+            and w.rate_profile is None:
         p.append(f"workload.rate_per_s: required for arrival = \"{w.arrival}\" (a number > 0)")
     if w.arrival == "closed_loop" and w.concurrency is None:
         p.append("workload.concurrency: required for arrival = \"closed_loop\" (an integer >= 1)")
@@ -520,6 +544,51 @@ def _pool_engine_problems(s: Scenario, already: set[str]) -> list[str]:
         eng = dataclasses.replace(s.engine, **{k: v for k, v in pool.engine.items()
                                                if k in names})
         p += [q for q in _engine_problems(eng, key) if q.split(":", 1)[0] not in already]
+    return p
+
+
+def _router_problems(s: Scenario) -> list[str]:
+    if s.router.refresh_s is not None and s.pools:
+        return ["router.refresh_s: scraped router views are not modelled for [[pools]] yet "
+                "(remove refresh_s or the pools)"]
+    return []
+
+
+def _autoscale_problems(s: Scenario) -> list[str]:
+    """``[autoscale]`` bounds against the layout, and what each policy needs."""
+    a = s.autoscale
+    if a is None:
+        return []
+    p: list[str] = []
+    if s.pools:
+        p.append("autoscale: scenarios with [[pools]] do not scale yet (replicas of one "
+                 "colocated layout do; remove [autoscale] or the pools)")
+        return p
+    if s.workload.arrival in ("closed_loop", "sessions"):
+        p.append(f"autoscale: arrival = \"{s.workload.arrival}\" paces itself by the "
+                 "replies; autoscaling needs an open-loop arrival (poisson, gamma, constant, "
+                 "trace)")
+    top = a.max_replicas if a.max_replicas is not None else s.parallel.dp
+    if top > s.parallel.dp:
+        p.append(f"autoscale.max_replicas: {top} is more than the parallel.dp = "
+                 f"{s.parallel.dp} replicas the cluster holds (raise parallel.dp and "
+                 f"cluster.nodes: the fleet scaling may use)")
+    if a.min_replicas > top:
+        p.append(f"autoscale.min_replicas: {a.min_replicas} is more than max_replicas {top}")
+    start = a.initial_replicas if a.initial_replicas is not None else a.min_replicas
+    if not a.min_replicas <= start <= top:
+        p.append(f"autoscale.initial_replicas: {start} is not within [min_replicas, "
+                 f"max_replicas] = [{a.min_replicas}, {top}]")
+    if a.scale_down_below >= 1:
+        p.append(f"autoscale.scale_down_below: must be < 1 (a fraction of target), got "
+                 f"{a.scale_down_below:g}")
+    if a.policy == "sla" and a.replica_capacity_per_s is None:
+        p.append("autoscale.replica_capacity_per_s: required for policy = \"sla\" (requests "
+                 "per second one replica serves within the SLOs: `python -m simulator "
+                 "capacity` on a one-replica scenario finds it)")
+    if a.policy == "sla" and a.forecaster == "holt_winters" and a.season_intervals == 1:
+        p.append("autoscale.season_intervals: a season of 1 interval is no season (0: "
+                 "none, or >= 2)")
     return p
 
 
@@ -598,6 +667,9 @@ def to_dict(scenario: Scenario) -> dict:
     if scenario.speculative is not None:
         out["speculative"] = {k: v for k, v in dataclasses.asdict(scenario.speculative).items()
                               if v is not None}
+    if scenario.autoscale is not None:
+        out["autoscale"] = {k: v for k, v in dataclasses.asdict(scenario.autoscale).items()
+                            if v is not None}
     if scenario.pools:
         out["pools"] = [{k: v for k, v in dataclasses.asdict(p).items() if v is not None}
                         for p in scenario.pools]

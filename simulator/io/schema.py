@@ -135,6 +135,9 @@ class RouterKeys:
     policy: str = _f("round_robin", choices=ROUTERS)
     # kv_aware: score = cached prompt tokens - load_weight x load tokens.
     load_weight: float = _f(1.0, min=0.0)
+    # The replicas' load as of the router's last metrics scrape, every refresh_s (None:
+    # live).
+    refresh_s: float | None = _f(None, gt=0.0, optional=True)
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,9 @@ class WorkloadKeys:
     turns: Any = _f(4, kind="length")
     shared_prefix_tokens: int = _f(0, min=0)
     prefix_groups: int = _f(1, min=1)
+    # [workload.rate_profile]: the rate over time (diurnal, steps, bursts, noise); a
+    # multiplier of the trace's rate over a replay. Checked in simulator.workload.profile.
+    rate_profile: dict | None = _f(None, kind="table", optional=True)
 
 
 @dataclass(frozen=True)
@@ -245,6 +251,46 @@ POOL_ROLES = ("prefill", "decode", "mixed")
 KV_TRANSFER_MODES = ("after_prefill", "layerwise")
 
 
+AUTOSCALE_POLICIES = ("none", "load", "sla")
+FORECASTERS = ("last", "moving_average", "holt_winters", "kalman")
+SCALE_METRICS = ("outstanding_per_replica", "queued_per_replica", "kv_util")
+WEIGHT_SOURCES = ("nvme", "nfs", "object_store", "peer")
+
+
+@dataclass(frozen=True)
+class AutoscaleKeys:
+    """``[autoscale]``: replicas added and removed while the run goes (docs/autoscaling.md)."""
+
+    policy: str = _f("none", choices=AUTOSCALE_POLICIES)
+    min_replicas: int = _f(1, min=1)
+    max_replicas: int | None = _f(None, min=1, optional=True)  # None: parallel.dp
+    initial_replicas: int | None = _f(None, min=1, optional=True)  # None: min_replicas
+    interval_s: float = _f(60.0, gt=0.0)  # how often the policy looks and decides
+    cooldown_up_s: float = _f(0.0, min=0.0)  # after a scale-up, no other before this
+    cooldown_down_s: float = _f(300.0, min=0.0)  # after any scaling, no scale-down before
+    # A cold start: provisioning, then the weights over the source's bandwidth, then
+    # CUDA-graph capture and warm-up; then the router sees the replica.
+    provision_s: float = _f(30.0, min=0.0)
+    weights_from: str = _f("nvme", choices=WEIGHT_SOURCES)
+    weights_bandwidth_Bps: float | None = _f(None, gt=0.0, optional=True)  # per node
+    graph_capture_s: float = _f(20.0, min=0.0)
+    # policy = "load": thresholds on a per-replica metric with hysteresis.
+    metric: str = _f("outstanding_per_replica", choices=SCALE_METRICS)
+    target: float = _f(8.0, gt=0.0)  # the metric per replica the policy sizes for
+    scale_down_below: float = _f(0.5, min=0.0)  # scale down only under target x this
+    up_intervals: int = _f(1, min=1)  # consecutive intervals wanting more before adding
+    down_intervals: int = _f(3, min=1)  # ... wanting fewer before removing
+    # policy = "sla": forecast the next interval's arrival rate, size for it.
+    forecaster: str = _f("moving_average", choices=FORECASTERS)
+    window: int = _f(5, min=1)  # moving_average: intervals averaged
+    smoothing: float = _f(0.5, gt=0.0, max=1.0)  # holt_winters: level weight (alpha)
+    trend_smoothing: float = _f(0.1, min=0.0, max=1.0)  # holt_winters: trend weight (beta)
+    season_intervals: int = _f(0, min=0)  # holt_winters: season length (0: none)
+    kalman_q_over_r: float = _f(0.1, gt=0.0)  # kalman: process over measurement noise
+    replica_capacity_per_s: float | None = _f(None, gt=0.0, optional=True)
+    target_utilization: float = _f(0.8, gt=0.0, max=1.0)
+
+
 @dataclass(frozen=True)
 class PoolKeys:
     """One ``[[pools]]`` entry (docs/disaggregation.md): a set of replicas of one role on
@@ -310,6 +356,7 @@ class Scenario:
     base_dir: str = "."
     source: str | None = None
     speculative: SpeculativeKeys | None = None
+    autoscale: AutoscaleKeys | None = None
 
 
 SECTIONS: dict[str, type] = {
