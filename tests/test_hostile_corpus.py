@@ -222,6 +222,19 @@ CASES = [
                        speculative={"method": "draft_model", "draft_model": "llama-3.1-70b",
                                     "num_speculative_tokens": 2, "acceptance": 0.7})},
          ("speculative.draft_model", "drafter's weights"), absent=("reserve",)),
+    # -- run ------------------------------------------------------------------------------------
+    Case("run-pool-name-comma", "run {d}/s.toml --out {d}/o --quiet",
+         {"s.toml": pool(name="a,b")}, ("pools[0].name", "plain name"), unwritten=("o",)),
+    Case("run-out-link", "run {d}/s.toml --out {d}/o --quiet",
+         {"s.toml": TOY, "elsewhere/x": "x", "o": Link("{d}/elsewhere")},
+         ("--out", "symbolic link")),
+    Case("run-out-file", "run {d}/s.toml --out {d}/o --quiet", {"s.toml": TOY, "o": "a file"},
+         ("--out", "not a folder")),
+    Case("run-mooncake-overflow", "run {d}/s.toml --out {d}/o --quiet",
+         {"s.toml": sc(workload=MOONCAKE_WL),
+          "t.jsonl": mooncake({"input_length": 2**70, "hash_ids": [1]})},
+         ("line 1", "input_length", "[1, 16777216]"), absent=("-9223372036854775808",),
+         unwritten=("o",)),
     # -- sweep ----------------------------------------------------------------------------------
     Case("sweep-seeds-1e9", "sweep {d}/s.toml --grid {d}/g.toml --seeds 1000000000 "
          "--out {d}/o.csv", {"s.toml": TOY, "g.toml": GRID}, ("--seeds", "100000"),
