@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator import arguments
 from simulator.cluster.build import expert_setup
 from simulator.cluster.pools import describe_pools
 from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import NoAnswer, ScenarioError
+from simulator.files import excerpt, out_file, out_files, out_folder, read_text
 from simulator.hardware.specs import transfer_note
+from simulator.io import runfolder
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import check_out, default_out, write_result
 from simulator.model.memory import GIB, split_layers, weight_classes
@@ -180,16 +183,18 @@ def cmd_plot(args) -> int:
             raise ScenarioError(f"plot: {str(target)!r} has no requests.csv (not a run folder)")
         files = run_report(target, args.out)
     elif target.suffix == ".csv" and target.exists():
-        df = pd.read_csv(target)
+        df = runfolder.read_csv(target, "plot")
         missing = [k for k in (args.x, args.y, args.hue) if k and k not in df.columns]
         if not args.x or not args.y or missing:
             cols = ", ".join(c for c in df.columns if c not in ("run_id", "error"))
             raise ScenarioError(f"plot: a sweep CSV needs --x and --y among its columns"
                                 f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}"
                                 f"; columns: {cols}")
-        out = Path(args.out) if args.out else target.parent
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{target.stem}_{args.y}_vs_{args.x}.png".replace("/", "_")
+        if not pd.api.types.is_numeric_dtype(df[args.y]):
+            raise ScenarioError(f"plot --y: column {excerpt(args.y)} of {str(target)!r} is not "
+                                f"numeric (a metric of the sweep)")
+        name = f"{target.stem}_{args.y}_vs_{args.x}.png".replace("/", "_")
+        path = out_files(args.out or target.parent, [name], "plot --out")[0]
         files = [save_sweep_plot(df, args.x, args.y, args.hue, path)]
     else:
         raise ScenarioError(f"plot: {str(target)!r} is neither a run folder nor a sweep CSV")
@@ -215,9 +220,9 @@ def cmd_compare(args) -> int:
                             "SCENARIO)")
     table = compare_table(args.runs)
     out = Path(args.out) if args.out else Path("runs") / "compare"
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "compare.csv", index=False)
-    png = compare_plot(args.runs, out / "compare_cdf.png")
+    csv_path, png_path = out_files(out, ["compare.csv", "compare_cdf.png"], "compare --out")
+    table.to_csv(csv_path, index=False)
+    png = compare_plot(args.runs, png_path)
     print(format_compare(table))
     print(f"  outputs in {out}/ (compare.csv, {png.name})")
     return 0
@@ -269,7 +274,7 @@ def cmd_topology(args) -> int:
     target = args.target
     is_preset = (TOPOLOGIES / f"{target}.toml").exists() or (
         target.endswith(".toml") and Path(target).exists()
-        and "gpus_per_node" in Path(target).read_text())
+        and "gpus_per_node" in read_text(target, "topology show"))
     if not is_preset and not Path(target).exists():
         from simulator.paths import catalog  # noqa: PLC0415
 
@@ -292,7 +297,7 @@ def cmd_topology(args) -> int:
                         c.rail_optimized, c.nodes_per_leaf)
     print(format_summary(summary(g)))
     if args.png:
-        draw(g, args.png)
+        draw(g, out_file(args.png, "topology show --png"))
         print(f"  drawing in {args.png}")
     return 0
 
@@ -327,11 +332,17 @@ def cmd_plan(args) -> int:
     disagg = not args.colocated_only
     only = "disaggregated" if args.disagg_only else None
 
-    if args.nodes:  # several node kinds (simulator/planner/kinds.py)
+    if args.out:  # checked before the search: a plan whose files cannot be written is lost
+        out_folder(args.out, "--out", create=False)
+    kinds = None if args.nodes is None else [k.strip() for k in args.nodes.split(",")]
+    if kinds is not None and not all(kinds):
+        raise ScenarioError(f"plan --nodes: {excerpt(args.nodes)} names an empty node kind "
+                            f"(give node presets or files, comma-separated, e.g. "
+                            f"dgx-h100,hgx-h200)")
+    if kinds:  # several node kinds (simulator/planner/kinds.py)
         from simulator.planner.kinds import plan_kinds  # noqa: PLC0415 - on use
 
-        result = plan_kinds(args.scenario, [k.strip() for k in args.nodes.split(",")
-                                            if k.strip()],
+        result = plan_kinds(args.scenario, kinds,
                             gpus=args.gpus, objective=args.objective, top=args.top,
                             requests=args.requests, jobs=args.jobs,
                             slo_quantile=args.slo_quantile, overrides=args.set,
@@ -372,6 +383,8 @@ def cmd_capacity(args) -> int:
     from simulator.planner import capacity  # noqa: PLC0415 - on use
     from simulator.planner.report import format_capacity, write_capacity  # noqa: PLC0415
 
+    if args.out:
+        out_folder(args.out, "--out", create=False)
     result = capacity(args.scenario, slo_quantile=args.slo_quantile, tolerance=args.tolerance,
                       requests=args.requests, overrides=args.set, progress=True)
     out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-capacity"
@@ -477,26 +490,30 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("topology", help="describe a cluster's graph")
     t.add_argument("action", choices=("show",))
     t.add_argument("target", help="node preset (dgx-h100, ...) or scenario TOML")
-    t.add_argument("--nodes", type=int, help="nodes (default: the scenario's, or 1)")
+    t.add_argument("--nodes", type=arguments.nodes,
+                   help="nodes (default: the scenario's, or 1)")
     t.add_argument("--fabric", choices=("single_switch", "leaf_spine"))
-    t.add_argument("--oversubscription", type=float, help="leaf_spine downlink/uplink ratio")
+    t.add_argument("--oversubscription", type=arguments.oversubscription,
+                   help="leaf_spine downlink/uplink ratio")
     t.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
     t.add_argument("--png", help="draw the graph to this PNG")
     t.set_defaults(func=cmd_topology)
     k = sub.add_parser("collective", help="time collectives over a cluster's links")
     k.add_argument("--topology", default="dgx-h100", help="node preset (default dgx-h100)")
-    k.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    k.add_argument("--nodes", type=arguments.nodes, default=1, help="nodes (default 1)")
     k.add_argument("--fabric", help="single_switch or leaf_spine (default: the preset's)")
-    k.add_argument("--oversubscription", type=float, default=1.0, help="leaf_spine ratio")
+    k.add_argument("--oversubscription", type=arguments.ratio, default=1.0,
+                   help="leaf_spine ratio")
     k.add_argument("--no-rail-optimized", action="store_true",
                    help="leaf_spine: a node's NICs on its own leaf (traffic crosses spines)")
-    k.add_argument("--nodes-per-leaf", type=int, default=1, help="with --no-rail-optimized")
+    k.add_argument("--nodes-per-leaf", type=arguments.nodes, default=1,
+                   help="with --no-rail-optimized")
     k.add_argument("--op", default="all_reduce",
                    help="all_reduce, all_gather, reduce_scatter or send_recv")
     k.add_argument("--gpus", help="GPU indices: ranges and lists, e.g. 0-15, 0,8, 0-3,8-11")
     k.add_argument("--bytes", default="64MiB", help="buffer size: 64MiB, 1GB, 1e6 (default 64MiB)")
-    k.add_argument("--concurrent", type=int, default=1,
+    k.add_argument("--concurrent", type=arguments.concurrent, default=1,
                    help="K identical collectives at once (next disjoint groups, or --groups)")
     k.add_argument("--groups", help="one GPU list per collective, e.g. '0-7;8-15'")
     k.add_argument("--algorithm", help="force ring, tree, nvls or hierarchical")
@@ -512,7 +529,8 @@ def parser() -> argparse.ArgumentParser:
     n = sub.add_parser("plan", help="search TP x PP x DP layouts and engine limits for a "
                                     "scenario; simulate the best and recommend one")
     n.add_argument("scenario", help="scenario TOML file (its layout is ignored)")
-    n.add_argument("--gpus", type=int, help="most GPUs a layout may use (default: all)")
+    n.add_argument("--gpus", type=arguments.gpus,
+                   help="most GPUs a layout may use (default: all)")
     n.add_argument("--nodes", help="node kinds to search, comma-separated (e.g. "
                                    "dgx-h100,hgx-h200), each on the nodes --gpus needs")
     space = n.add_mutually_exclusive_group()
@@ -527,14 +545,15 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--objective", default="goodput_per_gpu",
                    help="goodput_per_gpu (default), goodput_per_usd, tokens_per_joule, "
                         "min_ttft or min_tpot")
-    n.add_argument("--top", type=int, default=8, help="candidates simulated (default 8), "
+    n.add_argument("--top", type=arguments.top, default=8,
+                   help="candidates simulated (default 8), "
                                                       "plus the rule of thumb")
-    n.add_argument("--requests", type=int,
+    n.add_argument("--requests", type=arguments.requests,
                    help="requests simulated per candidate (default: the scenario's, at "
                         "most 500); recommended.toml keeps the scenario's count")
-    n.add_argument("--slo-quantile", type=float, default=0.99,
+    n.add_argument("--slo-quantile", type=arguments.quantile, default=0.99,
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
-    n.add_argument("--jobs", type=int, help="worker processes (default: the CPUs)")
+    n.add_argument("--jobs", type=arguments.jobs, help="worker processes (default: the CPUs)")
     n.add_argument("--backend", choices=BACKENDS, default="local",
                    help="where the simulations run: local processes (default) or ray")
     n.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray)")
@@ -549,11 +568,11 @@ def parser() -> argparse.ArgumentParser:
     y = sub.add_parser("capacity", help="highest request rate the scenario's layout "
                                         "sustains within its SLOs (bisection)")
     y.add_argument("scenario", help="scenario TOML file with a rate_per_s workload")
-    y.add_argument("--slo-quantile", type=float, default=0.99,
+    y.add_argument("--slo-quantile", type=arguments.quantile, default=0.99,
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
-    y.add_argument("--tolerance", type=float, default=0.05,
+    y.add_argument("--tolerance", type=arguments.tolerance, default=0.05,
                    help="relative width of the final bracket (default 0.05)")
-    y.add_argument("--requests", type=int,
+    y.add_argument("--requests", type=arguments.requests,
                    help="requests per probe (default: the scenario's, at most 2000)")
     y.add_argument("--out", help="output folder (default runs/<name>-capacity/)")
     y.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -584,7 +603,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # misuse (exit 2, one line) or --help (0), as a status
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return args.func(args)
     except NoAnswer as exc:  # a fair question without an answer: nothing meets

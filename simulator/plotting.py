@@ -17,8 +17,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from simulator.io.scenario import read_toml
+from simulator.files import out_files
+from simulator.io import runfolder
 from simulator.metrics.measured import THROUGHPUTS, label
+from simulator.plaintext import plain_text
 
 LABELS = {"ttft_s": "TTFT (s)", "tpot_s": "TPOT (s)", "e2e_s": "end-to-end latency (s)"}
 #: Readable legend entries for timeseries columns (kv_util_rN becomes "replica N").
@@ -33,13 +35,9 @@ NO_STEPS = "no per-step records in this run\n(run without --no-steps to see this
 
 def read_table(run_dir: str | Path, stem: str) -> pd.DataFrame | None:
     """A run folder's table ``stem`` (requests, steps, timeseries, gpu_timeseries, alerts)
-    from its CSV or Parquet file; None when the run wrote neither."""
-    run = Path(run_dir)
-    if (run / f"{stem}.parquet").exists():
-        return pd.read_parquet(run / f"{stem}.parquet")
-    if (run / f"{stem}.csv").exists():
-        return pd.read_csv(run / f"{stem}.csv")
-    return None
+    from its CSV or Parquet file, checked (:func:`simulator.io.runfolder.read_table`);
+    None when the run wrote neither."""
+    return runfolder.read_table(run_dir, stem)
 
 
 def _ax(ax):
@@ -190,6 +188,7 @@ def sweep_plot(df: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None
     return ax
 
 
+@plain_text
 def save_sweep_plot(df: pd.DataFrame, x: str, y: str, hue: str | None, path: Path) -> Path:
     """:func:`sweep_plot` into a PNG (no pyplot, no window)."""
     fig = Figure(figsize=(7, 4.5))
@@ -205,12 +204,12 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+@plain_text
 def run_figures(run_dir: str | Path) -> dict[str, Figure]:
     """Every figure of a run directory, by file stem, on bare Figures."""
     run = Path(run_dir)
     requests = read_table(run, "requests")
-    scenario = read_toml(run / "scenario.toml") if (run / "scenario.toml").exists() else {}
-    slo, name = scenario.get("slo", {}), scenario.get("name", run.name)
+    name, slo = runfolder.read_meta(run)
     figs = {}
     fig = Figure(figsize=(15, 4))
     axes = fig.subplots(1, 3)
@@ -261,9 +260,9 @@ def run_figures(run_dir: str | Path) -> dict[str, Figure]:
 
 def run_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Every plot of a run directory as PNGs in ``out_dir`` (default: the run directory)."""
-    out = Path(out_dir) if out_dir else Path(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return [_save(fig, out / f"{stem}.png") for stem, fig in run_figures(run_dir).items()]
+    figs = run_figures(run_dir)
+    paths = out_files(out_dir or run_dir, [f"{stem}.png" for stem in figs], "plot --out")
+    return [_save(fig, path) for fig, path in zip(figs.values(), paths, strict=True)]
 
 
 def measured_vs_simulated(table: pd.DataFrame, path: Path) -> Path:

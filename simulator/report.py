@@ -19,7 +19,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from simulator import files
 from simulator.errors import ScenarioError
+from simulator.files import out_file
+from simulator.io.runfolder import read_meta, read_summary
+from simulator.plaintext import plain_text
 from simulator.plotting import cdf, read_table, run_figures
 
 #: Summary figures a report and a comparison show first, with their labels.
@@ -49,13 +53,17 @@ def read_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame]:
         When the folder lacks summary.json or requests.csv (not a run folder).
     """
     run = Path(run_dir)
+    if not run.is_dir():
+        raise ScenarioError(f"{str(run)!r} is not a run folder (not a folder); give a folder "
+                            f"written by `python -m simulator run`")
+    there = (run / "summary.json").exists() or (run / "summary.json").is_symlink()
     requests = read_table(run, "requests")
-    missing = [f for f, there in (("summary.json", (run / "summary.json").exists()),
-                                  ("requests.csv", requests is not None)) if not there]
+    missing = [f for f, ok in (("summary.json", there), ("requests.csv", requests is not None))
+               if not ok]
     if missing:
         raise ScenarioError(f"{str(run)!r} is not a run folder (no {', '.join(missing)}); "
                             f"give a folder written by `python -m simulator run`")
-    return json.loads((run / "summary.json").read_text()), requests
+    return read_summary(run), requests
 
 
 def _png(fig: Figure) -> str:
@@ -68,7 +76,7 @@ def _png(fig: Figure) -> str:
 def _fmt(value) -> str:
     if value is None or (isinstance(value, float) and not np.isfinite(value)):
         return ""
-    if isinstance(value, float):
+    if isinstance(value, float) and not isinstance(value, bool):
         return f"{value:.4g}"
     return html.escape(json.dumps(value) if isinstance(value, (list, dict)) else str(value))
 
@@ -83,12 +91,10 @@ def html_report(run_dir: str | Path) -> Path:
     """Write ``RUN_DIR/report.html`` (self-contained) and return its path."""
     run = Path(run_dir)
     summary, requests = read_run(run)
-    scenario = (run / "scenario.toml").read_text() if (run / "scenario.toml").exists() else ""
-    name = summary.get("name") or run.name
-    for line in scenario.splitlines():
-        if line.startswith("name = "):
-            name = line.split("=", 1)[1].strip().strip('"')
-            break
+    out = out_file(run / "report.html", "report")  # checked before drawing anything
+    there = (run / "scenario.toml").exists() or (run / "scenario.toml").is_symlink()
+    scenario = files.read_text(run / "scenario.toml", "run folder") if there else ""
+    name = read_meta(run)[0] if there else str(summary.get("name") or run.name)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(name)}"
              f"</title><style>{CSS}</style></head><body><h1>Run {html.escape(name)}</h1>",
              f"<p>{html.escape(str(run))}: {len(requests)} requests.</p>", "<h2>Summary</h2>",
@@ -100,7 +106,7 @@ def html_report(run_dir: str | Path) -> Path:
     parts.append("</table><details><summary>every summary key</summary><table>")
     for key, value in summary.items():
         if key not in shown:
-            parts.append(f"<tr><td>{key}</td><td>{_fmt(value)}</td></tr>")
+            parts.append(f"<tr><td>{html.escape(str(key))}</td><td>{_fmt(value)}</td></tr>")
     parts.append("</table></details><h2>Alerts</h2>")
     alerts = read_table(run, "alerts")
     if alerts is None or alerts.empty:
@@ -115,7 +121,6 @@ def html_report(run_dir: str | Path) -> Path:
         parts.append(f"<h3>{stem}</h3><img alt='{stem}' src='data:image/png;base64,"
                      f"{_png(fig)}'>")
     parts.append(f"<h2>Scenario</h2><pre>{html.escape(scenario)}</pre></body></html>")
-    out = run / "report.html"
     out.write_text("\n".join(parts))
     return out
 
@@ -150,6 +155,7 @@ def _names(runs: list[str | Path]) -> list[str]:
     return names
 
 
+@plain_text
 def compare_plot(runs: list[str | Path], path: Path) -> Path:
     """TTFT, TPOT and E2E CDFs of every run, overlaid (completed requests)."""
     fig = Figure(figsize=(15, 4))

@@ -42,6 +42,8 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from simulator import files
+from simulator.arguments import MAX_JOBS
 from simulator.cluster.running import run
 from simulator.errors import ScenarioError
 from simulator.io.scenario import _did_you_mean, load_scenario, read_toml
@@ -50,6 +52,8 @@ from simulator.metrics.pools import POOL_SUMMARY_KEYS, flat_pool_metrics, pool_c
 from simulator.metrics.summary import SUMMARY_KEYS
 
 BACKENDS = ("local", "ray")
+#: Most runs (grid points x seeds) one sweep may have; checked before any run is built.
+MAX_RUNS = 100_000
 STATUS_COLUMNS = ["seed", "status", "error"]
 #: A cell starting with one of these is run as a formula by spreadsheets (CSV injection).
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -302,6 +306,14 @@ def _cell(value: Any) -> Any:
     return value
 
 
+def _header(path: Path) -> list[str]:
+    """The first line of a CSV as its fields (no more of the file is read)."""
+    files.regular_file(path, "--out", files.MAX_DATA_BYTES)
+    with path.open("rb") as fh:
+        first = fh.readline(2**20).decode("utf-8", errors="replace")
+    return next(csv.reader([first.rstrip("\r\n")]), [])
+
+
 def drop_partial_row(path: Path, n_columns: int) -> bool:
     """Cut a last line that a hard kill left unfinished (no newline, or too few fields).
 
@@ -366,9 +378,15 @@ def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | 
                              for k in bad])
     if isinstance(seeds, int) and seeds < 1:
         raise ScenarioError(f"--seeds: {seeds} runs nothing; give at least 1 (seeds 0..N-1)")
-    if jobs is not None and jobs < 1:
-        raise ScenarioError(f"--jobs: {jobs} worker processes; give at least 1 (omit it for "
-                            f"one per CPU)")
+    n_seeds = seeds if isinstance(seeds, int) else len(seeds)
+    n_runs = math.prod(len(axis) for axis in axes) * n_seeds  # before building any run
+    if n_runs > MAX_RUNS:
+        raise ScenarioError(f"--seeds: {n_seeds} seed(s) x {n_runs // n_seeds} grid point(s) "
+                            f"= {n_runs} runs, above the {MAX_RUNS} a sweep may have; split "
+                            f"the grid")
+    if jobs is not None and not 1 <= jobs <= MAX_JOBS:
+        raise ScenarioError(f"--jobs: {jobs} worker processes; give 1 to {MAX_JOBS} (omit it "
+                            f"for one per CPU)")
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     if not seed_list or len(set(seed_list)) < len(seed_list):
         raise ScenarioError(f"--seeds: {seed_list} must be a non-empty list of distinct seeds")
@@ -381,15 +399,17 @@ def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | 
             resolved = resolve_point(base, point, seed)
             runs.append((run_id(resolved), point, seed, resolved))
     done_ids: set[str] = set()
-    path = Path(out) if out is not None else None
+    path = None if out is None else files.out_file(out, "--out")
     if path is not None and path.exists() and path.stat().st_size > 0:
+        # The file must be this sweep's before anything in it is touched: a user's own CSV
+        # or another sweep's keeps every byte.
+        if _header(path) != columns:
+            raise ScenarioError(f"--out: {str(path)!r} is not this sweep's results file (its "
+                                f"header differs); choose another file")
         if drop_partial_row(path, len(columns)):
             print(f"sweep: dropped the partial last row of {path} (cut by an interrupted "
                   f"write); that run goes again", file=sys.stderr)
         existing = pd.read_csv(path, dtype={"run_id": str})
-        if list(existing.columns) != columns:
-            raise ScenarioError(f"--out: {str(path)!r} holds another sweep's columns; choose "
-                                f"another file")
         done_ids = set(existing["run_id"])
     todo = [r for r in runs if r[0] not in done_ids]
     meta = {rid: (point, seed) for rid, point, seed, _ in todo}

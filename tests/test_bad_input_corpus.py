@@ -278,7 +278,7 @@ TRACES = {
     "timestamp-bad": (b"TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,100,10\n",
                       ["row 2, column TIMESTAMP"]),
     "time-1e300": (b"arrival_s,prompt_tokens,output_tokens\n0,100,10\n1e300,100,10\n",
-                   ["spans"]),
+                   ["beyond"]),
     "header-only": (b"arrival_s,prompt_tokens,output_tokens\n", ["no requests"]),
     "empty-file": (b"", ["not a readable CSV"]),
     "random-bytes": (bytes(range(256)) * 8, ["not a readable CSV"]),

@@ -16,9 +16,9 @@ import networkx as nx
 PACKAGE = Path(__file__).resolve().parent.parent / "simulator"
 #: Bottom to top; a package may import its own layer and the ones below.
 LAYERS = (
-    ("errors", "paths"),
+    ("errors", "paths", "files", "plaintext"),
     ("hardware", "calibration", "topology", "parallel", "model"),
-    ("io", "engine", "workload", "default_scenario"),
+    ("io", "engine", "workload", "default_scenario", "arguments"),
     ("cluster", "metrics"),
     ("sweep", "planner"),
     ("plotting", "report", "printout"),

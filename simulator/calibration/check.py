@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simulator import files
 from simulator.calibration import forms, moe_check
 from simulator.calibration.params import ACTIVATION_QUANTIZED, CSV_DTYPES
 from simulator.errors import ScenarioError
+from simulator.files import excerpt
 from simulator.hardware.specs import GPUSpec, load_node
 from simulator.model.spec import BYTES_PER_DTYPE
 from simulator.paths import TOPOLOGIES, catalog
@@ -34,6 +36,10 @@ COLUMNS = {
     **moe_check.COLUMNS,
 }
 FAMILIES = tuple(COLUMNS)
+#: Numeric columns that may be 0 (no sliding window); every other one must be > 0, and a
+#: collective's row needs at least two GPUs (one GPU moves nothing).
+ZERO_ALLOWED = frozenset({"window_size"})
+MIN_VALUE = {"num_gpus": 2}
 #: Reductions the switch can do (NVLS): 16- and 32-bit floats.
 SWITCH_DTYPES = {"half", "float16", "bfloat16", "float", "float32"}
 
@@ -61,12 +67,14 @@ def scale_up_for(gpu: GPUSpec) -> ScaleUp | None:
 def read_family(folder: str | Path, family: str) -> pd.DataFrame | None:
     """One family's CSV from ``folder``, checked; None when the file is absent."""
     path = Path(folder) / f"{family}.csv"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
+    files.regular_file(path, "--data", files.MAX_DATA_BYTES)
     try:
         df = pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError) as exc:
-        raise ScenarioError(f"{path}: cannot read as CSV ({exc})") from None
+    except (OSError, ValueError, UnicodeDecodeError, pd.errors.ParserError):
+        raise ScenarioError(f"{path}: cannot read as CSV (not a table of comma-separated "
+                            f"values with a header row)") from None
     missing = [c for c in COLUMNS[family] if c not in df.columns]
     if missing:
         raise ScenarioError(f"{path}: missing column(s) {', '.join(missing)} "
@@ -77,11 +85,16 @@ def read_family(folder: str | Path, family: str) -> pd.DataFrame | None:
         if col in ("dtype", "kv_cache_dtype", "op_name", "kernel_source", *moe_check.TEXT):
             continue
         values = pd.to_numeric(df[col], errors="coerce")
-        bad = values.isna() | (values < 0) | ((values <= 0) & (col == "latency_us"))
+        x = values.to_numpy(dtype=float)
+        low = MIN_VALUE.get(col, 0)
+        bad = ~np.isfinite(x) | (x < low) | ((x == 0) & (col not in ZERO_ALLOWED))
         if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
+            row = int(np.flatnonzero(bad)[0])
+            allowed = (f"a finite number >= {low}" if col in MIN_VALUE
+                       else "a finite number >= 0" if col in ZERO_ALLOWED
+                       else "a finite number > 0")
             raise ScenarioError(f"{path}: column {col} row {row + 2} is not a valid number "
-                                f"({df[col].iloc[row]!r})")
+                                f"({files.excerpt(df[col].iloc[row])}; allowed: {allowed})")
         df[col] = values
     return df
 
@@ -90,7 +103,7 @@ def _dtype(path: str, col: str, values) -> np.ndarray:
     out = pd.Series(values).map(CSV_DTYPES)
     if out.isna().any():
         bad = pd.Series(values)[out.isna()].iloc[0]
-        raise ScenarioError(f"{path}: column {col} has unknown dtype {bad!r} "
+        raise ScenarioError(f"{path}: column {col} has unknown dtype {excerpt(bad)} "
                             f"(known: {', '.join(CSV_DTYPES)})")
     return out.to_numpy()
 
@@ -160,7 +173,7 @@ def predict_collective(gpu: GPUSpec, df: pd.DataFrame, family: str,
                        link: ScaleUp | None) -> np.ndarray:
     if link is None:
         raise ScenarioError(f"{family}.csv: no node preset in topologies/ uses GPU "
-                            f"{gpu.name!r}; collectives need its NVLink bandwidth")
+                            f"{excerpt(gpu.name)}; collectives need its NVLink bandwidth")
     p = gpu.calibration.collectives
     if family == "vllm_custom_allreduce":
         eager = df["kernel_source"].str.contains("eager").to_numpy()
@@ -171,7 +184,7 @@ def predict_collective(gpu: GPUSpec, df: pd.DataFrame, family: str,
     ops = df["op_name"].to_numpy()
     for op in np.unique(ops):
         if op not in ("all_reduce", "all_gather", "reduce_scatter", "alltoall"):
-            raise ScenarioError(f"nccl.csv: unknown op_name {op!r} (known: all_reduce, "
+            raise ScenarioError(f"nccl.csv: unknown op_name {excerpt(op)} (known: all_reduce, "
                                 f"all_gather, reduce_scatter, alltoall)")
         rows = ops == op
         floats = df["dtype"].to_numpy()[rows].astype(str)
@@ -197,7 +210,7 @@ def predict(gpu: GPUSpec, family: str, df: pd.DataFrame,
         if family == "alltoall":
             link = link or scale_up_for(gpu)
             if link is None:
-                raise ValueError(f"no node preset in topologies/ uses GPU {gpu.name!r}; "
+                raise ValueError(f"no node preset in topologies/ uses GPU {excerpt(gpu.name)}; "
                                  f"the all-to-all needs its NVLink bandwidth")
             return moe_check.predict_alltoall(gpu, df, link.bandwidth_Bps)
     except ValueError as exc:

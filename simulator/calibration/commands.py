@@ -10,12 +10,14 @@ can point at.
 from __future__ import annotations
 
 import datetime
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import tomli_w
 
+from simulator import files
 from simulator.calibration import check, moe_fit
 from simulator.calibration.params import to_toml
 from simulator.errors import ScenarioError
@@ -44,8 +46,7 @@ def run_check(gpu_name: str, data_dir: str, out: str | None = None) -> str:
             f"(model: {gpu.calibration.source or 'uncalibrated'})",
             format_table(check.summarize(report))]
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        report.to_csv(out, index=False)
+        report.to_csv(files.out_file(out, "calibrate check --out"), index=False)
         text.append(f"  report in {out}")
     return "\n".join(text)
 
@@ -53,6 +54,8 @@ def run_check(gpu_name: str, data_dir: str, out: str | None = None) -> str:
 def run_fit(gpu_name: str, data_dir: str, out: str | None = None) -> str:
     """Fit the GPU's parameters on ``data_dir`` and write a GPU data file."""
     gpu = load_gpu(gpu_name, key="--gpu")
+    if out:  # checked before the fit (minutes on a full data set)
+        files.out_file(out, "calibrate fit --out")
     raw = read_gpu_file(gpu_name)
     data = check.load_data(data_dir)
     rows = sum(len(df) for df in data.values())
@@ -61,14 +64,17 @@ def run_fit(gpu_name: str, data_dir: str, out: str | None = None) -> str:
     source = (f"fitted {today} on {rows} rows of {', '.join(f + '.csv' for f in data)} in "
               f"{data_dir} by `{command}`")
     cal = moe_fit.fit(gpu, data, source)
-    path = Path(out) if out else Path("runs") / "calibration" / f"{gpu.name}.toml"
+    # The default file is named for the preset or file given, never for the GPU file's
+    # ``name`` (data from outside: "../../x" must not choose where we write).
+    stem = re.sub(r"[^A-Za-z0-9._+-]+", "_", Path(gpu_name).stem).lstrip(".") or "gpu"
+    path = files.out_file(out or Path("runs") / "calibration" / f"{stem}.toml",
+                          "calibrate fit --out")
     datasheet = {k: v for k, v in raw.items() if k not in ("calibration", "efficiency")}
     header = (f"# Calibration of {gpu.name}: fitted by `{command}` on {today}.\n"
               f"# Data: {rows} measured rows ({', '.join(data)}). Forms and parameters: "
               f"docs/cost-model.md.")
     text = tomli_w.dumps(datasheet) + "\n" + to_toml(cal, header) + "\n"
     tomllib.loads(text)  # what we write must read back
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     report = check.check(replace(gpu, calibration=cal), data)
     return "\n".join([f"calibration fit of {gpu.name} on {data_dir}: wrote {path}",

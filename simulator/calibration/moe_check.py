@@ -20,6 +20,7 @@ import pandas as pd
 
 from simulator.calibration import moe_forms
 from simulator.calibration.params import Calibration, with_family
+from simulator.files import excerpt
 from simulator.hardware.specs import GPUSpec
 
 COLUMNS = {
@@ -105,7 +106,7 @@ def local_counts(tokens: int, experts: int, topk: int, ep: int, distribution: st
         seed = zlib.crc32(f"{tokens},{experts},{topk},{ep},{distribution}".encode())
         counts = power_law_counts(tokens, experts, topk, ep, alpha, seed)
     else:
-        raise ValueError(f"moe.csv: unknown distribution {distribution!r} (known: "
+        raise ValueError(f"moe.csv: unknown distribution {excerpt(distribution)} (known: "
                          f"balanced, power_law_<alpha>)")
     return counts[: experts // ep]
 
@@ -175,7 +176,7 @@ def mla_aggregates(df: pd.DataFrame, family: str):
     if bad_kv.any() or bad_gemm.any():
         col, v = (("kv_cache_dtype", df["kv_cache_dtype"].to_numpy()[bad_kv][0]) if bad_kv.any()
                   else ("gemm_dtype", gemm[bad_gemm][0]))
-        raise ValueError(f"column {col} has unknown dtype {v!r} (known: bfloat16, fp8"
+        raise ValueError(f"column {col} has unknown dtype {excerpt(v)} (known: bfloat16, fp8"
                          f"{', fp8_block' if col == 'gemm_dtype' else ''})")
     n, b = df["num_heads"].to_numpy(float), df["batch_size"].to_numpy(float)
     if family == "mla_context":
@@ -208,7 +209,7 @@ def predict_alltoall(gpu: GPUSpec, df: pd.DataFrame, link_Bps: float) -> np.ndar
     for (mode, phase), sub in df.groupby(["mode", "phase"], sort=False):
         m = A2A_DATA_MODES.get(mode)
         if m is None:
-            raise ValueError(f"alltoall.csv: unknown mode {mode!r} (known: "
+            raise ValueError(f"alltoall.csv: unknown mode {excerpt(mode)} (known: "
                              f"{', '.join(A2A_DATA_MODES)})")
         for (h, k, e, ep), rows in sub.groupby(["hidden_size", "topk", "num_experts",
                                                  "ep_size"]):

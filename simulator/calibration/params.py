@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from simulator.errors import ScenarioError
+from simulator.files import excerpt
 
 INF = math.inf
 
@@ -223,14 +224,14 @@ ATTRS = {"gemm": "gemm", "prefill_attention": "prefill", "decode_attention": "de
 
 def _params(cls: type, raw: Any, key: str) -> Any:
     if not isinstance(raw, dict):
-        raise ScenarioError(f"{key}: expected a table, got {raw!r}")
+        raise ScenarioError(f"{key}: expected a table, got {excerpt(raw)}")
     names = {f.name: f for f in fields(cls)}
     values = {}
     for k, v in raw.items():
         if k not in names:
             raise ScenarioError(f"{key}.{k}: unknown key (allowed: {', '.join(names)})")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
-            raise ScenarioError(f"{key}.{k}: expected a number >= 0 (or inf), got {v!r}")
+            raise ScenarioError(f"{key}.{k}: expected a number >= 0 (or inf), got {excerpt(v)}")
         values[k] = v
     p = cls(**values)
     for name in ("compute_eff", "bandwidth_eff", "serial_eff", "ring_eff", "tree_eff",
@@ -253,7 +254,7 @@ def from_toml(raw: dict, key: str = "gpu.calibration") -> Calibration:
             continue
         if k in SECTIONS:
             if not isinstance(v, dict):
-                raise ScenarioError(f"{key}.{k}: expected tables by dtype, got {v!r}")
+                raise ScenarioError(f"{key}.{k}: expected tables by dtype, got {excerpt(v)}")
             out[ATTRS[k]] = {dt: _params(SECTIONS[k], t, f"{key}.{k}.{dt}")
                              for dt, t in v.items()}
         elif k in SINGLE:

@@ -305,17 +305,32 @@ def _build(s: Scenario) -> ClusterPlan:
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
     draft, draft_bytes = drafter_of(s, model, tp, node)
-    if model.layer_plan:
-        memory = plan_moe_memory(model, node.gpu.memory_bytes, tp, pp,
-                                 expert_setup(s, model, node)[0], s.model.weight_dtype,
-                                 s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
-                                 eng.max_num_batched_tokens, eng.max_num_seqs,
-                                 eng.runtime_reserve_gib * GIB + draft_bytes)
-    else:
-        memory = plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,
-                             s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
-                             eng.max_num_batched_tokens, eng.max_num_seqs,
-                             eng.runtime_reserve_gib * GIB + draft_bytes)
+
+    def memory_with(reserve: float) -> MemoryPlan:
+        if model.layer_plan:
+            return plan_moe_memory(model, node.gpu.memory_bytes, tp, pp,
+                                   expert_setup(s, model, node)[0], s.model.weight_dtype,
+                                   s.model.kv_dtype, eng.block_size,
+                                   eng.gpu_memory_utilization, eng.max_num_batched_tokens,
+                                   eng.max_num_seqs, reserve)
+        return plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,
+                           s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
+                           eng.max_num_batched_tokens, eng.max_num_seqs, reserve)
+    try:
+        memory = memory_with(eng.runtime_reserve_gib * GIB + draft_bytes)
+    except ScenarioError:
+        if not draft_bytes:
+            raise
+        # The target alone: if it misses too, its own message; if it fits, the drafter is
+        # what does not (its weights are no runtime reserve).
+        alone = memory_with(eng.runtime_reserve_gib * GIB)
+        key = ("speculative.draft_model" if s.speculative.method == "draft_model"
+               else "speculative.method")
+        raise ScenarioError(
+            f"{key}: the drafter's weights take {draft_bytes / GIB:.2f} GiB per GPU, but "
+            f"{model.name} with tp={tp}, pp={pp} leaves {min(alone.kv_bytes_per_gpu) / GIB:.2f}"
+            f" GiB per GPU for them and the KV cache; use a smaller draft, raise tp, or raise "
+            f"engine.gpu_memory_utilization") from None
     if s.speculative is not None:
         memory = with_draft_kv(memory, draft_kv_bytes_per_token(
             s.speculative.method, model, draft, tp, s.model.kv_dtype))

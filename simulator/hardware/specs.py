@@ -6,11 +6,12 @@ scenario may also point at its own TOML file by path. Units are SI: bytes, bytes
 
 from __future__ import annotations
 
-import sys
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+from simulator import files
 from simulator.calibration.generations import (
     GENERATIONS,
     exp_factor,
@@ -22,12 +23,6 @@ from simulator.calibration.params import Calibration, from_legacy, from_toml
 from simulator.errors import ScenarioError
 from simulator.hardware.schema import check_gpu_file, check_node_file
 from simulator.paths import GPUS, TOPOLOGIES, catalog
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 
 #: The GPU whose measured calibration other GPUs inherit when their file has none and
 #: their generation reaches no other fitted one (calibration/generations.py: FITTED).
@@ -95,13 +90,8 @@ class NodeSpec:
 
 
 def _read(path: Path, key: str) -> dict:
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise ScenarioError(f"{key}: cannot read {str(path)!r} ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{key}: {str(path)!r} is not valid TOML ({exc})") from None
+    """A node or GPU TOML file, read through :func:`simulator.files.load_toml`."""
+    return files.load_toml(path, key)
 
 
 def _locate(name: str, folder: Path, key: str, base_dir: str | Path) -> Path:
@@ -171,19 +161,49 @@ def _gpu(path: Path, where: Path, mtime_ns: int, name: str, key: str) -> GPUSpec
     data = _read(path, key)
     check_gpu_file(data, path, key)
     try:
-        return GPUSpec(name=data["name"], memory_bytes=float(data["memory_bytes"]),
-                       hbm_bandwidth_Bps=float(data["hbm_bandwidth_Bps"]),
-                       peak_flops={k: float(v) for k, v in data["peak_flops"].items()},
+        return GPUSpec(name=_text(data, "name"), memory_bytes=_number(data, "memory_bytes"),
+                       hbm_bandwidth_Bps=_number(data, "hbm_bandwidth_Bps"),
+                       peak_flops={k: _number(data["peak_flops"], k)
+                                   for k in data["peak_flops"]},
                        calibration=_calibration(data, key),
-                       sm_count=int(data.get("sm_count", 1)),
-                       description=data.get("description", ""),
-                       generation=data.get("generation", ""),
+                       sm_count=int(_number(data, "sm_count", 1)),
+                       description=_text(data, "description", ""),
+                       generation=_text(data, "generation", ""),
                        boost_clock_hz=_optional(data, "boost_clock_hz"),
                        l2_bytes=_optional(data, "l2_bytes"),
                        tdp_w=_optional(data, "tdp_w"), idle_w=_optional(data, "idle_w"))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ScenarioError(f"{key}: GPU file for {name!r} is missing or has a bad field "
-                            f"({exc})") from None
+    except ScenarioError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ScenarioError(f"{key}: GPU file for {files.excerpt(name)} is missing or has a "
+                            f"bad field ({_why(exc)})") from None
+
+
+def _why(exc: Exception) -> str:
+    """What is wrong with a field, never echoing more than an excerpt of its value."""
+    if isinstance(exc, KeyError):
+        return f"lacks {files.excerpt(exc.args[0])}"
+    return str(exc) if isinstance(exc, _BadField) else "a field of the wrong kind"
+
+
+class _BadField(ValueError):
+    """A field's value is of the wrong kind (the message shows an excerpt of it)."""
+
+
+def _number(data: dict, name: str, default: float | None = None) -> float:
+    """Field ``name`` as a finite number (a missing field is ``default``, or an error)."""
+    value = data.get(name, default) if default is not None else data[name]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+            value):
+        raise _BadField(f"{name} = {files.excerpt(value)} is not a finite number")
+    return float(value)
+
+
+def _text(data: dict, name: str, default: str | None = None) -> str:
+    value = data.get(name, default) if default is not None else data[name]
+    if not isinstance(value, str):
+        raise _BadField(f"{name} = {files.excerpt(value)} is not a string")
+    return value
 
 
 def transfer_note(gpu: GPUSpec) -> str:
@@ -197,7 +217,7 @@ def transfer_note(gpu: GPUSpec) -> str:
 
 
 def _optional(data: dict, name: str) -> float | None:
-    return None if data.get(name) is None else float(data[name])
+    return None if data.get(name) is None else _number(data, name)
 
 
 def _check_nvls(data: dict, gpu: GPUSpec, path: Path, key: str) -> None:
@@ -213,7 +233,8 @@ def _check_nvls(data: dict, gpu: GPUSpec, path: Path, key: str) -> None:
 
 def _link(data: dict, section: str) -> LinkSpec:
     d = data[section]
-    return LinkSpec(float(d["bandwidth_Bps"]), float(d["latency_s"]), d.get("kind", section),
+    return LinkSpec(_number(d, "bandwidth_Bps"), _number(d, "latency_s"),
+                    _text(d, "kind", section),
                     d.get("link", ""), bool(d.get("in_switch_reduction", False)))
 
 
@@ -238,19 +259,23 @@ def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topolog
     check_node_file(data, path, key)
     try:
         if not isinstance(data["gpu"], str):
-            raise TypeError(f"gpu: expected a preset name or a path, got {data['gpu']!r}")
+            raise _BadField(f"gpu = {files.excerpt(data['gpu'])}: expected a preset name or "
+                            f"a path")
         gpu = load_gpu(data["gpu"], path.parent, key=f"{key} (gpu)")
         fabric = data.get("fabric", {})
         _check_nvls(data, gpu, path, key)
-        node = NodeSpec(name=data["name"], gpu=gpu, gpus_per_node=int(data["gpus_per_node"]),
+        node = NodeSpec(name=_text(data, "name"), gpu=gpu,
+                        gpus_per_node=int(_number(data, "gpus_per_node")),
                         scale_up=_link(data, "scale_up"), host=_link(data, "host"),
                         nic=_link(data, "nic"),
                         fabric_kind=fabric.get("kind", "single_switch"),
-                        switch_latency_s=float(fabric.get("switch_latency_s", 0.6e-6)),
-                        description=data.get("description", ""))
-    except (KeyError, TypeError, ValueError) as exc:
+                        switch_latency_s=_number(fabric, "switch_latency_s", 0.6e-6),
+                        description=_text(data, "description", ""))
+    except ScenarioError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ScenarioError(f"{key}: node file {str(path)!r} is missing or has a bad field "
-                            f"({exc})") from None
+                            f"({_why(exc)})") from None
     if not 1 <= node.gpus_per_node <= 1024:
         raise ScenarioError(f"{key}: node file {str(path)!r}: gpus_per_node must be in "
                             f"[1, 1024], got {node.gpus_per_node}")

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from simulator import files
 from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
 from simulator.io.gateway import parse_gateway
@@ -222,6 +223,10 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # a bare word is a string: --set model.name=llama-2-7b
+    except RecursionError:
+        raise ScenarioError(f"--set {key.strip()}: nests tables or arrays deeper than "
+                            f"{files.MAX_DEPTH} levels") from None
+    files.check_depth(value, f"--set {key.strip()}")
     return key.strip().split("."), value
 
 
@@ -240,23 +245,26 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
 
 
 def read_toml(path: str | Path) -> dict:
+    """A scenario or grid TOML file: a regular file of at most
+    :data:`~simulator.files.MAX_CONFIG_BYTES`, nested at most
+    :data:`~simulator.files.MAX_DEPTH` levels (:mod:`simulator.files`)."""
     path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ScenarioError("scenario file not found", source=str(path)) from None
-    except IsADirectoryError:
+    if not path.exists() and not path.is_symlink():
+        raise ScenarioError("scenario file not found", source=str(path))
+    if path.is_dir():
         raise ScenarioError("the scenario path is a directory, not a TOML file",
-                            source=str(path)) from None
-    except PermissionError:
-        raise ScenarioError("scenario file cannot be read (permission denied)",
-                            source=str(path)) from None
+                            source=str(path))
+    data = files.read_bytes(path, "scenario file")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ScenarioError(f"not valid TOML: not UTF-8 text (byte {exc.start})",
                             source=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"not valid TOML: {exc}", source=str(path)) from None
+    try:
+        return files.parse_toml(text, "scenario")
+    except ScenarioError as exc:
+        raise ScenarioError(exc.problems[0].removeprefix("scenario: "),
+                            source=str(path)) from None
 
 
 def load_scenario(source: str | Path | dict | Scenario,
@@ -293,7 +301,7 @@ def load_scenario(source: str | Path | dict | Scenario,
     except ScenarioError as exc:
         raise exc.with_source(origin) from None
     if overrides:  # problems may come from the flags, not the file: name both
-        flags = " ".join(f"--set {o}" for o in overrides)
+        flags = " ".join(f"--set {o if len(o) <= 64 else o[:61] + '...'}" for o in overrides)
         origin = f"{origin}: {flags}" if origin else flags
     if seed is not None:
         data["seed"] = seed
@@ -343,6 +351,7 @@ def load_scenario(source: str | Path | dict | Scenario,
     if "workload.duration_s" in already:
         already.add("workload.num_requests")
     problems += [p for p in _workload_problems(scenario) if p.split(":", 1)[0] not in already]
+    problems += _pool_engine_problems(scenario, already)
     problems += [p for p in _autoscale_problems(scenario) + _router_problems(scenario)
                  if p.split(":", 1)[0] not in already]
     own = _speculative_problems(spec)
@@ -430,6 +439,10 @@ def _pools(raw: Any, problems: list[str]) -> tuple[PoolKeys, ...]:
             problems.append(f"{key}: expected a table, got {_type_name(e)}")
             continue
         pool = _build_section(key, PoolKeys, e, problems)
+        if not re.fullmatch(NAME_PATTERN, pool.name):  # it names CSV columns and files
+            problems.append(f"{key}.name: {_excerpt(pool.name)} is not a plain name "
+                            f"(letters, digits, '.', '_', '+', '-'; starts with a letter or "
+                            f"digit; at most 100 characters)")
         if isinstance(pool.engine, dict):
             if "profile" in pool.engine:
                 problems.append(f"{key}.engine.profile: not allowed per pool (set [engine] "
@@ -526,18 +539,42 @@ def _workload_problems(s: Scenario) -> list[str]:
     if w.arrival != "trace" and w.num_requests is None and w.duration_s is None:
         p.append("workload.num_requests: set num_requests and/or duration_s")
     p += _routing_problems(s.model.routing)
-    eng = s.engine
+    return p + _engine_problems(s.engine, "engine")
+
+
+def _engine_problems(eng: EngineKeys, key: str) -> list[str]:
+    """The engine keys that depend on each other, for ``[engine]`` and for each pool's
+    engine (``[engine]`` with the pool's ``engine`` table over it)."""
+    p = []
     accepted = SCHEDULER_PARAMS.get(eng.scheduler, ())
-    for k, v in (eng.scheduler_args or {}).items():
+    args = eng.scheduler_args or {}
+    if not isinstance(args, dict):
+        return [f"{key}.scheduler_args: expected a table of scheduler parameters, got "
+                f"{_excerpt(args)}"]
+    for k, v in args.items():
         if k not in accepted:
             took = ", ".join(accepted) if accepted else "no parameters"
-            p.append(f"engine.scheduler_args.{k}: scheduler \"{eng.scheduler}\" does not take "
-                     f"it (accepted: {took})")
-        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            p.append(f"engine.scheduler_args.{k}: expected an integer >= 1, got {v!r}")
+            p.append(f"{key}.scheduler_args.{_excerpt(k)[1:-1]}: scheduler "
+                     f"\"{eng.scheduler}\" does not take it (accepted: {took})")
+        elif isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TOKENS:
+            p.append(f"{key}.scheduler_args.{k}: expected an integer in [1, {MAX_TOKENS}], "
+                     f"got {_excerpt(v)}")
     if eng.max_num_batched_tokens < eng.max_num_seqs:
-        p.append(f"engine.max_num_batched_tokens: must be >= engine.max_num_seqs "
+        p.append(f"{key}.max_num_batched_tokens: must be >= {key}.max_num_seqs "
                  f"({eng.max_num_seqs}), got {eng.max_num_batched_tokens}")
+    return p
+
+
+def _pool_engine_problems(s: Scenario, already: set[str]) -> list[str]:
+    """:func:`_engine_problems` of each pool whose own engine keys are valid."""
+    p, names = [], {f.name for f in dataclasses.fields(EngineKeys)}
+    for i, pool in enumerate(s.pools):
+        key = f"pools[{i}].engine"
+        if not isinstance(pool.engine, dict) or any(a.startswith(key) for a in already):
+            continue
+        eng = dataclasses.replace(s.engine, **{k: v for k, v in pool.engine.items()
+                                               if k in names})
+        p += [q for q in _engine_problems(eng, key) if q.split(":", 1)[0] not in already]
     return p
 
 

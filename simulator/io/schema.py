@@ -454,6 +454,7 @@ LIMITS: dict[str, dict[str, float]] = {
     "engine.token_delay_s": {"max": 60.0},
     "engine.kv_offload_gib": {"max": 65536.0},
     "router.load_weight": {"max": 1e6},
+    "router.refresh_s": {"max": MAX_TIME_S},
     "workload.rate_per_s": {"min": 1e-6, "max": 1e6},
     "workload.cv": {"min": 0.01, "max": 100.0},
     "workload.concurrency": {"max": 100_000},

@@ -25,6 +25,7 @@ import pyarrow.csv as pacsv
 import tomli_w
 
 from simulator.errors import ScenarioError
+from simulator.files import nearest_existing, out_folder
 from simulator.io.chrome_trace import write_trace
 from simulator.io.scenario import to_dict
 
@@ -128,17 +129,10 @@ def check_out(out: str | Path) -> bool:
     """
     out = Path(out)
     where = f"--out {str(out)!r}"
-    if out.is_symlink():
-        raise ScenarioError(f"{where}: is a symbolic link; give the real folder")
-    if out.exists() and not out.is_dir():
-        raise ScenarioError(f"{where}: exists and is not a folder")
+    out_folder(out, "--out", create=False)  # no link, no file, under a folder
     if out.name in ("", ".", "..") or out.resolve() == out.resolve().parent:
         raise ScenarioError(f"{where}: name a folder of its own for the run")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ScenarioError(f"{where}: {str(parent)!r} is not a folder")
+    parent = nearest_existing(out.parent)
     try:  # the one honest test of writing there (permissions, read-only or virtual file
         # systems like /proc): make and remove an empty folder
         os.rmdir(tempfile.mkdtemp(prefix=".probe.", dir=parent))

@@ -9,19 +9,31 @@ sparse-attention parts; :data:`UNPRICED` names the keys of architectures refused
 from __future__ import annotations
 
 from simulator.errors import ScenarioError
+from simulator.files import excerpt
 from simulator.model.linear_attention import LinearAttentionSpec
 from simulator.model.sparse_attention import SparseAttentionSpec
 
+#: Largest value a config.json field may hold: far above any released model, low enough
+#: that the tables built from it (per layer, per expert) stay small. Other fields: 2^24.
+FIELD_MAX = {"num_hidden_layers": 1024, "n_routed_experts": 4096, "num_local_experts": 4096,
+             "num_experts": 4096, "num_experts_per_tok": 4096, "num_attention_heads": 4096,
+             "num_key_value_heads": 4096, "n_shared_experts": 4096,
+             "num_nextn_predict_layers": 64}
+FIELD_DEFAULT_MAX = 2**24
+
 
 def int_field(config: dict, key: str, default=None, minimum: int = 1) -> int:
-    """A whole-number field >= ``minimum``, or a ScenarioError naming it."""
+    """A whole-number field in [``minimum``, :data:`FIELD_MAX`], or a ScenarioError naming
+    it (a value shown as a short excerpt)."""
     value = config.get(key, default)
     if value is None:
         raise ScenarioError(f"model.name: config.json lacks the field {key!r}")
+    top = FIELD_MAX.get(key, FIELD_DEFAULT_MAX)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not value.is_integer()) or value < minimum:
-        raise ScenarioError(f"model.name: config.json field {key!r} = {value!r} is not an "
-                            f"integer >= {minimum}")
+            isinstance(value, float) and not value.is_integer()) or not (
+            minimum <= value <= top):
+        raise ScenarioError(f"model.name: config.json field {key!r} = {excerpt(value)} is "
+                            f"not an integer in [{minimum}, {top}]")
     return int(value)
 
 
@@ -55,7 +67,7 @@ def layer_types(config: dict, layers: int) -> list[str] | None:
                             f"entries (num_hidden_layers)")
     bad = next((t for t in types if t not in LAYER_TYPES), None)
     if bad is not None:
-        raise ScenarioError(f"model.name: config.json field 'layer_types' has {bad!r}, "
+        raise ScenarioError(f"model.name: config.json field 'layer_types' has {excerpt(bad)}, "
                             f"which the simulator cannot price (allowed: "
                             f"{', '.join(LAYER_TYPES)})")
     return types
@@ -67,7 +79,7 @@ def linear_spec(config: dict, types: list[str] | None) -> LinearAttentionSpec | 
         return None
     dtype = config.get("mamba_ssm_dtype", "float32")
     if dtype not in STATE_DTYPES:
-        raise ScenarioError(f"model.name: config.json field 'mamba_ssm_dtype' = {dtype!r} is "
+        raise ScenarioError(f"model.name: config.json field 'mamba_ssm_dtype' = {excerpt(dtype)} is "
                             f"not supported (allowed: {', '.join(STATE_DTYPES)})")
     spec = LinearAttentionSpec(
         int_field(config, "linear_num_key_heads"), int_field(config, "linear_key_head_dim"),
@@ -97,7 +109,7 @@ def dsa_spec(config: dict, mla) -> SparseAttentionSpec | None:
                             f"{layers} entries of full, shared")
     if types is None and config.get("index_topk_freq", 1) != 1:
         raise ScenarioError(f"model.name: config.json field 'index_topk_freq' = "
-                            f"{config['index_topk_freq']!r} without 'indexer_types' is not "
+                            f"{excerpt(config['index_topk_freq'])} without 'indexer_types' is not "
                             f"supported (allowed: 1, or list the layers in indexer_types)")
     indexed = (None if types is None or all(t == "full" for t in types)
                else tuple(i for i, t in enumerate(types) if t == "full"))

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from simulator.errors import ScenarioError
+from simulator.files import excerpt
 
 #: Schemes and the weight dtype (a key of ``spec.BYTES_PER_DTYPE``) they store.
 SCHEMES = {"fp8_block": "fp8", "fp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4", "int4": "int4"}
@@ -62,7 +63,7 @@ def _scheme(q: dict, source: str) -> str:
     if method == "fp8":
         block = q.get("weight_block_size")
         if block is not None and list(block) != [128, 128]:
-            raise ScenarioError(f"model.name: {source}.weight_block_size = {block!r} is not "
+            raise ScenarioError(f"model.name: {source}.weight_block_size = {excerpt(block)} is not "
                                 f"supported (allowed: [128, 128])")
         if algo == "MIXED_PRECISION":
             raise ScenarioError(f"model.name: {source}.quant_algo = 'MIXED_PRECISION' "
@@ -84,9 +85,9 @@ def _scheme(q: dict, source: str) -> str:
             return "nvfp4"
         if algo == "FP8":
             return "fp8"
-        raise ScenarioError(f"model.name: {source}.quant_algo = {algo!r} is not supported "
+        raise ScenarioError(f"model.name: {source}.quant_algo = {excerpt(algo)} is not supported "
                             f"(allowed: FP8, NVFP4)")
-    raise ScenarioError(f"model.name: {source}.quant_method = {method!r} is not supported "
+    raise ScenarioError(f"model.name: {source}.quant_method = {excerpt(method)} is not supported "
                         f"(allowed: fp8, mxfp4, modelopt, compressed-tensors; or remove "
                         f"quantization_config and set model.weight_dtype)")
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simulator import files
 from simulator.errors import ScenarioError
 
 #: Pre-drawn routing states (rows of standard normals) per run.
@@ -70,14 +71,32 @@ def popularity(experts: int, distribution: str = "uniform", skew: float = 1.0,
     return p / p.sum()
 
 
+#: Most values a weights file may hold (the most experts a config may declare).
+MAX_EXPERTS = 4096
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 def read_weights(path: Path, experts: int) -> np.ndarray:
     """One non-negative number per expert, one per line or comma separated."""
+    key = "model.routing.weights_file"
+    text = files.read_text(path, key)
+    words = text.replace(",", " ").split()
+    if len(words) > MAX_EXPERTS:
+        raise ScenarioError(f"{key}: {str(path)!r} holds more than {MAX_EXPERTS} values "
+                            f"(one weight per expert)")
     try:
-        text = Path(path).read_text()
-        w = np.array([float(x) for x in text.replace(",", " ").split()])
-    except (OSError, ValueError) as exc:
-        raise ScenarioError(f"model.routing.weights_file: cannot read {str(path)!r} as "
-                            f"numbers ({exc})") from None
+        w = np.array([float(x) for x in words])
+    except ValueError:  # the file's content is never shown (it may be any file)
+        bad = next(i for i, x in enumerate(words, 1) if not _is_number(x))
+        raise ScenarioError(f"{key}: {str(path)!r} value {bad} is not a number (expected "
+                            f"{experts} finite non-negative weights, one per expert)") from None
     if w.size != experts or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
         raise ScenarioError(f"model.routing.weights_file: expected {experts} finite "
                             f"non-negative weights (one per expert) with a positive sum, "

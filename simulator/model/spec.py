@@ -17,11 +17,11 @@ approximation.
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from simulator.errors import ScenarioError
+from simulator.files import excerpt, load_json
 from simulator.model.config_fields import UNPRICED, dsa_spec, layer_types, linear_spec
 from simulator.model.config_fields import int_field as _int
 from simulator.model.linear_attention import LinearAttentionSpec
@@ -261,12 +261,16 @@ def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
     return -(-kv_heads // tp)
 
 
+#: Fields that mark a config as MoE: with one of them, zero experts is an error, not dense.
+MOE_MARKS = ("num_experts_per_tok", "moe_intermediate_size", "experts_per_token")
+
+
 def _moe(config: dict, layers: int, hidden: int) -> MoESpec | None:
     """The MoE part of a config, or None for a dense model."""
     key = next((k for k in ("n_routed_experts", "num_local_experts", "num_experts")
-                if config.get(k)), None)
-    if key is None:
-        return None
+                if config.get(k) is not None), None)
+    if key is None or (config[key] == 0 and not any(m in config for m in MOE_MARKS)):
+        return None  # dense (some dense configs carry num_experts = 0 or null)
     experts = _int(config, key)
     top_k = _int(config, "num_experts_per_tok", config.get("experts_per_token"))
     if top_k > experts:
@@ -288,8 +292,8 @@ def _moe(config: dict, layers: int, hidden: int) -> MoESpec | None:
         step = _int(config, "decoder_sparse_step", 1)
         dense = config.get("mlp_only_layers") or []
         if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
-            raise ScenarioError(f"model.name: config.json field 'mlp_only_layers' = {dense!r} "
-                                f"is not a list of layer indices")
+            raise ScenarioError(f"model.name: config.json field 'mlp_only_layers' = "
+                                f"{excerpt(dense)} is not a list of layer indices")
         moe_layers = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
         inter = _int(config, "moe_intermediate_size")
         shared = _int(config, "shared_expert_intermediate_size", 0, minimum=0)
@@ -434,7 +438,7 @@ def load_model(name: str, base_dir: str | Path = ".") -> ModelSpec:
                                 f"simulator/model/configs/README.md; or a path to a "
                                 f"config.json or to a folder holding one)")
         path = candidate / "config.json" if candidate.is_dir() else candidate
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             raise ScenarioError(f"model.name: config file {str(path)!r} not found")
     config = _read_json(path)
     # ModelOpt releases put their quantization in hf_quant_config.json beside config.json
@@ -463,7 +467,5 @@ def _named(problem: str, path: Path, quant_path: Path) -> str:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ScenarioError(f"model.name: cannot read {str(path)!r} as JSON ({exc})") from None
+    """A JSON file through the input layer (regular file, bounded size and depth)."""
+    return load_json(path, "model.name")

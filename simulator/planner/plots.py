@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simulator.plaintext import plain_text
 from simulator.planner.space import cross_kind, speculating
 
 
@@ -112,6 +113,7 @@ def label_points(ax, labels: list[tuple[float, float, str]], fontsize: float = 7
     return out
 
 
+@plain_text
 def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     """Throughput per GPU, per dollar when the rows carry ``gpu_hour_usd`` and per joule
     when they carry ``tokens_per_joule``, against tokens/s per user (1 / TPOT p50) of the
@@ -181,6 +183,7 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     return path
 
 
+@plain_text
 def capacity_plot(curve: pd.DataFrame, path: str | Path, rate_per_s: float,
                   ttft_slo_s: float, tpot_slo_s: float, quantile: float,
                   title: str = "") -> Path:

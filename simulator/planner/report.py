@@ -15,6 +15,7 @@ import pandas as pd
 import tomli_w
 import yaml
 
+from simulator.files import out_files
 from simulator.io.scenario import load_scenario, to_dict
 from simulator.io.schema import Scenario
 from simulator.planner.capacity import TOO_SHORT, CapacityResult
@@ -91,19 +92,22 @@ def row_scenario(result: PlanResult, best: pd.Series) -> dict:
 
 def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list[Path]:
     """Write plan.csv, candidates.csv and (unless ``figure`` is false) pareto.png."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    files = [out / "plan.csv", out / "candidates.csv"]
+    pick = recommended_scenario(result)
+    drawn = figure and not result.table.empty
+    names = ["plan.csv", "candidates.csv", *[RECOMMENDED] * (pick is not None),
+             *["pareto.png"] * drawn]
+    targets = out_files(out, names, "--out")
+    out = targets[0].parent
+    files = targets[:2]
     result.table.to_csv(files[0], index=False)
     result.candidates.to_csv(files[1], index=False)
-    pick = recommended_scenario(result)
     if pick is not None:
         files.append(out / RECOMMENDED)
         files[-1].write_text(f"# The plan's pick for {result.scenario.name}: {result.reason}\n"
                              .replace("\n", " ").rstrip() + "\n" + tomli_w.dumps(pick))
     if pick is not None:
         files += write_launch(load_scenario(pick), out)
-    if figure and not result.table.empty:
+    if drawn:
         s = result.scenario
         where = (", ".join(sorted(result.table["node"].unique())) if "node" in result.table
                  else f"{s.cluster.nodes} x {s.cluster.topology}")
@@ -214,8 +218,8 @@ def format_plan(result: PlanResult) -> str:
 
 def write_capacity(result: CapacityResult, out: str | Path, figure: bool = True) -> list[Path]:
     """Write capacity.csv and (unless ``figure`` is false) capacity.png."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    targets = out_files(out, ["capacity.csv", *["capacity.png"] * figure], "--out")
+    out = targets[0].parent
     files = [out / "capacity.csv"]
     result.curve.to_csv(files[0], index=False)
     if figure:

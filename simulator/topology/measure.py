@@ -4,9 +4,11 @@ the graph, time K collectives at once over it, report NCCL's figures.
 
 from __future__ import annotations
 
+import math
 import re
 
 from simulator.errors import ScenarioError
+from simulator.files import excerpt
 from simulator.hardware.specs import load_node
 from simulator.parallel.collective import (
     ALGORITHMS,
@@ -19,6 +21,8 @@ from simulator.topology.graph import FABRICS, Paths, build_graph, gpu_name
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
           "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+#: Largest buffer a collective may move (1 PiB): above any real one, far below overflow.
+MAX_BYTES = float(2**50)
 
 
 def parse_bytes(text: str, key: str = "--bytes") -> float:
@@ -26,9 +30,13 @@ def parse_bytes(text: str, key: str = "--bytes") -> float:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
-        raise ScenarioError(f"collective {key}: {text!r} is not a positive size (e.g. 4096, "
-                            f"1e6, 64KiB, 64MiB, 1GB, 2GiB)")
-    return float(m.group(1)) * _UNITS[unit]
+        raise ScenarioError(f"collective {key}: {excerpt(text)} is not a positive size (e.g. "
+                            f"4096, 1e6, 64KiB, 64MiB, 1GB, 2GiB)")
+    size = float(m.group(1)) * _UNITS[unit]
+    if not size <= MAX_BYTES:  # inf too
+        raise ScenarioError(f"collective {key}: {excerpt(text)} is above the {MAX_BYTES:.0f} "
+                            f"bytes (1 PiB) a buffer may have")
+    return size
 
 
 def parse_gpus(text: str, total: int, key: str = "--gpus") -> tuple[int, ...]:
@@ -37,19 +45,21 @@ def parse_gpus(text: str, total: int, key: str = "--gpus") -> tuple[int, ...]:
     for part in text.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if m is None:
-            raise ScenarioError(f"collective {key}: {text!r} is not a GPU list (ranges and "
+            raise ScenarioError(f"collective {key}: {excerpt(text)} is not a GPU list (ranges and "
                                 f"lists of indices, e.g. 0-7, 0,8 or 0-3,8-11)")
         a = int(m.group(1))
         b = int(m.group(2)) if m.group(2) is not None else a
         if b < a:
-            raise ScenarioError(f"collective {key}: range {part.strip()!r} runs backwards")
+            raise ScenarioError(f"collective {key}: range {excerpt(part.strip())} runs "
+                                f"backwards")
+        if b >= total:  # before the range is built: 0-10**12 costs nothing
+            raise ScenarioError(f"collective {key}: GPU {min(b, max(a, total))} does not "
+                                f"exist (the cluster has GPUs 0-{total - 1})")
         out += range(a, b + 1)
-    bad = [i for i in out if i >= total]
-    if bad:
-        raise ScenarioError(f"collective {key}: GPU {bad[0]} does not exist (the cluster "
-                            f"has GPUs 0-{total - 1})")
+        if len(out) > total:
+            raise ScenarioError(f"collective {key}: {excerpt(text)} names a GPU twice")
     if len(set(out)) != len(out):
-        raise ScenarioError(f"collective {key}: {text!r} names a GPU twice")
+        raise ScenarioError(f"collective {key}: {excerpt(text)} names a GPU twice")
     return tuple(out)
 
 
@@ -79,7 +89,7 @@ def measure(topology: str, nodes: int, op: str, gpus: str | None, nbytes: str,
         raise ScenarioError(f"collective --nodes: {nodes} must be at least 1")
     if concurrent < 1:
         raise ScenarioError(f"collective --concurrent: {concurrent} must be at least 1")
-    if oversubscription <= 0:
+    if not 0 < oversubscription < math.inf:
         raise ScenarioError(f"collective --oversubscription: {oversubscription} must be > 0")
     if nodes_per_leaf < 1:
         raise ScenarioError(f"collective --nodes-per-leaf: {nodes_per_leaf} must be at least 1")
@@ -98,6 +108,10 @@ def measure(topology: str, nodes: int, op: str, gpus: str | None, nbytes: str,
             raise ScenarioError("collective --gpus: required (e.g. 0-7), or give --groups")
         first = parse_gpus(gpus, total)
         span = max(first) - min(first) + 1
+        if concurrent > total:  # before building the groups
+            raise ScenarioError(f"collective --concurrent: {concurrent} groups of "
+                                f"{len(first)} GPUs need more than the {total} GPUs of "
+                                f"{nodes} x {node.name}; add --nodes or give --groups")
         sets = [tuple(i + k * span for i in first) for k in range(concurrent)]
         if max(sets[-1]) >= total:
             raise ScenarioError(f"collective --concurrent: {concurrent} groups like {gpus!r} "

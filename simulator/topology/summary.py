@@ -7,6 +7,7 @@ from collections import Counter
 
 import networkx as nx
 
+from simulator.plaintext import plain_text
 from simulator.topology.graph import gpus, nvlink_domains
 
 GB = 1e9
@@ -92,6 +93,7 @@ def layout(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
     return pos
 
 
+@plain_text
 def draw(g: nx.DiGraph, path: str) -> None:
     """The cluster laid out by node (:func:`layout`): GPUs in index order, NVLink edges
     green, PCIe gray, NIC-to-fabric links blue and dashed, NICs drawn as squares."""

@@ -23,12 +23,16 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from simulator.io.schema import WorkloadKeys
+from simulator.errors import ScenarioError
+from simulator.io.schema import MAX_REQUESTS, MAX_TOKENS, WorkloadKeys
 from simulator.workload.arrivals import arrival_times
 from simulator.workload.lengths import sample_lengths
 
 #: Hash ids: a session's block k is SESSION * s + k; a group's is -(SESSION * g + k) - 1.
 SESSION = 1 << 32
+#: Most block hashes a run's sessions may carry (each is a Python int in a tuple: 2^25 of
+#: them take about 1.2 GB).
+MAX_HASHES = 2**25
 
 
 def session_requests(w: WorkloadKeys, rngs: dict[str, np.random.Generator]) -> pd.DataFrame:
@@ -41,6 +45,10 @@ def session_requests(w: WorkloadKeys, rngs: dict[str, np.random.Generator]) -> p
     turns = sample_lengths(w.turns, n, rng)
     groups = rng.integers(w.prefix_groups, size=n)
     total = int(turns.sum())
+    if total > MAX_REQUESTS:  # before a request is drawn
+        raise ScenarioError(f"workload.turns: {n} sessions draw {total} turns in all, above "
+                            f"the {MAX_REQUESTS} requests a run may have (fewer sessions or "
+                            f"turns)")
     users = sample_lengths(w.prompt_tokens, total, rngs["prompts"])
     answers = sample_lengths(w.output_tokens, total, rngs["outputs"])
     think = (rng.exponential(w.think_time_s, total) if w.think_time_s > 0
@@ -57,9 +65,15 @@ def session_requests(w: WorkloadKeys, rngs: dict[str, np.random.Generator]) -> p
     waited = np.cumsum(think)
     arrival = np.repeat(starts, turns) + waited - np.repeat(waited[first], turns)
     unit, shared = w.hash_block_tokens, w.shared_prefix_tokens // w.hash_block_tokens
+    context = prompt + answers
+    if context.max() > MAX_TOKENS or int((context // unit).sum()) > MAX_HASHES:
+        raise ScenarioError(f"workload.turns: the sessions' contexts grow to "
+                            f"{int(context.max())} tokens and {int((context // unit).sum())} "
+                            f"block hashes in all (allowed: {MAX_TOKENS} tokens per request, "
+                            f"{MAX_HASHES} hashes per run); fewer turns or shorter ones")
     hashes = []
     for s, g, tokens in zip(session.tolist(), np.repeat(groups, turns).tolist(),
-                            (prompt + answers).tolist(), strict=True):
+                            context.tolist(), strict=True):
         k = tokens // unit
         m = min(shared, k)
         hashes.append(tuple(range(-(SESSION * g) - 1, -(SESSION * g) - 1 - m, -1))

@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simulator import files
 from simulator.errors import ScenarioError
+from simulator.files import excerpt
 from simulator.io.schema import MAX_TIME_S, MAX_TOKENS
 
 KEY = "workload.trace"
@@ -27,15 +29,6 @@ TIME_COLUMNS = ("TIMESTAMP", "Timestamp", "start_offset_ns", "arrival_s")
 #: Prompt and output token columns, by format: Azure, BurstGPT, plain.
 TOKEN_COLUMNS = (("ContextTokens", "GeneratedTokens"), ("Request tokens", "Response tokens"),
                  ("prompt_tokens", "output_tokens"))
-#: Longest excerpt of a cell or a column name an error shows (characters).
-EXCERPT = 24
-
-
-def excerpt(value: object, limit: int = EXCERPT) -> str:
-    """A cell as a short printable excerpt: non-printable characters become ``?`` and the
-    text is cut to ``limit`` characters."""
-    text = re.sub(r"[^\x20-\x7e]", "?", str(value))
-    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 def _fail(path: Path, what: str) -> ScenarioError:
@@ -76,9 +69,7 @@ def load_trace(path: Path) -> pd.DataFrame:
     ``ContextTokens``/``GeneratedTokens`` or ``prompt_tokens``/``output_tokens``. Token counts
     must be whole numbers >= 1; a cell that is not is an error naming its row and column.
     """
-    if not path.is_file():
-        what = "is not a file" if path.exists() else "not found"
-        raise _fail(path, what)
+    files.regular_file(path, KEY, files.MAX_DATA_BYTES)
     try:
         df = pd.read_csv(path, encoding="utf-8-sig")
     except (pd.errors.ParserError, pd.errors.EmptyDataError):
@@ -115,6 +106,10 @@ def load_trace(path: Path) -> pd.DataFrame:
     else:
         scale = 1e-9 if time_col == "start_offset_ns" else 1.0
         t = _numbers(path, df, time_col) * scale
+        far = ~(np.abs(t) <= MAX_TIME_S)  # offsets from the trace's start, in s
+        if far.any():
+            raise _bad_row(path, df, time_col, far, f"is beyond the {MAX_TIME_S:g} s a run "
+                                                    f"may simulate")
     prompt = _tokens(path, df, p_col)
     output = _tokens(path, df, o_col)
     t = t - t.min()
