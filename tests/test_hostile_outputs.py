@@ -21,8 +21,8 @@ from simulator.calibration import commands as calibrate
 from simulator.calibration import moe_fit
 from simulator.cli import main
 from simulator.io.schema import MAX_REQUESTS, MAX_TIME_S, MAX_TOKENS
-from simulator.model.routing import MAX_EXPERTS
 from simulator.model.config_fields import FIELD_DEFAULT_MAX, FIELD_MAX
+from simulator.model.routing import MAX_EXPERTS
 from simulator.sweep import MAX_RUNS
 from simulator.topology.measure import MAX_BYTES
 from simulator.workload.sessions import MAX_HASHES

@@ -79,8 +79,9 @@ def linear_spec(config: dict, types: list[str] | None) -> LinearAttentionSpec | 
         return None
     dtype = config.get("mamba_ssm_dtype", "float32")
     if dtype not in STATE_DTYPES:
-        raise ScenarioError(f"model.name: config.json field 'mamba_ssm_dtype' = {excerpt(dtype)} is "
-                            f"not supported (allowed: {', '.join(STATE_DTYPES)})")
+        raise ScenarioError(f"model.name: config.json field 'mamba_ssm_dtype' = "
+                            f"{excerpt(dtype)} is not supported (allowed: "
+                            f"{', '.join(STATE_DTYPES)})")
     spec = LinearAttentionSpec(
         int_field(config, "linear_num_key_heads"), int_field(config, "linear_key_head_dim"),
         int_field(config, "linear_num_value_heads"), int_field(config, "linear_value_head_dim"),
