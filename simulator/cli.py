@@ -21,7 +21,8 @@ from simulator.sweep import BACKENDS, SweepInterrupted, sweep
 
 def _load(args) -> object:
     source = args.scenario if args.scenario else dict(DEFAULT_SCENARIO)
-    return load_scenario(source, overrides=args.set, seed=getattr(args, "seed", None))
+    return load_scenario(source, overrides=args.set, seed=getattr(args, "seed", None),
+                         unsets=args.unset)
 
 
 def cmd_run(args) -> int:
@@ -30,7 +31,8 @@ def cmd_run(args) -> int:
     # The folder is checked before simulating: a run whose files cannot be written is lost.
     out = Path(args.out) if args.out else default_out(scenario.name, args.set, args.seed)
     replaces = check_out(out)
-    result = run(scenario, progress=not args.quiet and sys.stderr.isatty(), keep_steps=keep)
+    result = run(scenario, progress=not args.quiet and sys.stderr.isatty(), keep_steps=keep,
+                 interruptible=True)
     try:
         write_result(result, out, steps=keep, trace=scenario.output.trace and not args.no_trace)
     except OSError as exc:
@@ -39,6 +41,11 @@ def cmd_run(args) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     print(format_summary(scenario.name, result.summary, result.requests))
     print(f"  outputs in {out}/" + (" (replaced the previous run's files)" if replaces else ""))
+    if result.interrupted_s is not None:
+        print(f"run interrupted (Ctrl-C) at {result.interrupted_s:.1f} s of simulated time: "
+              f"the outputs cover the {len(result.requests)} requests recorded by then",
+              file=sys.stderr)
+        return 130
     return 0
 
 
@@ -120,7 +127,11 @@ def cmd_sweep(args) -> int:
               file=sys.stderr)
         return 130
     ok = int((df["status"] == "ok").sum())
-    print(f"sweep {base.name}: {len(df)} runs in {out} ({ok} ok, {len(df) - ok} failed)")
+    ran = df.attrs.get("ran", len(df))
+    done = (f"nothing ran: every run was already there (another --out, or remove {out}, "
+            f"to run them again)" if ran == 0 else f"{ran} ran now" if ran < len(df) else "")
+    print(f"sweep {base.name}: {len(df)} runs in {out} ({ok} ok, {len(df) - ok} failed)"
+          + (f"; {done}" if done else ""))
     # Every distinct failure once, with how many runs it hit.
     for error, n in df.loc[df["status"] != "ok", "error"].value_counts(sort=False).items():
         print(f"  failed x{n}: {error}")
@@ -202,8 +213,9 @@ def cmd_topology(args) -> int:
     if is_preset:
         node = load_node(target)
         g = build_graph(node, args.nodes or 1, args.fabric, args.oversubscription or 1.0)
+    elif (sc := load_scenario(target, overrides=args.set, unsets=args.unset)).pools:
+        return _show_pools(sc, args)
     else:
-        sc = load_scenario(target, overrides=args.set)
         c = sc.cluster
         node = cluster_node(sc)  # the preset with the scenario's NIC and switch overrides
         g = build_graph(node, args.nodes or c.nodes, args.fabric or c.fabric,
@@ -212,6 +224,32 @@ def cmd_topology(args) -> int:
     print(format_summary(summary(g)))
     if args.png:
         draw(g, args.png)
+        print(f"  drawing in {args.png}")
+    return 0
+
+
+def _show_pools(sc, args) -> int:
+    """``topology show`` of a scenario with ``[[pools]]``: the graph that joins every pool's
+    nodes (docs/disaggregation.md), and which nodes each pool holds."""
+    from simulator.cluster.pools import build_pools  # noqa: PLC0415 - light, on use
+    from simulator.topology.summary import draw, format_summary, summary  # noqa: PLC0415
+
+    given = [f for f, v in (("--nodes", args.nodes), ("--fabric", args.fabric),
+                            ("--oversubscription", args.oversubscription)) if v is not None]
+    if given:
+        raise ScenarioError(f"topology show {' '.join(given)}: not with [[pools]] (each pool "
+                            f"sets its nodes; --set cluster.fabric=... changes the fabric)",
+                            source=sc.source)
+    plan = build_pools(sc)
+    print(format_summary(summary(plan.graph)))
+    for p in plan.pools:
+        nodes = sorted({plan.graph.nodes[g]["node"] for rp in p.plan.replicas
+                        for st in rp.placement.stages for g in st})
+        print(f"  pool {p.spec.name} ({p.spec.role})  {p.plan.node.name} "
+              f"({p.plan.node.gpu.name}), {p.gpus} GPUs on node{'s' if len(nodes) > 1 else ''} "
+              f"{', '.join(map(str, nodes))}")
+    if args.png:
+        draw(plan.graph, args.png)
         print(f"  drawing in {args.png}")
     return 0
 
@@ -229,10 +267,20 @@ def cmd_collective(args) -> int:
     return 0
 
 
+def _with_unsets(args) -> None:
+    """``--unset``, for the commands that take a scenario and its ``--set`` flags: the
+    scenario is read here with both and handed on whole."""
+    args.file = args.scenario
+    if args.unset:
+        args.scenario, args.set = load_scenario(args.scenario, overrides=args.set,
+                                                unsets=args.unset), None
+
+
 def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
     from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
 
+    _with_unsets(args)
     if args.nodes:  # several node kinds (simulator/planner/kinds.py)
         from simulator.planner.kinds import plan_kinds  # noqa: PLC0415 - on use
 
@@ -255,7 +303,7 @@ def cmd_plan(args) -> int:
         print(f"  next       python -m simulator run {pick}\n"
               f"             python -m simulator capacity {pick}")
     if result.error:
-        raise ScenarioError(result.error, source=args.scenario)
+        raise ScenarioError(result.error, source=args.file)
     return 0
 
 
@@ -263,6 +311,7 @@ def cmd_capacity(args) -> int:
     from simulator.planner import capacity  # noqa: PLC0415 - on use
     from simulator.planner.report import format_capacity, write_capacity  # noqa: PLC0415
 
+    _with_unsets(args)
     result = capacity(args.scenario, slo_quantile=args.slo_quantile, tolerance=args.tolerance,
                       requests=args.requests, overrides=args.set)
     out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-capacity"
@@ -276,6 +325,12 @@ def cmd_calibrate(args) -> int:
     from simulator.calibration import commands as calibrate  # noqa: PLC0415 - scipy on use
 
     return calibrate.main(args.action, args.gpu, args.data, args.out)
+
+
+def _unset_flag(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--unset", action="append", metavar="KEY",
+                     help="remove a key the scenario file sets, so its default applies, "
+                          "e.g. --unset workload.rate_per_s")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -295,6 +350,7 @@ def parser() -> argparse.ArgumentParser:
                                  "(default runs/<name>/, runs/<name>-tp8-pp1/ with --set)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(r)
     r.add_argument("--seed", type=int, help="replace the scenario's seed")
     r.add_argument("--no-steps", action="store_true",
                    help="keep no per-step records (no steps.csv, no trace.json)")
@@ -305,6 +361,7 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("scenario", nargs="?", help="scenario TOML file")
     v.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(v)
     v.set_defaults(func=cmd_validate)
     w = sub.add_parser("sweep", help="run a grid of scenario variants x seeds into a CSV")
     w.add_argument("scenario", help="base scenario TOML file")
@@ -337,6 +394,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--oversubscription", type=float, help="leaf_spine downlink/uplink ratio")
     t.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(t)
     t.add_argument("--png", help="draw the graph to this PNG")
     t.set_defaults(func=cmd_topology)
     k = sub.add_parser("collective", help="time collectives over a cluster's links")
@@ -386,6 +444,7 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--out", help="output folder (default runs/<name>-plan/)")
     n.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(n)
     n.add_argument("--no-plot", action="store_true", help="no pareto.png")
     n.set_defaults(func=cmd_plan)
     y = sub.add_parser("capacity", help="highest request rate the scenario's layout "
@@ -400,6 +459,7 @@ def parser() -> argparse.ArgumentParser:
     y.add_argument("--out", help="output folder (default runs/<name>-capacity/)")
     y.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(y)
     y.add_argument("--no-plot", action="store_true", help="no capacity.png")
     y.set_defaults(func=cmd_capacity)
     c = sub.add_parser("calibrate", help="check or fit a GPU's cost model on measured CSVs")
@@ -420,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a run's simulation loop: nothing kept
+        print(f"{args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into head: stop quietly
         sys.stderr.close()
         return 0
