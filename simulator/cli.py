@@ -15,7 +15,7 @@ from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import check_out, default_out, write_result
 from simulator.model.memory import GIB
-from simulator.printout import format_summary
+from simulator.printout import format_summary, verdict
 from simulator.sweep import BACKENDS, SweepInterrupted, sweep
 
 
@@ -39,7 +39,9 @@ def cmd_run(args) -> int:
         raise ScenarioError(f"--out {str(out)!r}: cannot write ({exc.strerror})") from None
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print(format_summary(scenario.name, result.summary, result.requests))
+    line = verdict(result.summary, result.requests, scenario.workload.arrival == "closed_loop",
+                   scenario.slo.ttft_s, scenario.slo.tpot_s)
+    print(format_summary(scenario.name, result.summary, result.requests, result.alerts, line))
     print(f"  outputs in {out}/" + (" (replaced the previous run's files)" if replaces else ""))
     if result.interrupted_s is not None:
         print(f"run interrupted (Ctrl-C) at {result.interrupted_s:.1f} s of simulated time: "

@@ -105,3 +105,18 @@ def test_observability_window_table(loads, name):
         for col, quoted in (("batch_efficiency", eff), ("batch_fill_seqs", seqs),
                             ("batch_fill_tokens", tokens), ("batch_fill_kv", kv)):
             assert close(w[col], float(quoted)), (name, end, col, w[col], quoted)
+
+
+def test_observability_alert_events(loads):
+    """docs/observability.md: no alert under-loaded; saturated, batch_efficiency_below
+    fires at 2 s and clears at 5 s, the latency rules fire at 25, 32 and 33 s (cluster)."""
+    assert pd.read_csv(loads["underloaded"] / "alerts.csv").empty
+    a = pd.read_csv(loads["saturated"] / "alerts.csv")
+    a = a[a["replica"] == "all"]
+    got = {(r.rule, r.event): r.time_s for r in a.itertuples()}
+    assert got[("batch_efficiency_below", "fire")] == 2.0
+    assert got[("batch_efficiency_below", "clear")] == 5.0
+    assert (a["rule"] == "batch_efficiency_below").sum() == 2  # quiet once drained
+    assert got[("waiting_ttft_above", "fire")] == 25.0
+    assert got[("ttft_p99_above", "fire")] == 32.0
+    assert got[("e2e_p99_above", "fire")] == 33.0

@@ -4,6 +4,7 @@ in ``run``, ``topology show`` of a scenario with pools, a sweep rerun that runs 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,85 @@ def test_a_finished_sweep_rerun_says_nothing_ran(tmp_path, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "2 runs in" in out and "nothing ran: every run was already there" in out
+
+
+# -- the printout, report and compare per mode -------------------------------------------
+def _run_cli(argv, capsys) -> str:
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_printout_names_the_mode_figures_and_a_verdict(tmp_path, capsys):
+    """A disaggregated MoE-free run: each pool's busy share, the KV transfers, cost and
+    energy; the verdict says it keeps up (48 req/s offered, all within the SLOs)."""
+    out = _run_cli(["run", DISAGG, "--out", str(tmp_path / "d"), "--quiet", "--no-trace",
+                    "--set", "workload.num_requests=400"], capsys)
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    lines = {line[:32].strip(): line[32:].strip() for line in out.splitlines()[1:]}
+    assert lines["verdict"].startswith("keeps up with ")
+    util = summary["pool_utilization"]
+    assert lines["pools busy"] == f"prefill {util['prefill']:.1%}, decode {util['decode']:.1%}"
+    assert lines["KV transfer mean / p99 (s)"].startswith(
+        f"{summary['kv_transfer_mean_s']:.4f} / {summary['kv_transfer_p99_s']:.4f} (400 ")
+    assert lines["cost per million output tok"].startswith(
+        f"${summary['cost_per_million_tokens_usd']:.2f}")
+    assert lines["output tok/s per GPU"].startswith(
+        f"{summary['throughput_tok_per_s'] / 16:,.1f} (16 GPUs)")
+    assert "speculation" not in lines and "MoE imbalance, all-to-all" not in lines
+
+
+def test_verdict_falls_behind_and_closed_loop():
+    from simulator.cluster.running import run  # noqa: PLC0415
+    from simulator.printout import verdict  # noqa: PLC0415
+
+    # 40 requests/s of 100 + 50 tokens on the toy replica of 8 sequences: far past capacity.
+    res = run(toy_scenario(engine={"max_num_seqs": 8, "step_overhead_s": 0.005},
+                           workload={"arrival": "constant", "rate_per_s": 40.0,
+                                     "num_requests": 400, "prompt_tokens": 100,
+                                     "output_tokens": 50}))
+    line = verdict(res.summary, res.requests, False)
+    assert line.startswith("falls behind 40 req/s offered: generates ")
+    assert "closed loop" in verdict(res.summary, res.requests, True)
+
+
+def test_mode_lines_of_speculation_prefix_moe_and_alerts():
+    import pandas as pd  # noqa: PLC0415
+
+    from simulator.printout import mode_lines  # noqa: PLC0415
+
+    summary = {"acceptance_length_mean": 2.5, "spec_step_fraction": 0.9,
+               "draft_time_share": 0.05, "prefix_hit_rate": 0.123,
+               "prefill_tokens_saved": 12345, "moe_imbalance_mean": 1.95,
+               "moe_a2a_share": 0.32}
+    alerts = pd.DataFrame({"time_s": [2.0, 5.0, 9.0, 3.0], "rule": ["a", "a", "a", "b"],
+                           "event": ["fire", "clear", "fire", "fire"],
+                           "replica": ["all", "all", "all", "0"]})
+    lines = mode_lines(summary, alerts)
+    assert any("2.50 tokens per verification step, 90% of decode steps" in x for x in lines)
+    assert any("12.3% of prompt tokens (12,345 prefill tokens saved)" in x for x in lines)
+    assert any("1.95 (busiest rank / mean), all-to-all 32% of step time" in x for x in lines)
+    assert lines[-1].endswith("a x2 (first at 2 s)")  # rule b fired on a replica only
+
+
+def test_compare_shows_mode_keys_and_counts_as_integers(tmp_path, capsys):
+    from simulator.report import format_compare, html_report  # noqa: PLC0415
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out, rate in ((a, 2.0), (b, 4.0)):
+        sc = tmp_path / f"{out.name}.toml"
+        sc.write_text(tomli_w.dumps(toy_scenario(workload={
+            "arrival": "constant", "rate_per_s": rate, "num_requests": 1500,
+            "prompt_tokens": 100, "output_tokens": 20})))
+        _run_cli(["run", str(sc), "--out", str(out), "--quiet", "--no-trace"], capsys)
+    text = _run_cli(["compare", str(a), str(b), "--out", str(tmp_path / "c")], capsys)
+    rows = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line.strip())
+                                               for line in text.splitlines()[1:-1])}
+    assert rows["requests"][:2] == ["1,500", "1,500"]
+    summary = json.loads((b / "summary.json").read_text())
+    assert rows["output tok/s per GPU"][1] == f"{summary['throughput_tok_per_s'] / summary['gpus']:.4g}"
+    assert "e+" not in text
+    assert "prefix hit rate" not in rows  # zero in both runs: not this mode
+    page = html_report(b).read_text()
+    assert "<title>" + str(ROOT / "tests" / "data" / "toy_model.json") in page
+    assert "<li>layout TP1 PP1 DP1</li>" in page and "<li>verdict: keeps up with 4 req/s" in page
+    assert format_compare  # imported for the table above

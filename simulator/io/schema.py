@@ -222,6 +222,10 @@ class AlertKeys:
     oldest_queued_s: float = _f(0.0, min=0.0)
     waiting_ttft_s: float = _f(5.0, min=0.0)
     min_completions: int = _f(10, min=1)
+    # Hysteresis: a rule fires after this many windows in a row break it, and clears after
+    # this many in a row do not (windows without a value do not count either way).
+    fire_after: int = _f(2, min=1)
+    clear_after: int = _f(3, min=1)
 
 
 @dataclass(frozen=True)
@@ -384,6 +388,8 @@ LIMITS: dict[str, dict[str, float]] = {
     "alerts.oldest_queued_s": {"max": MAX_TIME_S},
     "alerts.waiting_ttft_s": {"max": MAX_TIME_S},
     "alerts.min_completions": {"max": MAX_REQUESTS},
+    "alerts.fire_after": {"max": MAX_REQUESTS},
+    "alerts.clear_after": {"max": MAX_REQUESTS},
     "recovery.max_retries": {"max": 1000},
     "recovery.restart_s": {"max": MAX_TIME_S},
     "recovery.pending_timeout_s": {"max": MAX_TIME_S},
