@@ -200,7 +200,8 @@ def test_compare_shows_mode_keys_and_counts_as_integers(tmp_path, capsys):
                                                for line in text.splitlines()[1:-1])}
     assert rows["requests"][:2] == ["1,500", "1,500"]
     summary = json.loads((b / "summary.json").read_text())
-    assert rows["output tok/s per GPU"][1] == f"{summary['throughput_tok_per_s'] / summary['gpus']:.4g}"
+    per_gpu = summary["throughput_tok_per_s"] / summary["gpus"]
+    assert rows["output tok/s per GPU"][1] == f"{per_gpu:.4g}"
     assert "e+" not in text
     assert "prefix hit rate" not in rows  # zero in both runs: not this mode
     page = html_report(b).read_text()
