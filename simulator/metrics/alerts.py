@@ -7,9 +7,9 @@ either way), so a value hovering at the threshold does not fire and clear every 
 Windows with no value (no request finished, no step ran) leave the state and the count as
 they were. ``batch_efficiency_below`` breaks only while requests wait (``queue_len > 0`` at
 the window's end): under-filled batches with an empty queue are light load, not waste.
-The latency rules take the p99 over the requests finished in the window, topped up with the latest earlier
-ones to at least ``min_completions`` (a p99 of one or two requests is noise, and made the
-e2e rule flap; a fixed minimum per window would never clear at low load). Rules on what waits
+The latency rules take the p99 over the requests finished in the window, topped up with
+the latest earlier ones to at least ``min_completions`` (a p99 of one or two requests is
+noise; a fixed minimum per window would never clear at low load). Rules on what waits
 (queue length, age of the oldest queued request, age of the oldest request still without
 its first token) have a value in every window, so they see an outage while nothing
 completes. Rules run on the whole cluster (``replica = "all"``) and on each replica.
