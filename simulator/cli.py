@@ -145,13 +145,19 @@ def cmd_sweep(args) -> int:
 
 def cmd_plot(args) -> int:
     # Imported on use: matplotlib (and scipy below) would add ~2 s to every start.
-    from simulator.plotting import run_report, save_sweep_plot  # noqa: PLC0415
+    from simulator.plotting import STEP_FIGURES, run_report, save_sweep_plot  # noqa: PLC0415
 
     target = Path(args.target)
     if target.is_dir():
         if not any((target / f"requests.{x}").exists() for x in ("csv", "parquet")):
             raise ScenarioError(f"plot: {str(target)!r} has no requests.csv (not a run folder)")
         files = run_report(target, args.out)
+        missing = [f"{stem}.png" for stem in STEP_FIGURES
+                   if not any(f.stem == stem for f in files)]
+        if missing:
+            files.append(f"not drawn: {', '.join(missing)} (the run kept no per-step "
+                         f"records; run it without --no-steps, or with output.energy = true "
+                         f"for the heat map)")
     elif target.suffix == ".csv" and target.exists():
         df = pd.read_csv(target)
         missing = [k for k in (args.x, args.y, args.hue) if k and k not in df.columns]

@@ -91,9 +91,19 @@ def mark_faults(ts: pd.DataFrame, ax) -> None:
     ax.fill_between([], [], color="orange", alpha=0.15, label="replica down")
 
 
+def legend_outside(ax, fontsize: float = 7):
+    """The axes' legend to the right of its frame, where it covers no data (the figure's
+    tight layout makes room for it); nothing when nothing is labelled."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0)
+    return ax
+
+
 def over_time(ts: pd.DataFrame, columns: list[str], alerts: pd.DataFrame | None = None,
-              ax=None, ylabel: str = ""):
-    """Window columns against time; alert firings as red lines, faults shaded."""
+              ax=None, ylabel: str = "", name_alerts: bool = True):
+    """Window columns against time; alert firings as red lines (each named by its rule at
+    the top of the panel when ``name_alerts``), faults shaded; the legend outside."""
     ax = _ax(ax)
     t = ts["window_start_s"].to_numpy()
     for c in columns:
@@ -102,16 +112,18 @@ def over_time(ts: pd.DataFrame, columns: list[str], alerts: pd.DataFrame | None 
     mark_faults(ts, ax)
     if alerts is not None and not alerts.empty:
         fired = alerts[(alerts["event"] == "fire") & (alerts["replica"].astype(str) == "all")]
-        for when in fired["time_s"]:
+        for when, rule in zip(fired["time_s"], fired["rule"], strict=True):
             ax.axvline(when, color="red", alpha=0.4, linewidth=1)
+            if name_alerts:
+                ax.text(when, 0.98, f" {rule}", transform=ax.get_xaxis_transform(),
+                        rotation=90, va="top", ha="right", fontsize=6, color="darkred")
         if not fired.empty:
             ax.plot([], [], color="red", alpha=0.4, label="alert fired")
     ax.set_xlabel("time (s)")
+    ax.tick_params(labelbottom=True)  # every panel of a shared-x figure reads its time
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper right")
-    return ax
+    return legend_outside(ax)
 
 
 def pipeline_gantt(steps: pd.DataFrame, until_s: float | None = None, ax=None,
@@ -185,7 +197,7 @@ def sweep_plot(df: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None
     ax.set_ylabel(y + (f" (mean of {seeds} seeds; bars: min to max)" if seeds > 1 else ""))
     ax.grid(alpha=0.3)
     if others:
-        ax.legend(fontsize=8)
+        legend_outside(ax, 8)
     return ax
 
 
@@ -217,26 +229,25 @@ def run_figures(run_dir: str | Path) -> dict[str, Figure]:
     cdf(requests, "tpot_s", slo.get("tpot_s"), axes[1])
     cdf(requests, "e2e_s", None, axes[2])
     for a in axes:
-        if a.get_legend_handles_labels()[0]:
-            a.legend(fontsize=8)
+        legend_outside(a, 8)
     fig.suptitle(f"{name}: latency of completed requests")
     figs["latency_cdf"] = fig
     ts = read_table(run, "timeseries")
     if ts is not None:
         al = read_table(run, "alerts")
-        fig = Figure(figsize=(10, 12))
-        axes = fig.subplots(4, 1, sharex=True)
-        over_time(ts, ["output_tok_per_s"], al, axes[0], "output tokens/s")
-        over_time(ts, ["queue_len", "running"], al, axes[1], "requests")
-        over_time(ts, ["ttft_p99_s", "tpot_p99_s", "waiting_ttft_max_s"], al, axes[2],
-                  "seconds")
-        axes[2].set_yscale("symlog", linthresh=0.01)
+        # The KV panel needs per-step records; without them the figure has three panels.
         kv = [c for c in ts.columns if c.startswith("kv_util_r")][:16]
+        fig = Figure(figsize=(11, 12 if kv else 9.5))
+        axes = fig.subplots(4 if kv else 3, 1, sharex=True)
+        over_time(ts, ["output_tok_per_s"], al, axes[0], "output tokens/s")
+        over_time(ts, ["queue_len", "running"], al, axes[1], "requests", name_alerts=False)
+        over_time(ts, ["ttft_p99_s", "tpot_p99_s", "waiting_ttft_max_s"], al, axes[2],
+                  "seconds", name_alerts=False)
+        axes[2].set_yscale("symlog", linthresh=0.01)
         if kv:
-            over_time(ts, kv, al, axes[3], "KV cache utilization")
-        else:
-            empty_note(axes[3], "KV cache utilization: " + NO_STEPS)
-        fig.suptitle(f"{name}: over time (red: alert fired; orange: a replica down)")
+            over_time(ts, kv, al, axes[3], "KV cache utilization", name_alerts=False)
+        fig.suptitle(f"{name}: over time (red: alert fired, named at the top; orange: a "
+                     f"replica down)" + ("" if kv else "; no KV panel: no per-step records"))
         figs["timeseries"] = fig
         if "prefix_hit_rate" in ts and ts["prefix_hit_rate"].fillna(0).gt(0).any():
             fig = Figure(figsize=(10, 3))  # prefix caching (docs/prefix-caching.md)
@@ -244,18 +255,22 @@ def run_figures(run_dir: str | Path) -> dict[str, Figure]:
             fig.suptitle(f"{name}: prefix cache hit rate")
             figs["prefix_hit_rate"] = fig
     steps = read_table(run, "steps")
-    steps = pd.DataFrame() if steps is None else steps
-    fig = Figure(figsize=(12, 4))
-    pipeline_gantt(steps, 2.0, fig.add_subplot())
-    fig.suptitle(name)
-    figs["pipeline_gantt"] = fig
+    if steps is not None and not steps.empty:  # not drawn without per-step records
+        fig = Figure(figsize=(12, 4))
+        pipeline_gantt(steps, 2.0, fig.add_subplot())
+        fig.suptitle(name)
+        figs["pipeline_gantt"] = fig
     gts = read_table(run, "gpu_timeseries")
-    gts = pd.DataFrame() if gts is None else gts
-    fig = Figure(figsize=(10, 5))
-    gpu_heatmap(gts, "compute_util", fig.add_subplot())
-    fig.suptitle(f"{name}: GPU compute utilization")
-    figs["gpu_heatmap"] = fig
+    if gts is not None and not gts.empty:  # from the steps, or folded per window
+        fig = Figure(figsize=(10, 5))
+        gpu_heatmap(gts, "compute_util", fig.add_subplot())
+        fig.suptitle(f"{name}: GPU compute utilization")
+        figs["gpu_heatmap"] = fig
     return figs
+
+
+#: The figures that need per-step records (or, for the heat map, folded step windows).
+STEP_FIGURES = ("pipeline_gantt", "gpu_heatmap")
 
 
 def run_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:

@@ -93,7 +93,7 @@ def mode_lines(summary: dict, alerts: pd.DataFrame | None = None) -> list[str]:
 
     if _num(g("throughput_tok_per_s")) and g("gpus"):
         row("output tok/s per GPU", f"{g('throughput_tok_per_s') / g('gpus'):,.1f} "
-                                    f"({g('gpus')} GPUs)")
+                                    f"({g('gpus')} GPU{'s' if g('gpus') != 1 else ''})")
     if isinstance(g("pool_utilization"), dict):
         row("pools busy", ", ".join(f"{k} {v:.1%}" for k, v in g("pool_utilization").items()))
         if _num(g("kv_transfer_p99_s")):

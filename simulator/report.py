@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from simulator.errors import ScenarioError
 from simulator.metrics.pools import flat_pool_metrics
-from simulator.plotting import cdf, read_table, run_figures
+from simulator.plotting import cdf, legend_outside, read_table, run_figures
 from simulator.printout import MODE_KEYS, verdict
 
 if sys.version_info >= (3, 11):
@@ -223,8 +223,7 @@ def compare_plot(runs: list[str | Path], path: Path) -> Path:
         requests = read_run(run)[1]
         for ax, metric in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), strict=True):
             cdf(requests, metric, None, ax, label=name)
-    for ax in axes:
-        ax.legend(fontsize=8)
+    legend_outside(axes[-1], 8)  # the same runs in every panel: one legend, outside
     fig.suptitle("latency CDFs of " + " vs ".join(_names(runs)))
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -208,3 +208,44 @@ def test_compare_shows_mode_keys_and_counts_as_integers(tmp_path, capsys):
     assert "<title>" + str(ROOT / "tests" / "data" / "toy_model.json") in page
     assert "<li>layout TP1 PP1 DP1</li>" in page and "<li>verdict: keeps up with 4 req/s" in page
     assert format_compare  # imported for the table above
+
+
+# -- plots of runs with and without step records -----------------------------------------
+@pytest.fixture(scope="module")
+def no_steps_run(tmp_path_factory):
+    """The toy under load (alerts fire), written without per-step records."""
+    out = tmp_path_factory.mktemp("nosteps") / "run"
+    sc = out.parent / "toy.toml"
+    sc.write_text(tomli_w.dumps(toy_scenario(
+        engine={"max_num_seqs": 4, "step_overhead_s": 0.02},
+        workload={"arrival": "constant", "rate_per_s": 40.0, "num_requests": 200,
+                  "prompt_tokens": 100, "output_tokens": 20},
+        alerts={"ttft_p99_s": 1.0, "fire_after": 1})))
+    assert main(["run", str(sc), "--out", str(out), "--quiet", "--no-steps"]) == 0
+    return out
+
+
+def test_plots_without_steps_have_a_time_axis_and_no_empty_panels(no_steps_run, capsys):
+    from simulator.plotting import run_figures  # noqa: PLC0415
+
+    figs = run_figures(no_steps_run)
+    assert "pipeline_gantt" not in figs and "gpu_heatmap" not in figs
+    fig = figs["timeseries"]
+    fig.canvas.draw()
+    axes = fig.get_axes()
+    assert len(axes) == 3  # no KV panel without step records
+    for ax in axes:
+        labels = [t.get_text() for t in ax.get_xticklabels() if t.get_visible()]
+        assert ax.get_xlabel() == "time (s)" and any(labels), labels
+        assert len(ax.get_xticks()) >= 3
+    # Alert lines are named by their rule; legends sit outside the data area.
+    assert any(t.get_text().strip() == "ttft_p99_above" for t in axes[0].texts)
+    for ax in axes:
+        legend = ax.get_legend()
+        assert legend is not None
+        frame, box = ax.get_window_extent(), legend.get_window_extent()
+        assert box.x0 >= frame.x1  # to the right of the frame: covers no data
+    assert main(["plot", str(no_steps_run)]) == 0
+    out = capsys.readouterr().out
+    assert "not drawn: pipeline_gantt.png, gpu_heatmap.png (the run kept no per-step" in out
+    assert not (no_steps_run / "pipeline_gantt.png").exists()

@@ -302,14 +302,13 @@ def test_sweep_plot_draws_one_line_per_other_swept_value_with_seed_ranges():
     assert "mean of 2 seeds" in ax.get_ylabel()
 
 
-def test_run_plots_say_why_a_panel_is_empty_without_steps(tmp_path):
+def test_run_plots_without_steps_leave_out_the_step_figures(tmp_path):
     res = simulator.run(toy_scenario(workload={"num_requests": 20, "rate_per_s": 5.0}))
     simulator.write_result(res, tmp_path, steps=False)
     from simulator.plotting import run_figures
 
     figs = run_figures(tmp_path)
-    gantt = figs["pipeline_gantt"].axes[0]
-    assert any("no per-step records" in t.get_text() for t in gantt.texts)
+    assert "pipeline_gantt" not in figs  # not drawn as an empty placeholder
     assert "toy" in figs["timeseries"].texts[0].get_text()  # the scenario name as title
     legend = [t.get_text() for t in figs["timeseries"].axes[1].get_legend().get_texts()]
     assert "queued" in legend and "queue_len" not in legend
