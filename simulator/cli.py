@@ -13,7 +13,7 @@ from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
-from simulator.io.writers import check_out, default_out, write_result
+from simulator.io.writers import check_out, default_out, size_notes, write_result
 from simulator.model.memory import GIB
 from simulator.printout import format_summary, verdict
 from simulator.sweep import BACKENDS, SweepInterrupted, sweep
@@ -33,8 +33,13 @@ def cmd_run(args) -> int:
     replaces = check_out(out)
     result = run(scenario, progress=not args.quiet and sys.stderr.isatty(), keep_steps=keep,
                  interruptible=True)
+    traced = scenario.output.trace and not args.no_trace
+    notes = size_notes(result, keep, traced)
+    for note in notes:
+        if note.startswith("warning"):
+            print(note, file=sys.stderr)
     try:
-        write_result(result, out, steps=keep, trace=scenario.output.trace and not args.no_trace)
+        write_result(result, out, steps=keep, trace=traced)
     except OSError as exc:
         raise ScenarioError(f"--out {str(out)!r}: cannot write ({exc.strerror})") from None
     for warning in result.warnings:
@@ -42,6 +47,9 @@ def cmd_run(args) -> int:
     line = verdict(result.summary, result.requests, scenario.workload.arrival == "closed_loop",
                    scenario.slo.ttft_s, scenario.slo.tpot_s)
     print(format_summary(scenario.name, result.summary, result.requests, result.alerts, line))
+    for note in notes:
+        if not note.startswith("warning"):
+            print(f"  {note}")
     print(f"  outputs in {out}/" + (" (replaced the previous run's files)" if replaces else ""))
     if result.interrupted_s is not None:
         print(f"run interrupted (Ctrl-C) at {result.interrupted_s:.1f} s of simulated time: "

@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import simpy
 import tomli_w
@@ -167,8 +169,6 @@ def test_verdict_falls_behind_and_closed_loop():
 
 
 def test_mode_lines_of_speculation_prefix_moe_and_alerts():
-    import pandas as pd  # noqa: PLC0415
-
     from simulator.printout import mode_lines  # noqa: PLC0415
 
     summary = {"acceptance_length_mean": 2.5, "spec_step_fraction": 0.9,
@@ -249,3 +249,35 @@ def test_plots_without_steps_have_a_time_axis_and_no_empty_panels(no_steps_run, 
     out = capsys.readouterr().out
     assert "not drawn: pipeline_gantt.png, gpu_heatmap.png (the run kept no per-step" in out
     assert not (no_steps_run / "pipeline_gantt.png").exists()
+
+
+# -- output size ---------------------------------------------------------------------------
+def test_trace_bounded_to_its_first_steps_and_said_so(tmp_path, monkeypatch, capsys):
+    import gzip  # noqa: PLC0415
+
+    from simulator.io import writers  # noqa: PLC0415
+
+    monkeypatch.setattr(writers, "LARGE_BYTES", 1000.0)  # warn on this small run
+    sc = tmp_path / "toy.toml"
+    sc.write_text(tomli_w.dumps(toy_scenario(
+        workload={"arrival": "constant", "rate_per_s": 5.0, "num_requests": 40,
+                  "prompt_tokens": 100, "output_tokens": 30},
+        output={"trace_max_steps": 100})))
+    assert main(["run", str(sc), "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    cap = capsys.readouterr()
+    steps = pd.read_csv(tmp_path / "r" / "steps.csv")
+    cut = float(np.sort(steps["start_s"].to_numpy())[100])
+    assert f"trace: the first 100 of {len(steps):,} steps, up to {cut:.1f} s" in cap.out
+    assert cap.err.startswith(f"warning: writing steps.csv of about "
+                              f"{len(steps) * 300 / 1e6:,.0f} MB ({len(steps):,} step rows)")
+    events = json.load(gzip.open(tmp_path / "r" / "trace.json.gz"))["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X" and e["name"] != "all-reduce"]
+    assert len(spans) == 100
+    assert max(e["ts"] for e in spans) < cut * 1e6
+    # 0: every step.
+    assert main(["run", str(sc), "--out", str(tmp_path / "all"), "--quiet",
+                 "--set", "output.trace_max_steps=0"]) == 0
+    assert "trace: the first" not in capsys.readouterr().out
+    events = json.load(gzip.open(tmp_path / "all" / "trace.json.gz"))["traceEvents"]
+    assert len([e for e in events if e.get("ph") == "X" and e["name"] != "all-reduce"]) == len(
+        steps)

@@ -170,6 +170,9 @@ class SloKeys:
 class OutputKeys:
     steps: bool = _f(True)  # write steps.csv (one row per stage step); off for very long runs
     trace: bool = _f(True)  # write trace.json (Perfetto); needs steps
+    # At most this many steps in the trace: a longer run's trace covers its first steps (the
+    # time window up to the first step left out), so Perfetto can open it; 0: every step.
+    trace_max_steps: int = _f(500_000, min=0)
     window_s: float = _f(1.0, gt=0.0)  # timeseries.csv window
     format: str = _f("csv", choices=("csv", "parquet"))  # the four tables' file format
     trace_gzip: bool = _f(True)  # trace.json.gz (about 9x smaller) rather than trace.json
@@ -389,6 +392,7 @@ LIMITS: dict[str, dict[str, float]] = {
     "alerts.waiting_ttft_s": {"max": MAX_TIME_S},
     "alerts.min_completions": {"max": MAX_REQUESTS},
     "alerts.fire_after": {"max": MAX_REQUESTS},
+    "output.trace_max_steps": {"max": 10**12},
     "alerts.clear_after": {"max": MAX_REQUESTS},
     "recovery.max_retries": {"max": 1000},
     "recovery.restart_s": {"max": MAX_TIME_S},
