@@ -73,13 +73,44 @@ def verdict(summary: dict, requests: pd.DataFrame | None, closed_loop: bool,
     t = requests["arrival_s"]
     span = float(t.max() - t.min())
     offered = f"{(len(t) - 1) / span:.3g} req/s offered" if span > 0 else "the offered load"
-    if not _num(ratio):
+    if not _num(ratio):  # latencies longer than the warm-up: judge by the backlog instead
+        lo, hi = backlog(requests)
+        if hi > max(2 * lo, 20):
+            return (f"falls behind {offered}: {hi:,} requests queued at the last arrival, "
+                    f"up from {lo:,} half-way through the arrivals; {slo}")
         return f"too short to judge keeping up with {offered}; {slo}"
     if ratio >= least:
         return (f"keeps up with {offered} (generates {min(ratio, 1):.0%} of the offered "
                 f"tokens in the steady window); {slo}")
     return (f"falls behind {offered}: generates {ratio:.0%} of the offered tokens in the "
             f"steady window, the queue grows; {slo}")
+
+
+def steady_line(summary: dict, requests: pd.DataFrame | None) -> list[str]:
+    """Where the steady window lies against the run's span (docs/metrics.md, "Steady
+    figures"): the whole-run rates also hold the warm-up and the drain."""
+    width = summary.get("steady_window_s")
+    if requests is None or requests.empty or not _num(width) or width <= 0:
+        return []
+    t0 = float(requests["arrival_s"].min())
+    lo = t0 + width  # the window is the second half of [t0, t1]
+    return [f"  {'steady window (s)':<30} {lo:.1f} to {lo + width:.1f} (the whole-run rates "
+            f"span {t0:.1f} to {summary['simulated_time_s']:.1f}: warm-up and drain "
+            f"included)"]
+
+
+def backlog(requests: pd.DataFrame) -> tuple[int, int]:
+    """Requests arrived and not yet scheduled half-way through the arrivals and at the last
+    arrival: a queue that grows means the run falls behind (the requests in service grow
+    too while a system fills up, so they are not counted)."""
+    t = requests["arrival_s"].to_numpy(dtype=float)
+    start = requests["first_scheduled_s"].fillna(float("inf")).to_numpy(dtype=float)
+    t0, t1 = float(t.min()), float(t.max())
+
+    def waiting(at: float) -> int:
+        return int(((t <= at) & (start > at)).sum())
+
+    return waiting(0.5 * (t0 + t1)), waiting(t1)
 
 
 def mode_lines(summary: dict, alerts: pd.DataFrame | None = None) -> list[str]:
@@ -146,6 +177,8 @@ def format_summary(name: str, summary: dict, requests: pd.DataFrame | None = Non
     for label, first, fmt, *rest in ROWS:
         values = " / ".join(fmt.format(summary[k]) for k in (first, *rest))
         lines.append(f"  {label:<30} {values}")
+        if first == "throughput_steady_tok_per_s":
+            lines += steady_line(summary, requests)
     return "\n".join(lines + mode_lines(summary, alerts) + trouble_lines(summary, requests))
 
 

@@ -164,7 +164,7 @@ def test_verdict_falls_behind_and_closed_loop():
                                      "num_requests": 400, "prompt_tokens": 100,
                                      "output_tokens": 50}))
     line = verdict(res.summary, res.requests, False)
-    assert line.startswith("falls behind 40 req/s offered: generates ")
+    assert line.startswith("falls behind 40 req/s offered: ")
     assert "closed loop" in verdict(res.summary, res.requests, True)
 
 

@@ -186,10 +186,12 @@ def test_batch_efficiency_alert_stays_quiet_when_under_loaded_with_nothing_queue
 def test_batch_efficiency_alert_fires_only_while_requests_wait():
     from simulator.metrics.alerts import transitions
 
-    # Under-filled batches in every window; requests queued in windows 2-5 only.
-    ts = pd.DataFrame({"window_end_s": np.arange(1.0, 10.0),
+    # Under-filled batches in every window; a request waiting longer than a window (1 s)
+    # in windows 2-5 only (window 1: one queued for 0.3 s, about to join a step).
+    ts = pd.DataFrame({"window_start_s": np.arange(0.0, 9.0),
+                       "window_end_s": np.arange(1.0, 10.0),
                        "batch_efficiency": np.full(9, 0.2),
-                       "queue_len": [0, 3, 4, 4, 2, 0, 0, 0, 0]})
+                       "oldest_queued_s": [0.3, 1.5, 2.5, 3.5, 1.2, 0, 0, 0, 0]})
     events = transitions(ts, {"batch_efficiency_min": 0.6}, "all")
     assert [(e["time_s"], e["event"]) for e in events] == [(2.0, "fire"), (6.0, "clear")]
     # With hysteresis: fire after 2 windows in a row, clear after 3.

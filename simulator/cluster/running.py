@@ -144,6 +144,8 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
                                 "start_s against the trace)", source=s.source)
         env.process(cluster.arrive(df))
         total = len(df)
+        if w.arrival == "sessions":
+            cluster.steady_end_s = float(df.loc[df["turn"] == 0, "arrival_s"].max())
     cluster.expected = total
     start_faults(env, cluster, s, rngs["faults"])
     return total
@@ -179,6 +181,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
     engine["gaps"] = cluster.gaps
     summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
                         max_num_batched_tokens=s.engine.max_num_batched_tokens,
+                        steady_end_s=cluster.steady_end_s,
                         pp=s.parallel.pp)
     if plan.speculative is not None:
         summary.update(_speculation(requests, cluster, engine))
@@ -303,6 +306,7 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
     engine = cluster.engine_totals()
     summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
                         max_num_batched_tokens=s.engine.max_num_batched_tokens,
+                        steady_end_s=cluster.steady_end_s,
                         pp=len(engine["stage_busy_s"]))
     summary["kv_blocks_per_replica"] = [p.plan.memory.kv_blocks for p in plan.pools]
     summary["kv_tokens_per_replica"] = [p.plan.memory.kv_tokens for p in plan.pools]

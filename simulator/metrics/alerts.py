@@ -5,8 +5,9 @@ the ``fire_after``-th window in a row that breaks it and clears at the end of th
 ``clear_after``-th window in a row that does not (``[alerts]``; 1 and 1: the first window
 either way), so a value hovering at the threshold does not fire and clear every window.
 Windows with no value (no request finished, no step ran) leave the state and the count as
-they were. ``batch_efficiency_below`` breaks only while requests wait (``queue_len > 0`` at
-the window's end): under-filled batches with an empty queue are light load, not waste.
+they were. ``batch_efficiency_below`` breaks only while requests wait (at the window's end
+the oldest queued request has waited longer than a window): under-filled batches with
+nothing waiting are light load, not waste.
 The latency rules take the p99 over the requests finished in the window, topped up with
 the latest earlier ones to at least ``min_completions`` (a p99 of one or two requests is
 noise; a fixed minimum per window would never clear at low load). Rules on what waits
@@ -34,7 +35,10 @@ def _below(v, t):
 
 
 def _queued(ts: pd.DataFrame) -> np.ndarray:
-    return ts["queue_len"].to_numpy(dtype=float) > 0
+    """Windows ending with a request queued for longer than a window: work that waits, not
+    the arrival of the last few milliseconds that the next step takes."""
+    width = ts["window_end_s"].to_numpy(dtype=float) - ts["window_start_s"].to_numpy(dtype=float)
+    return ts["oldest_queued_s"].to_numpy(dtype=float) > width
 
 
 #: rule name -> (window column, breaks the rule?, scenario key of its threshold, and a
