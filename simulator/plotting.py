@@ -45,6 +45,35 @@ def _ax(ax):
     return ax if ax is not None else plt.subplots(figsize=(6, 4))[1]
 
 
+#: Axis labels of sweep keys and summary metrics (other keys: :func:`axis_label`'s rules).
+AXES = {"workload.rate_per_s": "offered rate (requests/s)",
+        "workload.concurrency": "closed-loop clients", "parallel.tp": "tensor parallel (TP)",
+        "parallel.pp": "pipeline stages (PP)", "parallel.dp": "data-parallel replicas (DP)",
+        "ttft_p99_s": "TTFT p99 (s)", "ttft_p50_s": "TTFT p50 (s)",
+        "ttft_mean_s": "TTFT mean (s)", "tpot_p99_s": "TPOT p99 (s)",
+        "tpot_p50_s": "TPOT p50 (s)", "tpot_mean_s": "TPOT mean (s)",
+        "e2e_p99_s": "end-to-end p99 (s)", "throughput_tok_per_s": "output tokens/s (run)",
+        "throughput_steady_tok_per_s": "output tokens/s (steady window)",
+        "goodput_req_per_s": "goodput (requests/s, run)",
+        "goodput_steady_req_per_s": "goodput (requests/s, steady window)",
+        "slo_attainment": "SLO attainment", "engine.max_num_seqs": "max_num_seqs",
+        "cost_per_million_output_tokens_usd": "USD per million output tokens"}
+
+
+def axis_label(key: str) -> str:
+    """A readable axis label for a sweep key or a summary column: the known ones by name,
+    others with their unit suffix spelled out (``_s`` -> "(s)", ``_per_s`` -> "(/s)")."""
+    if key in AXES:
+        return AXES[key]
+    name = key.rsplit(".", 1)[-1]
+    for suffix, unit in (("_tok_per_s", " (tokens/s)"), ("_req_per_s", " (requests/s)"),
+                         ("_per_s", " (/s)"), ("_usd", " (USD)"), ("_j", " (J)"),
+                         ("_w", " (W)"), ("_s", " (s)")):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix).replace("_", " ") + unit
+    return name.replace("_", " ")
+
+
 def series_label(column: str) -> str:
     if column.startswith("kv_util_r"):
         return f"replica {column.removeprefix('kv_util_r')}"
@@ -189,12 +218,14 @@ def sweep_plot(df: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
         stats = g.groupby(x)[y].agg(["mean", "min", "max"]).sort_index()
-        label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or None
+        label = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(others, key, strict=True)
+                          ) or None
         ax.errorbar(stats.index, stats["mean"],
                     yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
                     marker="o", capsize=3, label=label)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y + (f" (mean of {seeds} seeds; bars: min to max)" if seeds > 1 else ""))
+    ax.set_xlabel(axis_label(x))
+    ax.set_ylabel(axis_label(y) + (f"\n(mean of {seeds} seeds; bars: min to max)"
+                                   if seeds > 1 else ""))
     ax.grid(alpha=0.3)
     if others:
         legend_outside(ax, 8)

@@ -281,3 +281,15 @@ def test_trace_bounded_to_its_first_steps_and_said_so(tmp_path, monkeypatch, cap
     events = json.load(gzip.open(tmp_path / "all" / "trace.json.gz"))["traceEvents"]
     assert len([e for e in events if e.get("ph") == "X" and e["name"] != "all-reduce"]) == len(
         steps)
+
+
+def test_howto_links_name_existing_sections():
+    """docs/howto.md points to sections as docs/<page>.md, "<heading>": each exists."""
+    text = (ROOT / "docs" / "howto.md").read_text()
+    refs = re.findall(r'docs/([a-z-]+\.md), "([^"]+)"', text.replace("\n", " "))
+    assert len(refs) >= 10
+    for page, heading in refs:
+        headings = re.findall(r"^#+ (.+)$", (ROOT / "docs" / page).read_text(), re.M)
+        assert any(h.startswith(heading) for h in headings), (page, heading)
+    for page in set(re.findall(r"docs/([a-z-]+\.md)", text)):
+        assert (ROOT / "docs" / page).exists(), page

@@ -296,8 +296,8 @@ def test_sweep_plot_draws_one_line_per_other_swept_value_with_seed_ranges():
                        "e2e_p99_s": [10.0, 0.2, 69.6, 0.3, 12.0, 0.2, 70.4, 0.5]})
     ax = sweep_plot(df, "workload.rate_per_s", "e2e_p99_s", ax=Figure().add_subplot())
     lines = {c.get_label(): c for c in ax.containers}
-    assert set(lines) == {"parallel.tp=1", "parallel.tp=2"}  # never averaged over tp
-    line, _, (bars,) = lines["parallel.tp=1"]
+    assert set(lines) == {"tp=1", "tp=2"}  # never averaged over tp
+    line, _, (bars,) = lines["tp=1"]
     assert line.get_ydata().tolist() == pytest.approx([11.0, 70.0])
     lo_hi = [seg[:, 1].tolist() for seg in bars.get_segments()]
     assert lo_hi == [pytest.approx([10.0, 12.0]), pytest.approx([69.6, 70.4])]
