@@ -93,20 +93,30 @@ def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = 
     return out
 
 
-#: Bytes per steps.csv row, measured (234 MB for 785k rows of a dense 70B run).
-STEPS_CSV_ROW_BYTES = 300
-#: Above this estimate, ``run`` warns before writing steps.csv.
-LARGE_BYTES = 300e6
+#: Above this estimated size, ``run`` warns before writing steps.csv.
+LARGE_BYTES = 200e6
+#: Rows formatted to estimate steps.csv's size.
+SAMPLE_ROWS = 2000
+
+
+def steps_csv_bytes(steps: pd.DataFrame) -> float:
+    """steps.csv's size, estimated from its first :data:`SAMPLE_ROWS` rows as CSV (the
+    columns and digits of this run; within a few percent of the file)."""
+    if steps.empty:
+        return 0.0
+    head = steps.head(SAMPLE_ROWS)
+    return len(head.to_csv(index=False).encode()) * len(steps) / len(head)
 
 
 def size_notes(result, steps: bool, trace: bool) -> list[str]:
     """What the CLI says before writing a large run: steps.csv's estimated size above
     :data:`LARGE_BYTES`, and the window a bounded trace covers."""
     notes, n = [], len(result.steps)
-    if steps and n * STEPS_CSV_ROW_BYTES > LARGE_BYTES and result.scenario.output.format == "csv":
-        notes.append(f"warning: writing steps.csv of about {n * STEPS_CSV_ROW_BYTES / 1e6:,.0f} "
-                     f"MB ({n:,} step rows); --no-steps or output.steps = false keeps none, "
-                     f"output.format = \"parquet\" is several times smaller")
+    size = steps_csv_bytes(result.steps) if steps else 0.0
+    if size > LARGE_BYTES and result.scenario.output.format == "csv":
+        notes.append(f"warning: writing steps.csv of about {size / 1e6:,.0f} MB ({n:,} step "
+                     f"rows); --no-steps or output.steps = false keeps none, output.format = "
+                     f"\"parquet\" is several times smaller")
     until = trace_window(result.steps, result.scenario.output.trace_max_steps)
     if steps and trace and until is not None:
         end = float(result.steps["end_s"].max())
