@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -81,9 +82,13 @@ def cmd_validate(args) -> int:
                             for st in rp.placement.stages)
         print(f"  replica {rp.placement.replica}  GPUs {stages}")
     st, tp0 = plan.replicas[0].stages[0], plan.replicas[0].placement.stages[0]
-    if p.tp > 1 and p.attention_dp:  # docs/moe.md: no TP all-reduce, all-to-all instead
-        print("  tp all-reduce  none: attention DP (each GPU runs attention for its own "
-              "requests; the MoE layers exchange tokens by all-to-all)")
+    if p.tp > 1 and p.attention_dp:  # docs/moe.md, "Layouts": no TP all-reduce
+        a = p.attention_tp or 1
+        who = "each GPU" if a == 1 else f"each group of {a} GPUs"
+        how = ("exchange tokens by all-to-all" if p.ep == p.tp else
+               f"all-gather every token over the {p.tp} GPUs and reduce-scatter the outputs")
+        print(f"  tp all-reduce  none over the stage: attention DP ({who} runs attention for "
+              f"its own requests; the MoE layers {how})")
     elif p.tp > 1:  # one all-reduce of a 64-token decode step, as the stage cost prices it
         nbytes, span = 64 * st.hidden_bytes, len({plan.graph.nodes[g]["node"] for g in tp0})
         print(f"  tp all-reduce  {span} node(s) per group: 64 tokens take "
@@ -195,6 +200,11 @@ def cmd_report(args) -> int:
 def cmd_compare(args) -> int:
     from simulator.report import compare_plot, compare_table, format_compare  # noqa: PLC0415
 
+    if args.measured:
+        return cmd_compare_measured(args)
+    if len(args.runs) < 2:
+        raise ScenarioError("compare: give two or more run folders (or --measured FILE "
+                            "SCENARIO)")
     table = compare_table(args.runs)
     out = Path(args.out) if args.out else Path("runs") / "compare"
     out.mkdir(parents=True, exist_ok=True)
@@ -202,6 +212,42 @@ def cmd_compare(args) -> int:
     png = compare_plot(args.runs, out / "compare_cdf.png")
     print(format_compare(table))
     print(f"  outputs in {out}/ (compare.csv, {png.name})")
+    return 0
+
+
+def cmd_compare_measured(args) -> int:
+    """``compare --measured FILE SCENARIO``: simulate the benchmark FILE measured, on the
+    deployment SCENARIO describes, and put the two side by side."""
+    from simulator.io.measured import read_measured  # noqa: PLC0415
+    from simulator.io.scenario import read_toml  # noqa: PLC0415
+    from simulator.metrics import measured as mm  # noqa: PLC0415
+    from simulator.plotting import measured_vs_simulated  # noqa: PLC0415
+
+    if len(args.runs) != 1:
+        raise ScenarioError("compare --measured FILE: give one scenario TOML (the "
+                            "deployment that was measured)")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ScenarioError(f"--concurrency: {args.concurrency} is not a positive integer")
+    if args.rate is not None and not (0 < args.rate < float("inf")):
+        raise ScenarioError(f"--rate: {args.rate!r} is not a positive finite rate (req/s)")
+    measured = read_measured(args.measured, args.line)
+    workload = mm.benchmark_workload(measured, args.concurrency, args.rate)
+    source = Path(args.runs[0])
+    data = read_toml(source) | {"workload": workload,
+                                "_base_dir": str(source.resolve().parent),
+                                "_source": str(source)}
+    scenario = load_scenario(data, overrides=args.set, unsets=args.unset)
+    out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-measured"
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ScenarioError(f"--out {str(out)[:80]!r}: not a folder (give a new or existing "
+                            "folder; it receives measured_vs_simulated.csv and .png)")
+    result = run(scenario, progress=sys.stderr.isatty(), keep_steps=False)
+    table = mm.comparison(measured, mm.simulated(result.summary, result.requests))
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "measured_vs_simulated.csv", index=False)
+    png = measured_vs_simulated(table, out / "measured_vs_simulated.png")
+    print(mm.format_comparison(measured, table, workload))
+    print(f"  outputs in {out}/ (measured_vs_simulated.csv, {png.name})")
     return 0
 
 
@@ -338,9 +384,32 @@ def cmd_capacity(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    if args.action == "collect":
+        return cmd_collect(args)
     from simulator.calibration import commands as calibrate  # noqa: PLC0415 - scipy on use
 
+    if args.data is None:
+        raise ScenarioError(f"calibrate {args.action}: --data is required (a folder of "
+                            "measured CSVs)")
     return calibrate.main(args.action, args.gpu, args.data, args.out)
+
+
+def cmd_collect(args) -> int:
+    from simulator.calibration import collect  # noqa: PLC0415 - PyTorch on use
+
+    if args.out is None:
+        raise ScenarioError("calibrate collect: --out is required (the folder to write into)")
+    command = "python -m simulator " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        report = collect.collect(args.gpu, args.out, collect.parse_families(args.families),
+                                 args.quick, args.timer, args.noise, args.seed,
+                                 progress=sys.stderr.isatty(), command=command)
+    except KeyboardInterrupt:
+        print(f"calibrate collect: stopped; the rows timed so far are kept in {args.out}/ "
+              "(the same command resumes)", file=sys.stderr)
+        return 130
+    print("\n".join(report.lines()))
+    return 0
 
 
 def _unset_flag(sub: argparse.ArgumentParser) -> None:
@@ -398,9 +467,23 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_report)
     m = sub.add_parser("compare", help="summary figures of runs side by side, with "
                                        "differences, and their latency CDFs overlaid")
-    m.add_argument("runs", nargs="+", help="two or more run folders; the first is the base")
+    m.add_argument("runs", nargs="+", help="two or more run folders; the first is the base "
+                                           "(with --measured: one scenario TOML)")
     m.add_argument("--out", help="folder for compare.csv and compare_cdf.png "
-                                 "(default runs/compare/)")
+                                 "(default runs/compare/; with --measured "
+                                 "runs/<scenario>-measured/)")
+    m.add_argument("--measured", metavar="FILE",
+                   help="a benchmark result (vllm bench serve, sglang.bench_serving, "
+                        "genai-perf, AIPerf, trtllm-bench): simulate the same benchmark on "
+                        "the scenario's deployment and compare")
+    m.add_argument("--line", type=int, help="--measured JSON Lines file: which run (1-based)")
+    m.add_argument("--concurrency", type=int,
+                   help="--measured: the clients' concurrency, for files that do not record it")
+    m.add_argument("--rate", type=float,
+                   help="--measured: the request rate (req/s), for files that do not record it")
+    m.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="--measured: override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(m)
     m.set_defaults(func=cmd_compare)
     t = sub.add_parser("topology", help="describe a cluster's graph")
     t.add_argument("action", choices=("show",))
@@ -478,13 +561,25 @@ def parser() -> argparse.ArgumentParser:
     _unset_flag(y)
     y.add_argument("--no-plot", action="store_true", help="no capacity.png")
     y.set_defaults(func=cmd_capacity)
-    c = sub.add_parser("calibrate", help="check or fit a GPU's cost model on measured CSVs")
-    c.add_argument("action", choices=("check", "fit"),
-                   help="check: predict the CSVs and report errors; fit: refit the GPU")
+    c = sub.add_parser("calibrate", help="collect, check or fit a GPU's cost model on "
+                                         "measured CSVs")
+    c.add_argument("action", choices=("collect", "check", "fit"),
+                   help="collect: time the kernels the fit needs on this machine's GPU; "
+                        "check: predict the CSVs and report errors; fit: refit the GPU")
     c.add_argument("--gpu", required=True, help="GPU preset name or GPU TOML file")
-    c.add_argument("--data", required=True, help="folder with gemm.csv, attention_*.csv, ...")
-    c.add_argument("--out", help="check: report CSV; fit: GPU TOML to write "
-                                 "(default runs/calibration/<gpu>.toml)")
+    c.add_argument("--data", help="check, fit: folder with gemm.csv, attention_*.csv, ...")
+    c.add_argument("--out", help="collect: folder to write the CSVs into; check: report CSV; "
+                                 "fit: GPU TOML to write (default runs/calibration/<gpu>.toml)")
+    c.add_argument("--families", help="collect: comma-separated families (default: gemm, "
+                                      "attention_context, attention_generation, nccl)")
+    c.add_argument("--quick", action="store_true",
+                   help="collect: about a tenth of the shapes (every regime, a few minutes)")
+    c.add_argument("--timer", default="torch", choices=("torch", "model"),
+                   help="collect: torch times the local GPU (default); model prices the plan "
+                        "with the simulator's own model of --gpu (a dry run)")
+    c.add_argument("--noise", type=float, default=0.0,
+                   help="collect --timer model: lognormal sigma of the stand-in's noise")
+    c.add_argument("--seed", type=int, default=0, help="collect --timer model: noise seed")
     c.set_defaults(func=cmd_calibrate)
     return ap
 

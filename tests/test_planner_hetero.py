@@ -162,7 +162,7 @@ def test_pool_nodes():
 
 
 def test_leaf_spine_cross_pairs_priced_on_the_leaf_spine(tmp_path):
-    """A cross-kind pair on a leaf-spine over both presets (simulator/topology/mixed.py).
+    """A cross-kind pair on a leaf-spine over both presets (simulator/topology/graph.py).
     Rail-optimized: prefill GPU 0 and decode GPU 8 share rail 0's leaf, the same links as
     through one switch, so the same KV price. One leaf per node at 8:1 with 4 spines: the
     A100 leaf's uplink, 8 x 25 GB/s / 8 / 4 = 6.25 GB/s, bounds the transfer (by hand)."""

@@ -13,6 +13,7 @@ from simulator.engine.schedulers import SCHEDULERS
 from simulator.engine.speculative import SpecConfig, spec_config
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, load_node
+from simulator.io.layout import head_engine, head_problems
 from simulator.io.scenario import resolve_path
 from simulator.io.schema import Scenario
 from simulator.model.cost import ACT_BYTES, StageCost
@@ -25,11 +26,11 @@ from simulator.model.memory import (
     split_layers,
 )
 from simulator.model.moe_cost import A2APaths
-from simulator.model.moe_stage import MoEStageCost
+from simulator.model.moe_stage import LayoutComm, MoEStageCost
 from simulator.model.routing import Routing, popularity, read_weights
 from simulator.model.spec import KV_DTYPES, ModelSpec, load_model
 from simulator.model.speculative import DraftCost, draft_kv_bytes_per_token, draft_weight_bytes
-from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce
+from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce, group_cost
 from simulator.parallel.placement import ReplicaPlacement, place
 from simulator.topology.flows import Flow, finish_times
 from simulator.topology.graph import Paths, build_graph, nvlink_domains
@@ -65,15 +66,12 @@ class ClusterPlan:
         return p.tp * p.pp * p.dp
 
 
-def _check_heads(model: ModelSpec, tp: int, pp: int) -> list[str]:
-    problems = []
-    if model.q_heads % tp:
-        divisors = [d for d in range(1, model.q_heads + 1) if model.q_heads % d == 0]
-        problems.append(f"parallel.tp: {tp} does not divide the {model.q_heads} attention heads "
-                        f"of {model.name} (allowed: {', '.join(map(str, divisors))})")
-    elif tp > model.kv_heads and tp % model.kv_heads:
-        problems.append(f"parallel.tp: {tp} is neither a divisor nor a multiple of the "
-                        f"{model.kv_heads} KV heads of {model.name}")
+def _check_heads(model: ModelSpec, tp: int, pp: int, engine: str = "vllm",
+                 key: str = "parallel.tp") -> list[str]:
+    """The engine's head rules for attention TP ``tp`` (simulator.io.layout) and
+    pp <= layers. MLA has no KV heads: only the query heads must divide."""
+    problems = head_problems(model.q_heads, model.q_heads if model.mla else model.kv_heads,
+                             tp, engine, model.name, key)
     if pp > model.layers:
         problems.append(f"parallel.pp: {pp} exceeds the {model.layers} layers of {model.name}")
     return problems
@@ -127,7 +125,8 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
                                 s.model.moe_a2a_mode, eng.layer_launch_s,
                                 s.model.two_batch_overlap,
                                 # async scheduling: the CPU's step work hides behind stage 0
-                                eng.step_overhead_s if eng.cpu_overlap and i == 0 else 0.0)
+                                eng.step_overhead_s if eng.cpu_overlap and i == 0 else 0.0,
+                                layout_comm(paths, group, layout, node, eng.custom_allreduce))
             if shared is not None:
                 shared[key] = cost
         if cost is None:
@@ -153,7 +152,8 @@ def expert_setup(s: Scenario, model: ModelSpec, node: NodeSpec) -> tuple[ExpertL
     dtype = s.model.weight_dtype
     if moe is not None and moe.expert_dtype is not None:  # the release's own (MXFP4)
         dtype = moe.expert_dtype if moe.expert_dtype in node.gpu.weight_dtypes else "int4"
-    layout = ExpertLayout(par.ep, par.attention_dp, par.redundant_experts, dtype)
+    layout = ExpertLayout(par.ep, par.attention_dp, par.redundant_experts, dtype,
+                          (par.attention_tp or 1) if par.attention_dp else 1)
     experts = moe.experts if moe is not None else 1
     rt = s.model.routing or {}
     weights = (read_weights(resolve_path(s, rt["weights_file"]), experts)
@@ -162,6 +162,25 @@ def expert_setup(s: Scenario, model: ModelSpec, node: NodeSpec) -> tuple[ExpertL
                    seed=s.seed)
     return layout, Routing.build(p, par.ep, par.redundant_experts,
                                  moe.top_k if moe else 1, s.seed)
+
+
+def layout_comm(paths: Paths, group: tuple[str, ...], layout: ExpertLayout, node: NodeSpec,
+                custom: bool) -> LayoutComm | None:
+    """The attention group's all-reduce (its first ``attention_tp`` GPUs stand for every
+    group) and the stage's all-gather / reduce-scatter, for attention DP with attention
+    TP > 1 or TP-sliced experts; None otherwise (TP attention, or DP attention over whole
+    experts and single-GPU attention groups)."""
+    tp = len(group)
+    a = layout.attn_tp(tp)
+    if not layout.attention_dp or (a == 1 and layout.ep == tp):
+        return None
+    params = node.gpu.calibration.collectives
+    sub = group[:a]
+    nvlink = _nvlink_ring(paths, sub) if a > 1 else False
+    attention = allreduce(paths, sub, params, node.scale_up.in_switch_reduction and nvlink,
+                          custom and nvlink)
+    return LayoutComm(attention, group_cost(paths, "all_gather", group, params),
+                      group_cost(paths, "reduce_scatter", group, params))
 
 
 def a2a_paths(paths: Paths, group: tuple[str, ...]) -> A2APaths:
@@ -203,20 +222,29 @@ def _check_moe(model: ModelSpec, s: Scenario) -> list[str]:
     if model.moe is None:
         for key, value, default in (("ep", par.ep, 1), ("attention_dp", par.attention_dp,
                                                         False),
-                                    ("redundant_experts", par.redundant_experts, 0)):
+                                    ("redundant_experts", par.redundant_experts, 0),
+                                    ("attention_tp", par.attention_tp, None)):
             if value != default:
                 problems.append(f"parallel.{key}: {value!r} needs a mixture-of-experts "
                                 f"model; {model.name} is dense")
         return problems
-    if par.ep not in (1, par.tp):
-        problems.append(f"parallel.ep: {par.ep} must be 1 (experts sliced by TP) or equal "
-                        f"to parallel.tp ({par.tp}: whole experts over the stage's GPUs)")
-    if par.attention_dp and (par.ep != par.tp or par.tp == 1):
-        problems.append(f"parallel.attention_dp: needs ep = tp > 1 (the MoE layer spans the "
-                        f"attention-DP ranks), got tp={par.tp}, ep={par.ep}")
-    if s.model.two_batch_overlap and not par.attention_dp:
-        problems.append("model.two_batch_overlap: needs parallel.attention_dp = true (it "
-                        "overlaps the all-to-all, which only DP attention has)")
+    if par.tp % par.ep:
+        allowed = [d for d in range(1, par.tp + 1) if par.tp % d == 0]
+        problems.append(f"parallel.ep: {par.ep} does not divide parallel.tp ({par.tp}; "
+                        f"allowed: {', '.join(map(str, allowed))}: each expert sliced over "
+                        f"tp / ep GPUs)")
+    a = par.attention_tp or 1
+    if par.attention_tp is not None and not par.attention_dp:
+        problems.append(f"parallel.attention_tp: {a} needs parallel.attention_dp = true "
+                        f"(attention is TP over all tp GPUs without it)")
+    if par.attention_dp and (par.tp == 1 or par.tp % a or a >= par.tp):
+        problems.append(f"parallel.attention_dp: needs tp > 1 split into attention groups of "
+                        f"attention_tp GPUs (attention_tp divides tp and is below it), got "
+                        f"tp={par.tp}, attention_tp={a}")
+    if s.model.two_batch_overlap and not (par.attention_dp and par.ep == par.tp):
+        problems.append("model.two_batch_overlap: needs parallel.attention_dp = true and "
+                        "ep = tp (it overlaps the all-to-all, which only DP attention with "
+                        "whole experts per rank has)")
     if par.redundant_experts and par.ep == 1:
         problems.append("parallel.redundant_experts: needs expert parallelism (ep > 1)")
     return problems
@@ -249,7 +277,11 @@ def _build(s: Scenario) -> ClusterPlan:
     node = cluster_node(s)
     tp, pp, dp = s.parallel.tp, s.parallel.pp, s.parallel.dp
     problems = _check_moe(model, s)
-    problems += _check_heads(model, 1 if s.parallel.attention_dp else tp, pp)
+    attn_tp = (s.parallel.attention_tp or 1) if s.parallel.attention_dp else tp
+    problems = problems or _check_heads(model, attn_tp, pp,
+                             head_engine(s.parallel.heads_rule, s.engine.profile),
+                             "parallel.attention_tp" if s.parallel.attention_dp else
+                             "parallel.tp")
     if problems:
         raise ScenarioError(problems)
     for key, allowed in (("weight_dtype", node.gpu.weight_dtypes), ("kv_dtype", KV_DTYPES)):
@@ -348,7 +380,9 @@ def _spec_config(s: Scenario, model: ModelSpec, node: NodeSpec, draft: ModelSpec
         head = MoEStageCost(model, node.gpu, tp, model.layers - 1, 1, False, True,
                             s.model.weight_dtype, s.model.kv_dtype, ar, layout, routing,
                             a2a_paths(paths, rp.placement.stages[-1]), s.model.moe_a2a_mode,
-                            eng.layer_launch_s, s.model.two_batch_overlap)
+                            eng.layer_launch_s, s.model.two_batch_overlap,
+                            comm=layout_comm(paths, rp.placement.stages[-1], layout, node,
+                                             eng.custom_allreduce))
     cost = DraftCost(sp.method, model, draft, node.gpu, tp, s.model.weight_dtype,
                      s.model.kv_dtype, ar, eng.layer_launch_s, graphs, mixed, head)
     return spec_config(sp.method, sp.num_speculative_tokens, sp.acceptance,

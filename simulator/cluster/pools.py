@@ -92,7 +92,8 @@ def pool_scenario(s: Scenario, pool: PoolKeys, topology: str, nodes: int) -> Sce
                    parallel=ParallelKeys(tp=pool.tp, pp=pool.pp, dp=pool.dp,
                                          placement=pool.placement, ep=pool.ep,
                                          attention_dp=pool.attention_dp,
-                                         redundant_experts=pool.redundant_experts),
+                                         redundant_experts=pool.redundant_experts,
+                                         attention_tp=pool.attention_tp),
                    engine=engine, model=replace(s.model, kv_dtype=pool.kv_dtype
                                                 or s.model.kv_dtype),
                    pools=(), faults=(), random_faults=None,

@@ -121,9 +121,11 @@ def _fit(weights: list[float], block: list[int], act: float, reserve_bytes: floa
 class ExpertLayout:
     """How a MoE / MLA model spreads over the ``tp`` GPUs of a stage.
 
-    ``ep`` is 1 (every expert sliced over the TP group: MoE-TP) or ``tp`` (whole experts
-    spread over the group's ranks). ``attention_dp``: each rank runs attention (and the
-    dense layers and shared experts) for its own requests with whole weights.
+    ``ep`` divides ``tp``: the experts spread over ``ep`` ranks, each expert sliced over
+    ``tp / ep`` GPUs (1: every expert sliced over the TP group, MoE-TP; ``tp``: whole
+    experts). ``attention_dp``: the stage splits into ``tp / attention_tp`` attention
+    groups, each running attention (and the dense layers and shared experts) for its own
+    requests, TP-sharded over its ``attention_tp`` GPUs (1: whole weights).
     ``expert_dtype`` is the dtype experts run in (the release's own where it declares one).
     """
 
@@ -131,10 +133,19 @@ class ExpertLayout:
     attention_dp: bool = False
     redundant_experts: int = 0
     expert_dtype: str = "bf16"
+    attention_tp: int = 1
 
     def experts_per_rank(self, experts: int) -> int:
         """Routed experts one EP rank holds: ceil((E + redundant) / ep)."""
         return math.ceil((experts + self.redundant_experts) / self.ep)
+
+    def attn_tp(self, tp: int) -> int:
+        """GPUs one request's attention is TP-sharded over in a stage of ``tp`` GPUs."""
+        return self.attention_tp if self.attention_dp else tp
+
+    def groups(self, tp: int) -> int:
+        """Attention-DP groups of a stage of ``tp`` GPUs (1 under TP attention)."""
+        return tp // self.attn_tp(tp)
 
 
 def attention_params_per_gpu(model: ModelSpec, tp: int) -> float:
@@ -159,10 +170,11 @@ def moe_weight_bytes_per_gpu(model: ModelSpec, tp: int, layout: ExpertLayout, st
 
     Attention, dense MLPs and shared experts shard over TP (whole under attention DP); the
     routers and norms stay 16-bit and whole; routed experts are ``experts_per_rank`` whole
-    experts (ep = tp) or all experts sliced by TP (ep = 1), in ``layout.expert_dtype``.
+    experts sliced over ``tp / ep`` GPUs (whole at ep = tp, all experts sliced by TP at
+    ep = 1), in ``layout.expert_dtype``.
     """
     h, w_b = model.hidden, BYTES_PER_DTYPE[weight_dtype]
-    attn_tp = 1 if layout.attention_dp else tp
+    attn_tp = layout.attn_tp(tp)
     moe_set = set(model.moe.layers) if model.moe else set()
     n_moe = sum(1 for i in range(start, start + layers) if i in moe_set)
     attn = attention_params_per_gpu(model, attn_tp) * w_b
@@ -171,10 +183,10 @@ def moe_weight_bytes_per_gpu(model: ModelSpec, tp: int, layout: ExpertLayout, st
     if n_moe:
         m = model.moe
         e_b = BYTES_PER_DTYPE[layout.expert_dtype]
-        if layout.ep > 1:
+        if layout.ep >= tp:
             experts = layout.experts_per_rank(m.experts) * m.expert_params(h)
-        else:
-            experts = (m.experts + layout.redundant_experts) * m.expert_params(h) / tp
+        else:  # each expert sliced over tp / ep GPUs
+            experts = layout.experts_per_rank(m.experts) * m.expert_params(h) / (tp // layout.ep)
         per = (m.router_params(h) * ACT_BYTES + experts * e_b
                + 3 * h * m.shared_intermediate / attn_tp * w_b)
         total += n_moe * per
@@ -184,16 +196,17 @@ def moe_weight_bytes_per_gpu(model: ModelSpec, tp: int, layout: ExpertLayout, st
 def moe_activation_bytes(model: ModelSpec, tp: int, layout: ExpertLayout, max_tokens: int,
                          max_seqs: int) -> float:
     """Peak activations of one rank: the attention part of :func:`activation_bytes` for
-    the rank's tokens (``max_tokens / tp`` under attention DP), plus the dispatched tokens
-    of a MoE layer (``max_tokens * k / ep`` rows of h in and out, and the gated
+    the rank's tokens (``max_tokens / groups`` under attention DP), plus the dispatched
+    tokens of a MoE layer (``max_tokens * k / ep`` rows of h in and out, and the gated
     intermediates of the rank's expert slice)."""
-    attn_tp = 1 if layout.attention_dp else tp
-    rank_tokens = math.ceil(max_tokens / tp) if layout.attention_dp else max_tokens
+    attn_tp = layout.attn_tp(tp)
+    groups = layout.groups(tp)
+    rank_tokens = math.ceil(max_tokens / groups) if layout.attention_dp else max_tokens
     dense = activation_bytes(model, attn_tp, rank_tokens, max_seqs)
     if model.moe is None:
         return dense
     m = model.moe
-    moe_tp = tp if layout.ep == 1 else 1
+    moe_tp = tp // layout.ep
     routed = max_tokens * m.top_k / layout.ep
     return dense + routed * (2 * model.hidden + 4 * m.intermediate / moe_tp) * ACT_BYTES
 
@@ -205,7 +218,7 @@ def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
     """:func:`plan_memory` for a MoE or MLA model, one rank at a time.
 
     The replica's KV blocks are those of its tightest stage, times ``tp`` under attention
-    DP (each rank caches its own requests). Raises a :class:`ScenarioError` that says by
+    DP (each attention group caches its own requests). Raises a :class:`ScenarioError` that says by
     how much the tightest rank misses.
     """
     stages = split_layers(model.layers, pp)
@@ -214,16 +227,18 @@ def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
                                         i == pp - 1, weight_dtype)
                for i, layers in enumerate(stages)]
     kv_b = BYTES_PER_DTYPE[kv_dtype]
-    kv_tp = 1 if layout.attention_dp else tp
+    kv_tp = layout.attn_tp(tp)
     block = [block_size * model.kv_bytes_per_token(kv_b, kv_tp, layers) for layers in stages]
     act = moe_activation_bytes(model, tp, layout, max_tokens, max_seqs)
     how = (f"ep={layout.ep}, attention_dp={str(layout.attention_dp).lower()}, "
-           f"redundant_experts={layout.redundant_experts}")
+           + (f"attention_tp={layout.attention_tp}, " if layout.attn_tp(tp) > 1
+              and layout.attention_dp else "")
+           + f"redundant_experts={layout.redundant_experts}")
     free, blocks = _fit(weights, block, act, reserve_bytes, gpu_memory_bytes * utilization,
                         f"{model.name} ({weight_dtype}, experts {layout.expert_dtype}) does "
                         f"not fit with tp={tp}, pp={pp}, {how}",
                         "Add GPUs (tp/ep or pp), or use lower-precision weights")
-    replicas = tp if layout.attention_dp else 1
+    replicas = layout.groups(tp)
     return MemoryPlan(tuple(weights), free, tuple(block), blocks * replicas, block_size,
                       _note(model, tp, layout))
 
@@ -235,12 +250,17 @@ def _note(model: ModelSpec, tp: int, layout: ExpertLayout) -> str:
         if layout.ep > 1:
             extra = (f" (with {layout.redundant_experts} redundant over the group)"
                      if layout.redundant_experts else "")
+            what = ("whole experts" if layout.ep == tp else
+                    f"experts, each sliced {tp // layout.ep} ways (MoE-TP{tp // layout.ep})")
             parts.append(f"EP{layout.ep}: {layout.experts_per_rank(model.moe.experts)} "
-                         f"whole experts per GPU{extra}")
+                         f"{what} per GPU{extra}")
         else:
             parts.append(f"all {model.moe.experts} experts sliced {tp} ways (MoE-TP)")
         parts.append(f"experts in {layout.expert_dtype}")
-    if layout.attention_dp:
+    if layout.attention_dp and layout.attn_tp(tp) > 1:
+        parts.append(f"attention DP{layout.groups(tp)} x TP{layout.attn_tp(tp)}: each group "
+                     f"of {layout.attn_tp(tp)} GPUs caches its own requests' KV")
+    elif layout.attention_dp:
         parts.append(f"attention DP: each of {tp} GPUs caches its own requests' KV")
     elif model.mla is not None and tp > 1:
         parts.append(f"MLA cache replicated on all {tp} GPUs of the TP group (attention_dp "

@@ -39,6 +39,18 @@ from simulator.parallel.collective import AllReduceCost
 
 
 @dataclass(frozen=True)
+class LayoutComm:
+    """Collectives of an attention-DP stage besides the all-to-all: the all-reduce of one
+    attention group (``attention_tp`` GPUs), and the all-gather and reduce-scatter over
+    the whole stage that bring every token to the MoE layer and its outputs back when the
+    experts are TP-sliced (``ep < tp``), each ``alpha + beta * S`` on the graph."""
+
+    attention: AllReduceCost
+    gather: AllReduceCost
+    scatter: AllReduceCost
+
+
+@dataclass(frozen=True)
 class MoETable:
     """Per routing state (row of the draw block) for one token count: the MoE block's
     time on the slowest rank (routed experts), its all-to-all time (dispatch + combine)
@@ -60,13 +72,13 @@ def _shared_tables(c: MoEStageCost) -> dict[tuple[int, str], MoETable]:
     """The ``(tokens, mode) -> MoETable`` dict of stage cost ``c``, shared with every stage
     built before whose :meth:`MoEStageCost._rows` is the same function: the same routing,
     model and GPU objects, expert layout, attention DP, all-to-all paths and dispatch
-    bytes, and (MoE-TP) TP size. A plan builds thousands of stages over a few such sets;
+    bytes, and the TP size. A plan builds thousands of stages over a few such sets;
     rows are computed independently of each other, so a row is the same bits whichever
     stage filled it. The entry holds the objects keyed by id, so no id is reused while it
     lives (ModelSpec and GPUSpec hold dicts: they are not hashable)."""
     refs = (c.routing, c.model, c.gpu)
     key = (tuple(id(x) for x in refs), c.layout, c.n_moe > 0, c.dp, c.paths,
-           c.dispatch_bytes, c.shapes.tp if c.layout.ep <= 1 else 0)
+           c.dispatch_bytes, c.shapes.tp if c.layout.ep < c.shapes.tp else 0)
     hit = _SHARED.get(key)
     if hit is None or any(a is not b for a, b in zip(hit[0], refs, strict=True)):
         if len(_SHARED) >= SHARED_TABLES:
@@ -90,6 +102,9 @@ class MoEStageCost(StageCost):
         Popularity and placement over ``layout.ep`` ranks (1 for MoE-TP).
     paths : A2APaths or None
         The EP group's paths (attention DP only).
+    comm : LayoutComm or None
+        The attention group's all-reduce and the stage's all-gather / reduce-scatter
+        (attention DP with ``attention_tp > 1`` or ``ep < tp``; None: neither).
     a2a_mode : {"auto", "normal", "low_latency"}
         ``auto``: normal for steps with prefill, low_latency for decode-only steps.
     two_batch_overlap : bool
@@ -102,15 +117,20 @@ class MoEStageCost(StageCost):
                  allreduce: AllReduceCost, layout: ExpertLayout, routing: Routing,
                  paths: A2APaths | None, a2a_mode: str = "auto",
                  layer_launch_s: float = 0.0, two_batch_overlap: bool = False,
-                 cpu_floor_s: float = 0.0):
+                 cpu_floor_s: float = 0.0, comm: LayoutComm | None = None):
         super().__init__(model, gpu, tp, layers, first, last, weight_dtype, kv_dtype,
                          allreduce, layer_launch_s, cpu_floor_s=cpu_floor_s)
         self.model, self.layout, self.routing, self.paths = model, layout, routing, paths
         self.a2a_mode = a2a_mode
         self.tbo = two_batch_overlap
         self.dp = layout.attention_dp
-        self.split = tp if self.dp else 1
-        attn_tp = 1 if self.dp else tp
+        self.split = layout.groups(tp)
+        attn_tp = layout.attn_tp(tp)
+        # Attention DP with whole experts per rank: DeepEP dispatch / combine; with
+        # TP-sliced experts: all-gather the tokens before the MoE layer, reduce-scatter after.
+        self.a2a = self.dp and layout.ep == tp
+        self.moe_tp = tp // layout.ep
+        self.comm = comm
         h = model.hidden
         moe_set = set(model.moe.layers) if model.moe else set()
         self.n_moe = sum(1 for i in range(start, start + layers) if i in moe_set)
@@ -178,8 +198,18 @@ class MoEStageCost(StageCost):
                    + self.n_moe * (router + shared + t * self.elem_bytes_moe / self.elem_bw))
         if self.first:
             compute += t * self.hidden_bytes / self.elem_bw
-        comm = 0.0 if self.dp else 2 * self.layers * self.allreduce.time(
-            tokens * self.hidden_bytes)
+        if not self.dp:
+            comm = 2 * self.layers * self.allreduce.time(tokens * self.hidden_bytes)
+        elif self.comm is None:
+            comm = 0.0
+        else:  # two attention-group all-reduces per layer (around the all-to-all: their
+            # reduce-scatter and all-gather halves); gathered MoE: AG + RS replace one
+            c = self.comm
+            comm = 2 * self.layers * c.attention.time(t * self.hidden_bytes)
+            if not self.a2a:
+                comm += self.n_moe * (c.gather.time(tokens * self.hidden_bytes)
+                                      + c.scatter.time(tokens * self.hidden_bytes)
+                                      - c.attention.time(t * self.hidden_bytes))
         self._fixed[tokens] = (compute, comm)
         return compute, comm
 
@@ -213,11 +243,12 @@ class MoEStageCost(StageCost):
             zero = np.zeros(rows.size)
             return zero, zero, zero + 1.0
         if lay.ep > 1:  # each rank its local experts' sampled rows; the slowest decides
-            t = expert_time(r.local_counts(tokens, rows), self.model, moe.intermediate,
-                            self.gpu, lay.expert_dtype, lay.ep)
+            t = expert_time(r.local_counts(tokens, rows), self.model,
+                            moe.intermediate // self.moe_tp, self.gpu, lay.expert_dtype,
+                            lay.ep)
             imb = imbalance(r.rank_loads(tokens, rows))
             a2a = np.zeros_like(imb)
-            if self.dp:  # the hottest rank receives imb x the mean
+            if self.a2a:  # the hottest rank receives imb x the mean
                 per_rank = tokens / lay.ep
                 out = dispatch_bytes_per_peer(per_rank, r, self.model.hidden,
                                               self.dispatch_bytes, mode)

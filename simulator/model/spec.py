@@ -194,7 +194,10 @@ class ModelSpec:
 
 
 def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
-    return max(1, kv_heads // tp)
+    """KV heads one GPU of a TP group of ``tp`` holds: ``ceil(kv / tp)``. A divisor of the
+    KV heads shards them; beyond them each GPU keeps a replica of one (vLLM, SGLang); a TP
+    size that is neither (TensorRT-LLM only) replicates the remainder."""
+    return -(-kv_heads // tp)
 
 
 def _int(config: dict, key: str, default=None, minimum: int = 1) -> int:

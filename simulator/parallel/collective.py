@@ -28,7 +28,6 @@ from simulator.calibration.forms import allreduce_times
 from simulator.calibration.params import (
     RING_BANDWIDTH_EFF,
     RING_LAUNCH_S,
-    RING_STEP_S,
     CollectiveParams,
 )
 from simulator.errors import ScenarioError
@@ -37,8 +36,6 @@ from simulator.topology.graph import Paths
 
 #: NCCL call launch and synchronisation of an uncalibrated fabric, seconds.
 LAUNCH_S = RING_LAUNCH_S
-#: Software latency per ring step on top of the wire latency, seconds.
-STEP_S = RING_STEP_S
 #: Achieved fraction of link bandwidth for large messages (and point-to-point sends).
 BANDWIDTH_EFFICIENCY = RING_BANDWIDTH_EFF
 
@@ -117,13 +114,6 @@ def allreduce(paths: Paths, group: tuple[str, ...], params: CollectiveParams | N
 def ring_allreduce(paths: Paths, group: tuple[str, ...]) -> AllReduceCost:
     """Alpha-beta cost of the uncalibrated ring all-reduce over ``group``."""
     return allreduce(paths, group)
-
-
-def send_time(paths: Paths, src: str, dst: str, nbytes: float) -> float:
-    """Point-to-point send of ``nbytes`` from src to dst (PP activation hand-off)."""
-    if nbytes <= 0 or src == dst:
-        return 0.0
-    return paths.latency(src, dst) + nbytes / (paths.bandwidth(src, dst) * BANDWIDTH_EFFICIENCY)
 
 
 # --- Any group, multi-node included: algorithms as phases of flows -------------------------
@@ -418,3 +408,16 @@ def multinode_allreduce(paths: Paths, group: tuple[str, ...],
     algos = schedules(paths, "all_reduce", group, params)
     nccl = tuple((name, *_phase_terms(paths, [s])) for name, s in algos.items())
     return AllReduceCost(nccl, len(group))
+
+
+def group_cost(paths: Paths, op: str, group: tuple[str, ...],
+               params: CollectiveParams | None = None) -> AllReduceCost:
+    """``op`` (``all_gather`` or ``reduce_scatter``; ``all_reduce`` as
+    :func:`multinode_allreduce`) over ``group`` as the engine uses it: each algorithm of
+    :func:`schedules` alone on its links, ``alpha + beta * S`` with S the full buffer
+    (every rank's shard together); nothing for one rank."""
+    if len(group) <= 1:
+        return AllReduceCost((("none", 0.0, 0.0),), len(group))
+    algos = schedules(paths, op, group, params)
+    return AllReduceCost(tuple((name, *_phase_terms(paths, [s])) for name, s in algos.items()),
+                         len(group))
