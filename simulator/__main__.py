@@ -10,7 +10,11 @@ handlers disconnect the driver from a cluster it did not start.
 import os
 import sys
 
-from simulator.cli import main
+try:
+    from simulator.cli import main
+except KeyboardInterrupt:  # Ctrl-C while the libraries load: one line, as in a command
+    print("interrupted (Ctrl-C)", file=sys.stderr)
+    os._exit(130)
 
 rc = main()
 if "ray" in sys.modules:

@@ -19,9 +19,9 @@ from simulator.files import excerpt, out_file, out_files, out_folder, read_text
 from simulator.hardware.specs import transfer_note
 from simulator.io import runfolder
 from simulator.io.scenario import load_scenario
-from simulator.io.writers import check_out, default_out, write_result
+from simulator.io.writers import check_out, default_out, size_notes, write_result
 from simulator.model.memory import GIB, split_layers, weight_classes
-from simulator.printout import format_summary
+from simulator.printout import format_summary, verdict
 from simulator.sweep import BACKENDS, SweepInterrupted, sweep
 
 #: Exit status of plan and capacity when the question has no answer (bad input: 2).
@@ -32,7 +32,8 @@ EXIT_INTERRUPTED = 130
 
 def _load(args) -> object:
     source = args.scenario if args.scenario else dict(DEFAULT_SCENARIO)
-    return load_scenario(source, overrides=args.set, seed=getattr(args, "seed", None))
+    return load_scenario(source, overrides=args.set, seed=getattr(args, "seed", None),
+                         unsets=args.unset)
 
 
 def cmd_run(args) -> int:
@@ -41,15 +42,31 @@ def cmd_run(args) -> int:
     # The folder is checked before simulating: a run whose files cannot be written is lost.
     out = Path(args.out) if args.out else default_out(scenario.name, args.set, args.seed)
     replaces = check_out(out)
-    result = run(scenario, progress=not args.quiet and sys.stderr.isatty(), keep_steps=keep)
+    result = run(scenario, progress=not args.quiet and sys.stderr.isatty(), keep_steps=keep,
+                 interruptible=True)
+    traced = scenario.output.trace and not args.no_trace
+    notes = size_notes(result, keep, traced)
+    for note in notes:
+        if note.startswith("warning"):
+            print(note, file=sys.stderr)
     try:
-        write_result(result, out, steps=keep, trace=scenario.output.trace and not args.no_trace)
+        write_result(result, out, steps=keep, trace=traced)
     except OSError as exc:
         raise ScenarioError(f"--out {str(out)!r}: cannot write ({exc.strerror})") from None
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print(format_summary(scenario.name, result.summary, result.requests))
+    line = verdict(result.summary, result.requests, scenario.workload.arrival == "closed_loop",
+                   scenario.slo.ttft_s, scenario.slo.tpot_s)
+    print(format_summary(scenario.name, result.summary, result.requests, result.alerts, line))
+    for note in notes:
+        if not note.startswith("warning"):
+            print(f"  {note}")
     print(f"  outputs in {out}/" + (" (replaced the previous run's files)" if replaces else ""))
+    if result.interrupted_s is not None:
+        print(f"run interrupted (Ctrl-C) at {result.interrupted_s:.1f} s of simulated time: "
+              f"the outputs cover the {len(result.requests)} requests recorded by then",
+              file=sys.stderr)
+        return 130
     return 0
 
 
@@ -163,7 +180,11 @@ def cmd_sweep(args) -> int:
               file=sys.stderr)
         return 130
     ok = int((df["status"] == "ok").sum())
-    print(f"sweep {base.name}: {len(df)} runs in {out} ({ok} ok, {len(df) - ok} failed)")
+    ran = df.attrs.get("ran", len(df))
+    done = (f"nothing ran: every run was already there (another --out, or remove {out}, "
+            f"to run them again)" if ran == 0 else f"{ran} ran now" if ran < len(df) else "")
+    print(f"sweep {base.name}: {len(df)} runs in {out} ({ok} ok, {len(df) - ok} failed)"
+          + (f"; {done}" if done else ""))
     # Every distinct failure once, with how many runs it hit.
     for error, n in df.loc[df["status"] != "ok", "error"].value_counts(sort=False).items():
         print(f"  failed x{n}: {error}")
@@ -175,13 +196,19 @@ def cmd_sweep(args) -> int:
 
 def cmd_plot(args) -> int:
     # Imported on use: matplotlib (and scipy below) would add ~2 s to every start.
-    from simulator.plotting import run_report, save_sweep_plot  # noqa: PLC0415
+    from simulator.plotting import STEP_FIGURES, run_report, save_sweep_plot  # noqa: PLC0415
 
     target = Path(args.target)
     if target.is_dir():
         if not any((target / f"requests.{x}").exists() for x in ("csv", "parquet")):
             raise ScenarioError(f"plot: {str(target)!r} has no requests.csv (not a run folder)")
         files = run_report(target, args.out)
+        missing = [f"{stem}.png" for stem in STEP_FIGURES
+                   if not any(f.stem == stem for f in files)]
+        if missing:
+            files.append(f"not drawn: {', '.join(missing)} (the run kept no per-step "
+                         f"records; run it without --no-steps, or with output.energy = true "
+                         f"for the heat map)")
     elif target.suffix == ".csv" and target.exists():
         df = runfolder.read_csv(target, "plot")
         missing = [k for k in (args.x, args.y, args.hue) if k and k not in df.columns]
@@ -249,7 +276,7 @@ def cmd_compare_measured(args) -> int:
     data = read_toml(source) | {"workload": workload,
                                 "_base_dir": str(source.resolve().parent),
                                 "_source": str(source)}
-    scenario = load_scenario(data, overrides=args.set)
+    scenario = load_scenario(data, overrides=args.set, unsets=args.unset)
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-measured"
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ScenarioError(f"--out {str(out)[:80]!r}: not a folder (give a new or existing "
@@ -288,8 +315,9 @@ def cmd_topology(args) -> int:
     if is_preset:
         node = load_node(target)
         g = build_graph(node, args.nodes or 1, args.fabric, args.oversubscription or 1.0)
+    elif (sc := load_scenario(target, overrides=args.set, unsets=args.unset)).pools:
+        return _show_pools(sc, args)
     else:
-        sc = load_scenario(target, overrides=args.set)
         c = sc.cluster
         node = cluster_node(sc)  # the preset with the scenario's NIC and switch overrides
         g = build_graph(node, args.nodes or c.nodes, args.fabric or c.fabric,
@@ -298,6 +326,32 @@ def cmd_topology(args) -> int:
     print(format_summary(summary(g)))
     if args.png:
         draw(g, out_file(args.png, "topology show --png"))
+        print(f"  drawing in {args.png}")
+    return 0
+
+
+def _show_pools(sc, args) -> int:
+    """``topology show`` of a scenario with ``[[pools]]``: the graph that joins every pool's
+    nodes (docs/disaggregation.md), and which nodes each pool holds."""
+    from simulator.cluster.pools import build_pools  # noqa: PLC0415 - light, on use
+    from simulator.topology.summary import draw, format_summary, summary  # noqa: PLC0415
+
+    given = [f for f, v in (("--nodes", args.nodes), ("--fabric", args.fabric),
+                            ("--oversubscription", args.oversubscription)) if v is not None]
+    if given:
+        raise ScenarioError(f"topology show {' '.join(given)}: not with [[pools]] (each pool "
+                            f"sets its nodes; --set cluster.fabric=... changes the fabric)",
+                            source=sc.source)
+    plan = build_pools(sc)
+    print(format_summary(summary(plan.graph)))
+    for p in plan.pools:
+        nodes = sorted({plan.graph.nodes[g]["node"] for rp in p.plan.replicas
+                        for st in rp.placement.stages for g in st})
+        print(f"  pool {p.spec.name} ({p.spec.role})  {p.plan.node.name} "
+              f"({p.plan.node.gpu.name}), {p.gpus} GPUs on node{'s' if len(nodes) > 1 else ''} "
+              f"{', '.join(map(str, nodes))}")
+    if args.png:
+        draw(plan.graph, args.png)
         print(f"  drawing in {args.png}")
     return 0
 
@@ -315,6 +369,15 @@ def cmd_collective(args) -> int:
     return 0
 
 
+def _with_unsets(args) -> None:
+    """``--unset``, for the commands that take a scenario and its ``--set`` flags: the
+    scenario is read here with both and handed on whole."""
+    args.file = args.scenario
+    if args.unset:
+        args.scenario, args.set = load_scenario(args.scenario, overrides=args.set,
+                                                unsets=args.unset), None
+
+
 def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
     from simulator.planner.report import (  # noqa: PLC0415
@@ -326,6 +389,7 @@ def cmd_plan(args) -> int:
         write_plan,
     )
 
+    _with_unsets(args)
     if args.emit is not None and args.emit < 1:
         raise ScenarioError(f"--emit: a rank of plan.csv (1, 2, ...), got {args.emit}")
     # the whole space unless restricted: colocated and disaggregated in one ranking
@@ -383,6 +447,7 @@ def cmd_capacity(args) -> int:
     from simulator.planner import capacity  # noqa: PLC0415 - on use
     from simulator.planner.report import format_capacity, write_capacity  # noqa: PLC0415
 
+    _with_unsets(args)
     if args.out:
         out_folder(args.out, "--out", create=False)
     result = capacity(args.scenario, slo_quantile=args.slo_quantile, tolerance=args.tolerance,
@@ -423,6 +488,12 @@ def cmd_collect(args) -> int:
     return 0
 
 
+def _unset_flag(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--unset", action="append", metavar="KEY",
+                     help="remove a key the scenario file sets, so its default applies, "
+                          "e.g. --unset workload.rate_per_s")
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """Command-line misuse as one line on stderr (no usage block), exit status 2."""
 
@@ -440,6 +511,7 @@ def parser() -> argparse.ArgumentParser:
                                  "(default runs/<name>/, runs/<name>-tp8-pp1/ with --set)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(r)
     r.add_argument("--seed", type=int, help="replace the scenario's seed")
     r.add_argument("--no-steps", action="store_true",
                    help="keep no per-step records (no steps.csv, no trace.json)")
@@ -450,6 +522,7 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("scenario", nargs="?", help="scenario TOML file")
     v.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(v)
     v.set_defaults(func=cmd_validate)
     w = sub.add_parser("sweep", help="run a grid of scenario variants x seeds into a CSV")
     w.add_argument("scenario", help="base scenario TOML file")
@@ -486,6 +559,7 @@ def parser() -> argparse.ArgumentParser:
                    help="--measured: the request rate (req/s), for files that do not record it")
     m.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="--measured: override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(m)
     m.set_defaults(func=cmd_compare)
     t = sub.add_parser("topology", help="describe a cluster's graph")
     t.add_argument("action", choices=("show",))
@@ -497,6 +571,7 @@ def parser() -> argparse.ArgumentParser:
                    help="leaf_spine downlink/uplink ratio")
     t.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(t)
     t.add_argument("--png", help="draw the graph to this PNG")
     t.set_defaults(func=cmd_topology)
     k = sub.add_parser("collective", help="time collectives over a cluster's links")
@@ -560,6 +635,7 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--out", help="output folder (default runs/<name>-plan/)")
     n.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(n)
     n.add_argument("--no-plot", action="store_true", help="no pareto.png")
     n.add_argument("--emit", type=int, metavar="RANK",
                    help="also write the launch commands of plan.csv's row RANK "
@@ -577,6 +653,7 @@ def parser() -> argparse.ArgumentParser:
     y.add_argument("--out", help="output folder (default runs/<name>-capacity/)")
     y.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
+    _unset_flag(y)
     y.add_argument("--no-plot", action="store_true", help="no capacity.png")
     y.set_defaults(func=cmd_capacity)
     c = sub.add_parser("calibrate", help="collect, check or fit a GPU's cost model on "
@@ -615,8 +692,8 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C before anything was known
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C outside a run's simulation loop: nothing kept
+        print(f"{args.command}: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into head: stop quietly
         sys.stderr.close()

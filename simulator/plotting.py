@@ -44,6 +44,35 @@ def _ax(ax):
     return ax if ax is not None else plt.subplots(figsize=(6, 4))[1]
 
 
+#: Axis labels of sweep keys and summary metrics (other keys: :func:`axis_label`'s rules).
+AXES = {"workload.rate_per_s": "offered rate (requests/s)",
+        "workload.concurrency": "closed-loop clients", "parallel.tp": "tensor parallel (TP)",
+        "parallel.pp": "pipeline stages (PP)", "parallel.dp": "data-parallel replicas (DP)",
+        "ttft_p99_s": "TTFT p99 (s)", "ttft_p50_s": "TTFT p50 (s)",
+        "ttft_mean_s": "TTFT mean (s)", "tpot_p99_s": "TPOT p99 (s)",
+        "tpot_p50_s": "TPOT p50 (s)", "tpot_mean_s": "TPOT mean (s)",
+        "e2e_p99_s": "end-to-end p99 (s)", "throughput_tok_per_s": "output tokens/s (run)",
+        "throughput_steady_tok_per_s": "output tokens/s (steady window)",
+        "goodput_req_per_s": "goodput (requests/s, run)",
+        "goodput_steady_req_per_s": "goodput (requests/s, steady window)",
+        "slo_attainment": "SLO attainment", "engine.max_num_seqs": "max_num_seqs",
+        "cost_per_million_output_tokens_usd": "USD per million output tokens"}
+
+
+def axis_label(key: str) -> str:
+    """A readable axis label for a sweep key or a summary column: the known ones by name,
+    others with their unit suffix spelled out (``_s`` -> "(s)", ``_per_s`` -> "(/s)")."""
+    if key in AXES:
+        return AXES[key]
+    name = key.rsplit(".", 1)[-1]
+    for suffix, unit in (("_tok_per_s", " (tokens/s)"), ("_req_per_s", " (requests/s)"),
+                         ("_per_s", " (/s)"), ("_usd", " (USD)"), ("_j", " (J)"),
+                         ("_w", " (W)"), ("_s", " (s)")):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix).replace("_", " ") + unit
+    return name.replace("_", " ")
+
+
 def series_label(column: str) -> str:
     if column.startswith("kv_util_r"):
         return f"replica {column.removeprefix('kv_util_r')}"
@@ -90,9 +119,19 @@ def mark_faults(ts: pd.DataFrame, ax) -> None:
     ax.fill_between([], [], color="orange", alpha=0.15, label="replica down")
 
 
+def legend_outside(ax, fontsize: float = 7):
+    """The axes' legend to the right of its frame, where it covers no data (the figure's
+    tight layout makes room for it); nothing when nothing is labelled."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0)
+    return ax
+
+
 def over_time(ts: pd.DataFrame, columns: list[str], alerts: pd.DataFrame | None = None,
-              ax=None, ylabel: str = ""):
-    """Window columns against time; alert firings as red lines, faults shaded."""
+              ax=None, ylabel: str = "", name_alerts: bool = True):
+    """Window columns against time; alert firings as red lines (each named by its rule at
+    the top of the panel when ``name_alerts``), faults shaded; the legend outside."""
     ax = _ax(ax)
     t = ts["window_start_s"].to_numpy()
     for c in columns:
@@ -101,16 +140,18 @@ def over_time(ts: pd.DataFrame, columns: list[str], alerts: pd.DataFrame | None 
     mark_faults(ts, ax)
     if alerts is not None and not alerts.empty:
         fired = alerts[(alerts["event"] == "fire") & (alerts["replica"].astype(str) == "all")]
-        for when in fired["time_s"]:
+        for when, rule in zip(fired["time_s"], fired["rule"], strict=True):
             ax.axvline(when, color="red", alpha=0.4, linewidth=1)
+            if name_alerts:
+                ax.text(when, 0.98, f" {rule}", transform=ax.get_xaxis_transform(),
+                        rotation=90, va="top", ha="right", fontsize=6, color="darkred")
         if not fired.empty:
             ax.plot([], [], color="red", alpha=0.4, label="alert fired")
     ax.set_xlabel("time (s)")
+    ax.tick_params(labelbottom=True)  # every panel of a shared-x figure reads its time
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper right")
-    return ax
+    return legend_outside(ax)
 
 
 def pipeline_gantt(steps: pd.DataFrame, until_s: float | None = None, ax=None,
@@ -176,15 +217,17 @@ def sweep_plot(df: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
         stats = g.groupby(x)[y].agg(["mean", "min", "max"]).sort_index()
-        label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or None
+        label = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(others, key, strict=True)
+                          ) or None
         ax.errorbar(stats.index, stats["mean"],
                     yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
                     marker="o", capsize=3, label=label)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y + (f" (mean of {seeds} seeds; bars: min to max)" if seeds > 1 else ""))
+    ax.set_xlabel(axis_label(x))
+    ax.set_ylabel(axis_label(y) + (f"\n(mean of {seeds} seeds; bars: min to max)"
+                                   if seeds > 1 else ""))
     ax.grid(alpha=0.3)
     if others:
-        ax.legend(fontsize=8)
+        legend_outside(ax, 8)
     return ax
 
 
@@ -217,26 +260,25 @@ def run_figures(run_dir: str | Path) -> dict[str, Figure]:
     cdf(requests, "tpot_s", slo.get("tpot_s"), axes[1])
     cdf(requests, "e2e_s", None, axes[2])
     for a in axes:
-        if a.get_legend_handles_labels()[0]:
-            a.legend(fontsize=8)
+        legend_outside(a, 8)
     fig.suptitle(f"{name}: latency of completed requests")
     figs["latency_cdf"] = fig
     ts = read_table(run, "timeseries")
     if ts is not None:
         al = read_table(run, "alerts")
-        fig = Figure(figsize=(10, 12))
-        axes = fig.subplots(4, 1, sharex=True)
-        over_time(ts, ["output_tok_per_s"], al, axes[0], "output tokens/s")
-        over_time(ts, ["queue_len", "running"], al, axes[1], "requests")
-        over_time(ts, ["ttft_p99_s", "tpot_p99_s", "waiting_ttft_max_s"], al, axes[2],
-                  "seconds")
-        axes[2].set_yscale("symlog", linthresh=0.01)
+        # The KV panel needs per-step records; without them the figure has three panels.
         kv = [c for c in ts.columns if c.startswith("kv_util_r")][:16]
+        fig = Figure(figsize=(11, 12 if kv else 9.5))
+        axes = fig.subplots(4 if kv else 3, 1, sharex=True)
+        over_time(ts, ["output_tok_per_s"], al, axes[0], "output tokens/s")
+        over_time(ts, ["queue_len", "running"], al, axes[1], "requests", name_alerts=False)
+        over_time(ts, ["ttft_p99_s", "tpot_p99_s", "waiting_ttft_max_s"], al, axes[2],
+                  "seconds", name_alerts=False)
+        axes[2].set_yscale("symlog", linthresh=0.01)
         if kv:
-            over_time(ts, kv, al, axes[3], "KV cache utilization")
-        else:
-            empty_note(axes[3], "KV cache utilization: " + NO_STEPS)
-        fig.suptitle(f"{name}: over time (red: alert fired; orange: a replica down)")
+            over_time(ts, kv, al, axes[3], "KV cache utilization", name_alerts=False)
+        fig.suptitle(f"{name}: over time (red: alert fired, named at the top; orange: a "
+                     f"replica down)" + ("" if kv else "; no KV panel: no per-step records"))
         figs["timeseries"] = fig
         if "prefix_hit_rate" in ts and ts["prefix_hit_rate"].fillna(0).gt(0).any():
             fig = Figure(figsize=(10, 3))  # prefix caching (docs/prefix-caching.md)
@@ -244,18 +286,22 @@ def run_figures(run_dir: str | Path) -> dict[str, Figure]:
             fig.suptitle(f"{name}: prefix cache hit rate")
             figs["prefix_hit_rate"] = fig
     steps = read_table(run, "steps")
-    steps = pd.DataFrame() if steps is None else steps
-    fig = Figure(figsize=(12, 4))
-    pipeline_gantt(steps, 2.0, fig.add_subplot())
-    fig.suptitle(name)
-    figs["pipeline_gantt"] = fig
+    if steps is not None and not steps.empty:  # not drawn without per-step records
+        fig = Figure(figsize=(12, 4))
+        pipeline_gantt(steps, 2.0, fig.add_subplot())
+        fig.suptitle(name)
+        figs["pipeline_gantt"] = fig
     gts = read_table(run, "gpu_timeseries")
-    gts = pd.DataFrame() if gts is None else gts
-    fig = Figure(figsize=(10, 5))
-    gpu_heatmap(gts, "compute_util", fig.add_subplot())
-    fig.suptitle(f"{name}: GPU compute utilization")
-    figs["gpu_heatmap"] = fig
+    if gts is not None and not gts.empty:  # from the steps, or folded per window
+        fig = Figure(figsize=(10, 5))
+        gpu_heatmap(gts, "compute_util", fig.add_subplot())
+        fig.suptitle(f"{name}: GPU compute utilization")
+        figs["gpu_heatmap"] = fig
     return figs
+
+
+#: The figures that need per-step records (or, for the heat map, folded step windows).
+STEP_FIGURES = ("pipeline_gantt", "gpu_heatmap")
 
 
 def run_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:

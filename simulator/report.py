@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,16 @@ from matplotlib.figure import Figure
 from simulator import files
 from simulator.errors import ScenarioError
 from simulator.files import out_file
-from simulator.io.runfolder import read_meta, read_summary
+from simulator.io.runfolder import read_summary
+from simulator.metrics.pools import flat_pool_metrics
 from simulator.plaintext import plain_text
-from simulator.plotting import cdf, read_table, run_figures
+from simulator.plotting import cdf, legend_outside, read_table, run_figures
+from simulator.printout import MODE_KEYS, verdict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 #: Summary figures a report and a comparison show first, with their labels.
 HEADLINE = [
@@ -41,7 +49,22 @@ HEADLINE = [
     ("preemptions_total", "preemptions"), ("pp_bubble_fraction", "pipeline bubble"),
     ("availability_min", "availability (worst replica)"), ("retries_total", "retries"),
     ("gpus", "GPUs"), ("simulated_time_s", "simulated time (s)"),
+    ("throughput_tok_per_s_per_gpu", "output tok/s per GPU"),
+    *MODE_KEYS,
 ]
+
+
+MODE = {k for k, _ in MODE_KEYS}
+
+
+def _with_derived(summary: dict) -> dict:
+    """The summary with the per-GPU throughput and one ``pool_utilization_<pool>`` key per
+    pool (what ``compare`` lines up across runs)."""
+    out = dict(summary)
+    tok, gpus = summary.get("throughput_tok_per_s"), summary.get("gpus")
+    if isinstance(tok, (int, float)) and gpus:
+        out["throughput_tok_per_s_per_gpu"] = tok / gpus
+    return out | flat_pool_metrics(summary)
 
 
 def read_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame]:
@@ -74,11 +97,54 @@ def _png(fig: Figure) -> str:
 
 
 def _fmt(value) -> str:
+    """A figure as text: counts as integers with thousands separators (19,366), large
+    values to the unit (12,345), others to four significant digits."""
     if value is None or (isinstance(value, float) and not np.isfinite(value)):
         return ""
-    if isinstance(value, float) and not isinstance(value, bool):
-        return f"{value:.4g}"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()
+                                  and abs(value) >= 1000):
+        return f"{int(value):,}"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return html.escape(json.dumps(value) if isinstance(value, (list, dict)) else str(value))
+
+
+def run_header(run: Path, summary: dict, requests: pd.DataFrame) -> tuple[str, list[str]]:
+    """A run's title (model on cluster, scenario name) and its header lines: model,
+    cluster, layout, and the verdict (:func:`simulator.printout.verdict`), read from the
+    run's scenario.toml."""
+    path = run / "scenario.toml"
+    there = path.exists() or path.is_symlink()
+    try:  # through the input layer: a run folder may hold anything
+        sc = tomllib.loads(files.read_text(path, "run folder")) if there else {}
+    except tomllib.TOMLDecodeError:
+        raise ScenarioError(f"run folder: {files.excerpt(str(path), 80)} is not a "
+                            f"scenario.toml the simulator wrote (not valid TOML)") from None
+    if not isinstance(sc, dict):
+        sc = {}
+    name = sc.get("name") or run.name
+    model = sc.get("model", {}).get("name", "?")
+    cluster, par, pools = sc.get("cluster", {}), sc.get("parallel", {}), sc.get("pools", [])
+    nodes = f"{cluster.get('nodes', '?')} x {cluster.get('topology', '?')}"
+    if pools:
+        nodes = " + ".join(f"{p.get('nodes', 1)} x {p.get('topology') or cluster.get('topology')}"
+                           for p in pools if not p.get("same_nodes_as"))
+        layout = ", ".join(f"{p.get('name')} ({p.get('role')}) TP{p.get('tp', 1)} "
+                           f"PP{p.get('pp', 1)} DP{p.get('dp', 1)}" for p in pools)
+    else:
+        layout = f"TP{par.get('tp', 1)} PP{par.get('pp', 1)} DP{par.get('dp', 1)}"
+        if (par.get("ep") or 1) > 1:
+            layout += f" EP{par['ep']}"
+    slo, w = sc.get("slo", {}), sc.get("workload", {})
+    line = verdict(summary, requests, w.get("arrival") == "closed_loop", slo.get("ttft_s"),
+                   slo.get("tpot_s"))
+    gpus = summary.get("gpus")
+    return (f"{model} on {nodes}: {name}",
+            [f"model {model} ({sc.get('model', {}).get('weight_dtype', 'bf16')} weights)",
+             f"cluster {nodes}" + (f", {gpus} GPUs used" if gpus else ""),
+             f"layout {layout}", f"verdict: {line}"])
 
 
 CSS = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -94,11 +160,13 @@ def html_report(run_dir: str | Path) -> Path:
     out = out_file(run / "report.html", "report")  # checked before drawing anything
     there = (run / "scenario.toml").exists() or (run / "scenario.toml").is_symlink()
     scenario = files.read_text(run / "scenario.toml", "run folder") if there else ""
-    name = read_meta(run)[0] if there else str(summary.get("name") or run.name)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(name)}"
-             f"</title><style>{CSS}</style></head><body><h1>Run {html.escape(name)}</h1>",
-             f"<p>{html.escape(str(run))}: {len(requests)} requests.</p>", "<h2>Summary</h2>",
-             "<table><tr><th>metric</th><th>value</th></tr>"]
+    title, header = run_header(run, summary, requests)
+    summary = _with_derived(summary)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+             f"</title><style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+             "<ul class='header'>", *(f"<li>{html.escape(h)}</li>" for h in header), "</ul>",
+             f"<p>{html.escape(str(run))}: {len(requests):,} requests.</p>",
+             "<h2>Summary</h2>", "<table><tr><th>metric</th><th>value</th></tr>"]
     shown = {k for k, _ in HEADLINE}
     for key, label in HEADLINE:
         if key in summary:
@@ -130,12 +198,15 @@ def compare_table(runs: list[str | Path]) -> pd.DataFrame:
     the first (absolute and relative)."""
     if len(runs) < 2:
         raise ScenarioError("compare: give at least two run folders")
-    summaries = [read_run(r)[0] for r in runs]
+    summaries = [_with_derived(read_run(r)[0]) for r in runs]
     names = _names(runs)
     rows = []
-    for key, label in HEADLINE:
-        if not any(key in s for s in summaries):
-            continue
+    pools = [k for s in summaries for k in s if k.startswith("pool_utilization_")]
+    for key, label in [*HEADLINE, *((k, f"busy share of pool {k[17:]}")
+                                    for k in dict.fromkeys(pools))]:
+        if not any(_shown(s.get(key)) and (s.get(key) or key not in MODE)
+                   for s in summaries):
+            continue  # a mode figure that is absent or zero in every run is not a mode
         values = [s.get(key) for s in summaries]
         row = {"metric": key, "label": label, **dict(zip(names, values, strict=True))}
         base = values[0]
@@ -146,6 +217,11 @@ def compare_table(runs: list[str | Path]) -> pd.DataFrame:
                                                 if ok and base else None)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _shown(value) -> bool:
+    """Whether a summary value is worth a row (NaN and absent ones are not)."""
+    return value is not None and not (isinstance(value, float) and not np.isfinite(value))
 
 
 def _names(runs: list[str | Path]) -> list[str]:
@@ -164,8 +240,7 @@ def compare_plot(runs: list[str | Path], path: Path) -> Path:
         requests = read_run(run)[1]
         for ax, metric in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), strict=True):
             cdf(requests, metric, None, ax, label=name)
-    for ax in axes:
-        ax.legend(fontsize=8)
+    legend_outside(axes[-1], 8)  # the same runs in every panel: one legend, outside
     fig.suptitle("latency CDFs of " + " vs ".join(_names(runs)))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -177,13 +252,16 @@ def format_compare(table: pd.DataFrame) -> str:
     runs = [c for c in table.columns if c not in ("metric", "label")
             and " - " not in c and "(%)" not in c]
     pct = [c for c in table.columns if c.endswith("(%)")]
-    width = max(len(r) for r in runs) + 2
-    head = f"  {'':<30}" + "".join(f"{r[-width + 2:]:>{width}}" for r in runs) + "".join(
-        f"{'run ' + str(i + 2) + ' Δ%':>10}" for i in range(len(pct)))
+    text = {r: [_fmt(v) if v is not None else "" for v in table[r]] for r in runs}
+    width = max(max((len(t) for t in text[r]), default=0) for r in runs) + 2
+    width = max(width, min(max(len(r) for r in runs), 28) + 2)
+    label = max([len(x) for x in table["label"]] + [10]) + 2
+    head = f"  {'':<{label}}" + "".join(f"{r[-width + 2:]:>{width}}" for r in runs) + "".join(
+        f"{'run ' + str(i + 2) + ' Δ%':>11}" for i in range(len(pct)))
     lines = [head]
-    for _, row in table.iterrows():
-        cells = "".join(f"{_fmt(row[r]) if row[r] is not None else '':>{width}}" for r in runs)
-        cells += "".join(f"{row[c]:>+9.1f}%" if row[c] is not None and pd.notna(row[c])
-                         else f"{'':>10}" for c in pct)
-        lines.append(f"  {row['label']:<30}{cells}")
+    for i in range(len(table)):
+        cells = "".join(f"{text[r][i]:>{width}}" for r in runs)
+        cells += "".join(f"{table[c].iloc[i]:>+10.1f}%" if pd.notna(table[c].iloc[i])
+                         else f"{'':>11}" for c in pct)
+        lines.append(f"  {table['label'].iloc[i]:<{label}}{cells}")
     return "\n".join(lines)

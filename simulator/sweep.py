@@ -46,6 +46,7 @@ from simulator import files
 from simulator.arguments import MAX_JOBS
 from simulator.cluster.running import run
 from simulator.errors import ScenarioError
+from simulator.io.overrides import set_key
 from simulator.io.scenario import _did_you_mean, load_scenario, read_toml
 from simulator.io.schema import SECTIONS, TOP_LEVEL, EngineKeys, PoolKeys
 from simulator.metrics.pools import POOL_SUMMARY_KEYS, flat_pool_metrics, pool_columns
@@ -166,21 +167,10 @@ def grid_points(axes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 # -- one run -----------------------------------------------------------------------------
-def _set(data: dict, key: str, value: Any) -> None:
-    node = data
-    parts = key.split(".")
-    if parts[0] == "pools":  # pools.<name>.<key>: the [[pools]] entry of that name
-        node = next(p for p in data["pools"] if p.get("name", "pool") == parts[1])
-        parts = parts[2:]
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-
-
 def resolve_point(base: dict, point: dict[str, Any], seed: int) -> dict:
     data = copy.deepcopy(base)
     for key, value in point.items():
-        _set(data, key, value)
+        set_key(data, key.split("."), value, key)
     data["seed"] = seed
     return data
 
@@ -447,7 +437,10 @@ def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | 
         if fh is not None:
             fh.close()
     if path is not None:
-        return pd.read_csv(path, dtype={"run_id": str})
-    df = pd.DataFrame(rows, columns=columns)
-    order = {rid: i for i, (rid, *_rest) in enumerate(runs)}
-    return df.sort_values("run_id", key=lambda s: s.map(order), ignore_index=True)
+        df = pd.read_csv(path, dtype={"run_id": str})
+    else:
+        df = pd.DataFrame(rows, columns=columns)
+        order = {rid: i for i, (rid, *_rest) in enumerate(runs)}
+        df = df.sort_values("run_id", key=lambda s: s.map(order), ignore_index=True)
+    df.attrs["ran"] = len(rows)  # runs this call simulated (the rest were in ``out``)
+    return df

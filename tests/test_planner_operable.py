@@ -87,7 +87,7 @@ def test_ctrl_c_before_any_simulation_is_one_line(monkeypatch, tmp_path, capsys)
     path.write_text(tomli_w.dumps(_small()))
     assert main(["plan", str(path), "--gpus", "1", "--colocated-only", "--no-plot",
                  "--out", str(tmp_path / "o")]) == EXIT_INTERRUPTED
-    assert capsys.readouterr().err.strip() == "interrupted"
+    assert capsys.readouterr().err.strip() == "plan: interrupted (Ctrl-C)"
 
 
 @pytest.mark.parametrize("args", [["--requests", "0"], ["--top", "0"]])

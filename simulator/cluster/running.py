@@ -73,6 +73,9 @@ class Result:
     gpu_timeseries: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     #: What the run could not do as asked, one sentence each (the CLI prints them).
     warnings: list[str] = field(default_factory=list)
+    #: The simulated time at which Ctrl-C stopped the run (``run(interruptible=True)``);
+    #: None for a run that ran to its end. The figures cover what was done by then.
+    interrupted_s: float | None = None
 
 
 def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | None]:
@@ -91,7 +94,8 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
 
 
 def run(scenario: Scenario | dict | str, *, progress: bool = False,
-        keep_steps: bool = True, energy: bool | None = None) -> Result:
+        keep_steps: bool = True, energy: bool | None = None,
+        interruptible: bool = False) -> Result:
     """Simulate a scenario and return its :class:`Result`; writes nothing to disk.
 
     Parameters
@@ -109,13 +113,16 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
         It costs about half a run's time again on decode-heavy runs (the engine builds
         the records); False skips it and leaves those keys NaN. None: the scenario's
         ``output.energy`` (default False).
+    interruptible : bool
+        Ctrl-C (KeyboardInterrupt) during the simulation stops it and returns the Result of
+        what was done by then, with ``interrupted_s`` set, instead of raising.
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     energy = s.output.energy if energy is None else energy
     with _young_collections_rarer():
         if s.pools:
-            return _run_pools(s, progress, keep_steps, energy)
-        return _run(s, progress, keep_steps, energy)
+            return _run_pools(s, progress, keep_steps, energy, interruptible)
+        return _run(s, progress, keep_steps, energy, interruptible)
 
 
 def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
@@ -143,6 +150,8 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
                                 "start_s against the trace)", source=s.source)
         env.process(cluster.arrive(df))
         total = len(df)
+        if w.arrival == "sessions":
+            cluster.steady_end_s = float(df.loc[df["turn"] == 0, "arrival_s"].max())
     cluster.expected = total
     start_faults(env, cluster, s, rngs["faults"])
     if s.autoscale is not None:
@@ -160,7 +169,8 @@ def _availability(cluster: Cluster) -> dict:
             "availability_min": float(np.min(avail)), "retries_total": cluster.retries}
 
 
-def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> Result:
+def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
+         interruptible: bool = False) -> Result:
     wall0 = time.perf_counter()
     plan = build_plan(s)
     rngs = run_rngs(s.seed)
@@ -170,7 +180,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
                                 s.speculative is not None)
     cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"],
                                              load_weight=s.router.load_weight), recorder)
-    events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
+    events, stopped = _drive(env, cluster, _start(env, cluster, s, rngs), progress,
+                             interruptible)
     cluster.close()
     requests = recorder.requests_frame()
     if cluster.gateway is not None:
@@ -183,6 +194,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
     engine["gaps"] = cluster.gaps
     summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
                         max_num_batched_tokens=s.engine.max_num_batched_tokens,
+                        steady_end_s=cluster.steady_end_s,
                         pp=s.parallel.pp)
     if plan.speculative is not None:
         summary.update(_speculation(requests, cluster, engine))
@@ -224,7 +236,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
         ts = ts.assign(replicas=cluster.scaling.replicas_over_time(
             ts["window_end_s"].to_numpy()))
     summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
+    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts,
+                  warnings, stopped)
 
 
 def _recording(s: Scenario, keep_steps: bool, energy: bool, plan: ClusterPlan | PooledPlan,
@@ -259,9 +272,12 @@ def _young_collections_rarer(threshold: int = 100_000):
         gc.set_threshold(*old)
 
 
-def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress: bool) -> int:
-    """Process every event; returns how many. Shows a progress bar when asked."""
-    step, events = env.step, 0
+def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress: bool,
+           interruptible: bool = False) -> tuple[int, float | None]:
+    """Process every event; returns how many, and the simulated time at which Ctrl-C
+    stopped the loop (None: it ran to its end; ``interruptible`` False lets Ctrl-C raise).
+    Shows a progress bar when asked."""
+    step, events, stopped = env.step, 0, None
     bar = tqdm(total=total, unit="req", desc="simulating", leave=False) if progress else None
     try:
         if bar is None:
@@ -276,10 +292,14 @@ def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress
             bar.set_postfix_str(f"t={env.now:.0f}s")
     except EmptySchedule:
         pass
+    except KeyboardInterrupt:
+        if not interruptible:
+            raise
+        stopped = float(env.now)
     finally:
         if bar is not None:
             bar.close()
-    return events
+    return events, stopped
 
 
 class PooledCluster(PoolCluster, Cluster):
@@ -287,8 +307,8 @@ class PooledCluster(PoolCluster, Cluster):
     processes."""
 
 
-def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True
-               ) -> Result:
+def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
+               interruptible: bool = False) -> Result:
     """:func:`run` for a scenario with ``[[pools]]`` (docs/disaggregation.md): time series
     and alerts as without pools (batch efficiency against ``[engine]``'s token budget);
     link and per-GPU utilization are not computed for pools yet."""
@@ -300,13 +320,15 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
                                 [h for p in plan.pools for h in stage_hardware(p.plan)],
                                 plan.speculates)
     cluster = PooledCluster(env, plan, recorder, rngs)
-    events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
+    events, stopped = _drive(env, cluster, _start(env, cluster, s, rngs), progress,
+                             interruptible)
     cluster.close()
     requests = cluster.request_columns(recorder.requests_frame())
     steps = recorder.steps_frame()
     engine = cluster.engine_totals()
     summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
                         max_num_batched_tokens=s.engine.max_num_batched_tokens,
+                        steady_end_s=cluster.steady_end_s,
                         pp=len(engine["stage_busy_s"]))
     summary["kv_blocks_per_replica"] = [p.plan.memory.kv_blocks for p in plan.pools]
     summary["kv_tokens_per_replica"] = [p.plan.memory.kv_tokens for p in plan.pools]
@@ -333,4 +355,5 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
               for p in plan.pools)  # the GPU-weighted price, each pool's own or its default
     summary.update(cost_summary(requests, plan.gpus_used, usd / max(plan.gpus_used, 1)))
     summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
+    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts,
+                  warnings, stopped)

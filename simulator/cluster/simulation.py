@@ -118,6 +118,9 @@ class Cluster:
         self.max_len = plan.max_model_len
         self.completed = 0
         self.expected: int | None = None  # requests the workload will send, when known
+        # End of the steady window when it is not the last arrival: multi-turn sessions'
+        # last session start (later arrivals are the last sessions' turns, a ramp-down).
+        self.steady_end_s: float | None = None
         # Every expected request is accounted for, or no replica can ever serve again.
         self.done = env.event()
         self.next_arrival_s = float("inf")

@@ -201,6 +201,25 @@ def _transfer_metadata(requests: pd.DataFrame) -> list[str]:
     return lines
 
 
+def trace_window(steps: pd.DataFrame, max_steps: int) -> float | None:
+    """The end of the time window a trace of at most ``max_steps`` steps covers: the start
+    of the first step left out (steps in start order); None when every step fits (or
+    ``max_steps`` is 0: no bound)."""
+    if max_steps <= 0 or len(steps) <= max_steps:
+        return None
+    start = np.sort(steps["start_s"].to_numpy(dtype=float), kind="stable")
+    return float(start[max_steps])
+
+
+def bounded(requests: pd.DataFrame, steps: pd.DataFrame, until_s: float | None
+            ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The requests arriving and the steps starting before ``until_s`` (all when None)."""
+    if until_s is None:
+        return requests, steps
+    return (requests[requests["arrival_s"].to_numpy() < until_s],
+            steps[steps["start_s"].to_numpy() < until_s])
+
+
 def write_trace(path: str | Path, requests: pd.DataFrame, steps: pd.DataFrame) -> None:
     """Write ``trace.json`` in the Chrome trace event format (JSON object form); a path
     ending in ``.gz`` is gzip-compressed (ISA-L level 1: fast, about 9x smaller) in a second

@@ -7,7 +7,6 @@ Every problem names its key and what is allowed; all problems are reported toget
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import math
@@ -21,6 +20,7 @@ from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
 from simulator.io.gateway import parse_gateway
 from simulator.io.layout import translate
+from simulator.io.overrides import apply_overrides
 from simulator.io.schema import (
     LENGTH_DISTS,
     LIMITS,
@@ -45,9 +45,9 @@ from simulator.model.spec import load_model
 from simulator.workload.profile import PROFILED, parse_profile
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover
-    import tomli as tomllib
+    pass
 
 #: Keys each length distribution takes; the first ones listed are required.
 DIST_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -214,36 +214,6 @@ def _build_section(name: str, cls: type, raw: Any, problems: list[str]):
     return cls(**values)
 
 
-def _parse_override(text: str) -> tuple[list[str], Any]:
-    key, eq, raw = text.partition("=")
-    if not eq or not all(part.strip() for part in key.split(".")):
-        raise ScenarioError(f"--set {_excerpt(text)}: expected section.key=value (a key "
-                            f"path of non-empty names before the '=')")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw  # a bare word is a string: --set model.name=llama-2-7b
-    except RecursionError:
-        raise ScenarioError(f"--set {key.strip()}: nests tables or arrays deeper than "
-                            f"{files.MAX_DEPTH} levels") from None
-    files.check_depth(value, f"--set {key.strip()}")
-    return key.strip().split("."), value
-
-
-def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
-    """Return a copy of ``data`` with dotted ``key.path=value`` overrides applied."""
-    data = copy.deepcopy(data)
-    for text in overrides or []:
-        path, value = _parse_override(text)
-        node = data
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ScenarioError(f"--set {text}: {part} is not a table")
-        node[path[-1]] = value
-    return data
-
-
 def read_toml(path: str | Path) -> dict:
     """A scenario or grid TOML file: a regular file of at most
     :data:`~simulator.files.MAX_CONFIG_BYTES`, nested at most
@@ -269,7 +239,7 @@ def read_toml(path: str | Path) -> dict:
 
 def load_scenario(source: str | Path | dict | Scenario,
                   overrides: list[str] | None = None,
-                  seed: int | None = None) -> Scenario:
+                  seed: int | None = None, unsets: list[str] | None = None) -> Scenario:
     """Validate a scenario given as a TOML path, a dict, or an existing Scenario.
 
     Parameters
@@ -281,6 +251,9 @@ def load_scenario(source: str | Path | dict | Scenario,
         Dotted ``section.key=value`` assignments (values parsed as TOML).
     seed : int, optional
         Replaces the scenario's seed.
+    unsets : list of str, optional
+        Dotted keys removed before the overrides apply (``--unset workload.rate_per_s``):
+        the section's default applies. :mod:`simulator.io.overrides` reads both.
 
     Raises
     ------
@@ -297,11 +270,14 @@ def load_scenario(source: str | Path | dict | Scenario,
         data = read_toml(source)
         base_dir, origin = str(Path(source).resolve().parent), str(source)
     try:
-        data = apply_overrides(data, overrides)
+        data = apply_overrides(data, overrides, unsets)
     except ScenarioError as exc:
         raise exc.with_source(origin) from None
-    if overrides:  # problems may come from the flags, not the file: name both
-        flags = " ".join(f"--set {o if len(o) <= 64 else o[:61] + '...'}" for o in overrides)
+    if overrides or unsets:  # problems may come from the flags, not the file: name both
+        flags = " ".join([*(f"--unset {u if len(u) <= 64 else u[:61] + '...'}"
+                            for u in unsets or []),
+                          *(f"--set {o if len(o) <= 64 else o[:61] + '...'}"
+                            for o in overrides or [])])
         origin = f"{origin}: {flags}" if origin else flags
     if seed is not None:
         data["seed"] = seed

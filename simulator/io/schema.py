@@ -208,6 +208,9 @@ class SloKeys:
 class OutputKeys:
     steps: bool = _f(True)  # write steps.csv (one row per stage step); off for very long runs
     trace: bool = _f(True)  # write trace.json (Perfetto); needs steps
+    # At most this many steps in the trace: a longer run's trace covers its first steps (the
+    # time window up to the first step left out), so Perfetto can open it; 0: every step.
+    trace_max_steps: int = _f(500_000, min=0)
     window_s: float = _f(1.0, gt=0.0)  # timeseries.csv window
     format: str = _f("csv", choices=("csv", "parquet"))  # the four tables' file format
     trace_gzip: bool = _f(True)  # trace.json.gz (about 9x smaller) rather than trace.json
@@ -260,6 +263,10 @@ class AlertKeys:
     oldest_queued_s: float = _f(0.0, min=0.0)
     waiting_ttft_s: float = _f(5.0, min=0.0)
     min_completions: int = _f(10, min=1)
+    # Hysteresis: a rule fires after this many windows in a row break it, and clears after
+    # this many in a row do not (windows without a value do not count either way).
+    fire_after: int = _f(2, min=1)
+    clear_after: int = _f(3, min=1)
 
 
 @dataclass(frozen=True)
@@ -476,6 +483,9 @@ LIMITS: dict[str, dict[str, float]] = {
     "alerts.oldest_queued_s": {"max": MAX_TIME_S},
     "alerts.waiting_ttft_s": {"max": MAX_TIME_S},
     "alerts.min_completions": {"max": MAX_REQUESTS},
+    "alerts.fire_after": {"max": MAX_REQUESTS},
+    "output.trace_max_steps": {"max": 10**12},
+    "alerts.clear_after": {"max": MAX_REQUESTS},
     "recovery.max_retries": {"max": 1000},
     "recovery.restart_s": {"max": MAX_TIME_S},
     "recovery.pending_timeout_s": {"max": MAX_TIME_S},

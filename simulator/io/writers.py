@@ -26,7 +26,7 @@ import tomli_w
 
 from simulator.errors import ScenarioError
 from simulator.files import nearest_existing, out_folder
-from simulator.io.chrome_trace import write_trace
+from simulator.io.chrome_trace import bounded, trace_window, write_trace
 from simulator.io.scenario import to_dict
 
 #: Files a run writes; a folder holding only these (and plots) may be replaced by a run.
@@ -80,8 +80,10 @@ def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = 
             # trace.json in a second thread: Arrow formats it and writes the CSVs below with
             # the GIL released, so the two overlap on a second core.
             name = "trace.json.gz" if result.scenario.output.trace_gzip else "trace.json"
-            traced = (pool.submit(write_trace, tmp / name, result.requests,
-                                  result.steps) if has_steps and trace else None)
+            until = trace_window(result.steps, result.scenario.output.trace_max_steps)
+            traced = (pool.submit(write_trace, tmp / name,
+                                  *bounded(result.requests, result.steps, until))
+                      if has_steps and trace else None)
             _write_tables(result, tmp, has_steps)
             if traced is not None:
                 traced.result()  # re-raises a failure to write it
@@ -90,6 +92,39 @@ def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+#: Above this estimated size, ``run`` warns before writing steps.csv.
+LARGE_BYTES = 200e6
+#: Rows formatted to estimate steps.csv's size.
+SAMPLE_ROWS = 2000
+
+
+def steps_csv_bytes(steps: pd.DataFrame) -> float:
+    """steps.csv's size, estimated from its first :data:`SAMPLE_ROWS` rows as CSV (the
+    columns and digits of this run; within a few percent of the file)."""
+    if steps.empty:
+        return 0.0
+    head = steps.head(SAMPLE_ROWS)
+    return len(head.to_csv(index=False).encode()) * len(steps) / len(head)
+
+
+def size_notes(result, steps: bool, trace: bool) -> list[str]:
+    """What the CLI says before writing a large run: steps.csv's estimated size above
+    :data:`LARGE_BYTES`, and the window a bounded trace covers."""
+    notes, n = [], len(result.steps)
+    size = steps_csv_bytes(result.steps) if steps else 0.0
+    if size > LARGE_BYTES and result.scenario.output.format == "csv":
+        notes.append(f"warning: writing steps.csv of about {size / 1e6:,.0f} MB ({n:,} step "
+                     f"rows); --no-steps or output.steps = false keeps none, output.format = "
+                     f"\"parquet\" is several times smaller")
+    until = trace_window(result.steps, result.scenario.output.trace_max_steps)
+    if steps and trace and until is not None:
+        end = float(result.steps["end_s"].max())
+        notes.append(f"trace: the first {result.scenario.output.trace_max_steps:,} of {n:,} "
+                     f"steps, up to {until:.1f} s of {end:.1f} s "
+                     f"(output.trace_max_steps = 0 traces every step)")
+    return notes
 
 
 def _umask() -> int:

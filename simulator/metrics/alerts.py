@@ -1,11 +1,16 @@
 """Alert rules over windowed metrics: every firing and clearing, as an operator sees them.
 
-A rule compares one window column with a threshold; it fires at the end of the first window
-that breaks it and clears at the end of the first window that no longer does. Windows with
-no value (no request finished, no step ran) leave the state as it was. The latency rules
-take the p99 over the requests finished in the window, topped up with the latest earlier
-ones to at least ``min_completions`` (a p99 of one or two requests is noise, and made the
-e2e rule flap; a fixed minimum per window would never clear at low load). Rules on what waits
+A rule compares one window column with a threshold. With hysteresis, it fires at the end of
+the ``fire_after``-th window in a row that breaks it and clears at the end of the
+``clear_after``-th window in a row that does not (``[alerts]``; 1 and 1: the first window
+either way), so a value hovering at the threshold does not fire and clear every window.
+Windows with no value (no request finished, no step ran) leave the state and the count as
+they were. ``batch_efficiency_below`` breaks only while requests wait (at the window's end
+the oldest queued request has waited longer than a window): under-filled batches with
+nothing waiting are light load, not waste.
+The latency rules take the p99 over the requests finished in the window, topped up with
+the latest earlier ones to at least ``min_completions`` (a p99 of one or two requests is
+noise; a fixed minimum per window would never clear at low load). Rules on what waits
 (queue length, age of the oldest queued request, age of the oldest request still without
 its first token) have a value in every window, so they see an outage while nothing
 completes. Rules run on the whole cluster (``replica = "all"``) and on each replica.
@@ -29,36 +34,76 @@ def _below(v, t):
     return v < t
 
 
-#: rule name -> (window column, breaks the rule?, scenario key of its threshold)
-RULES: dict[str, tuple[str, Callable, str]] = {
-    "ttft_p99_above": ("ttft_p99_s", _above, "ttft_p99_s"),
-    "e2e_p99_above": ("e2e_p99_s", _above, "e2e_p99_s"),
-    "batch_efficiency_below": ("batch_efficiency", _below, "batch_efficiency_min"),
-    "queue_len_above": ("queue_len", _above, "queue_len_max"),
-    "oldest_queued_above": ("oldest_queued_s", _above, "oldest_queued_s"),
-    "waiting_ttft_above": ("waiting_ttft_max_s", _above, "waiting_ttft_s"),
+def _queued(ts: pd.DataFrame) -> np.ndarray:
+    """Windows ending with a request queued for longer than a window: work that waits, not
+    the arrival of the last few milliseconds that the next step takes."""
+    width = ts["window_end_s"].to_numpy(dtype=float) - ts["window_start_s"].to_numpy(dtype=float)
+    return ts["oldest_queued_s"].to_numpy(dtype=float) > width
+
+
+#: rule name -> (window column, breaks the rule?, scenario key of its threshold, and a
+#: condition the window must also meet to break it, or None)
+RULES: dict[str, tuple[str, Callable, str, Callable | None]] = {
+    "ttft_p99_above": ("ttft_p99_s", _above, "ttft_p99_s", None),
+    "e2e_p99_above": ("e2e_p99_s", _above, "e2e_p99_s", None),
+    "batch_efficiency_below": ("batch_efficiency", _below, "batch_efficiency_min", _queued),
+    "queue_len_above": ("queue_len", _above, "queue_len_max", None),
+    "oldest_queued_above": ("oldest_queued_s", _above, "oldest_queued_s", None),
+    "waiting_ttft_above": ("waiting_ttft_max_s", _above, "waiting_ttft_s", None),
 }
 #: Scenario keys of the ``[alerts]`` table that :func:`alerts` reads.
 THRESHOLD_KEYS = ("ttft_p99_s", "e2e_p99_s", "batch_efficiency_min", "queue_len_max",
-                  "oldest_queued_s", "waiting_ttft_s", "min_completions")
+                  "oldest_queued_s", "waiting_ttft_s", "min_completions", "fire_after",
+                  "clear_after")
 ALERT_COLUMNS = ["time_s", "rule", "event", "value", "threshold", "replica"]
+
+
+def _run_lengths(flags: np.ndarray) -> np.ndarray:
+    """Per element, how many elements in a row up to it (itself included) have its value."""
+    start = np.flatnonzero(np.concatenate(([True], flags[1:] != flags[:-1])))
+    length = np.arange(len(flags)) - np.repeat(start, np.diff(np.append(start, len(flags))))
+    return length + 1
+
+
+def switches(bad: np.ndarray, fire_after: int = 1, clear_after: int = 1) -> list[int]:
+    """Indices where the alert state changes: it starts clear, fires where ``fire_after``
+    breaking values in a row end, clears where ``clear_after`` good ones in a row end.
+
+    Vectorized over the values; the loop runs once per event (a fire needs a clear before
+    the next fire, so each takes the first candidate after the last event).
+    """
+    n = _run_lengths(bad)
+    fires = np.flatnonzero(bad & (n == fire_after))
+    clears = np.flatnonzero(~bad & (n == clear_after))
+    out, at, firing = [], -1, False
+    while True:
+        cands = clears if firing else fires
+        k = np.searchsorted(cands, at, side="right")
+        if k == len(cands):
+            return out
+        at = int(cands[k])
+        out.append(at)
+        firing = not firing
 
 
 def transitions(ts: pd.DataFrame, thresholds: dict[str, float], replica: str) -> list[dict]:
     """Fire/clear events of every enabled rule (threshold > 0) over one window table."""
     rows = []
-    for rule, (column, breaks, key) in RULES.items():
+    fire_after = int(thresholds.get("fire_after", 1))
+    clear_after = int(thresholds.get("clear_after", 1))
+    for rule, (column, breaks, key, also) in RULES.items():
         threshold = thresholds.get(key, 0.0)
         if threshold <= 0 or column not in ts:
             continue
         values = ts[column].to_numpy(dtype=float)
         valid = ~np.isnan(values)
-        ends, values = ts["window_end_s"].to_numpy()[valid], values[valid]
         bad = np.asarray(breaks(values, threshold), dtype=bool)
-        # The state starts clear; an event wherever a window's verdict differs from the last.
-        for i in np.flatnonzero(bad != np.concatenate(([False], bad[:-1]))):
+        if also is not None:
+            bad &= also(ts)
+        ends, values, bad = ts["window_end_s"].to_numpy()[valid], values[valid], bad[valid]
+        for k, i in enumerate(switches(bad, fire_after, clear_after)):
             rows.append({"time_s": ends[i], "rule": rule,
-                         "event": "fire" if bad[i] else "clear", "value": values[i],
+                         "event": "clear" if k % 2 else "fire", "value": values[i],
                          "threshold": threshold, "replica": replica})
     return rows
 

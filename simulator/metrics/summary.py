@@ -82,8 +82,12 @@ def bubble_from_totals(busy_s: float, union_s: float, pp: int) -> float:
 
 
 def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
-              tpot_slo_s: float, max_num_batched_tokens: int, pp: int) -> dict:
+              tpot_slo_s: float, max_num_batched_tokens: int, pp: int,
+              steady_end_s: float | None = None) -> dict:
     """Flat summary of a run (keys carry units).
+
+    ``steady_end_s`` ends the steady window instead of the last arrival
+    (:func:`steady_rates`): the last session start of multi-turn sessions.
 
     ``engine`` holds the replicas' streaming totals: ``steps``, ``step_tokens``,
     ``stage_busy_s`` (per stage) and ``union_s`` (see :class:`simulator.engine.replica.Replica`),
@@ -130,7 +134,8 @@ def summarize(requests: pd.DataFrame, engine: dict, *, ttft_slo_s: float,
     out["steps_total"] = int(steps)
     out["simulated_time_s"] = float(done["finish_s"].max()) if len(done) else 0.0
     out.update(prefix_hits(done))
-    out.update(steady_rates(requests, ok.reindex(requests.index, fill_value=False)))
+    out.update(steady_rates(requests, ok.reindex(requests.index, fill_value=False),
+                            steady_end_s))
     return out
 
 
@@ -169,9 +174,12 @@ def tokens_generated(requests: pd.DataFrame, lo: float, hi: float) -> float:
     return float(((out - 1) * overlap / span).sum() + ((first >= lo) & (first <= hi)).sum())
 
 
-def steady_rates(requests: pd.DataFrame, ok: pd.Series) -> dict:
+def steady_rates(requests: pd.DataFrame, ok: pd.Series, end_s: float | None = None) -> dict:
     """Rates over the steady window ``[t0 + STEADY_WARMUP (t1 - t0), t1]``, t0 and t1 the
-    first and last arrival (nan when the window is empty).
+    first and last arrival (nan when the window is empty); ``end_s``, when given, is t1.
+    Multi-turn sessions end it at the last session start: the turns arriving later are
+    the last sessions' remaining ones, fewer and fewer, a ramp-down that a window up to the
+    last arrival would mostly hold.
 
     Tokens per second generated in the window (:func:`tokens_generated`), completions per
     second finishing in it, and goodput: requests arriving in it that complete within both
@@ -184,7 +192,9 @@ def steady_rates(requests: pd.DataFrame, ok: pd.Series) -> dict:
             "goodput_steady_req_per_s")
     if len(t) < 2 or t.max() <= t.min():
         return {**dict.fromkeys(keys, nan), "steady_window_s": 0.0}
-    t0, t1 = float(t.min()), float(t.max())
+    t0, t1 = float(t.min()), float(t.max()) if end_s is None else float(end_s)
+    if t1 <= t0:
+        return {**dict.fromkeys(keys, nan), "steady_window_s": 0.0}
     lo = t0 + STEADY_WARMUP * (t1 - t0)
     width = t1 - lo
     fin = requests["finish_s"].where(requests["status"] == "completed").to_numpy(dtype=float)
