@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.calibration.engines import describe as describe_kernels
+from simulator.cluster.build import cluster_node
 from simulator.cluster.pools import describe_pools
 from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
@@ -38,6 +40,7 @@ def cmd_run(args) -> int:
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(format_summary(scenario.name, result.summary, result.requests))
+    print(f"  kernels    {describe_kernels(cluster_node(scenario).gpu, scenario.engine.profile)}")
     print(f"  outputs in {out}/" + (" (replaced the previous run's files)" if replaces else ""))
     return 0
 
@@ -57,6 +60,7 @@ def cmd_validate(args) -> int:
     gpus = f"{plan.gpus_used} GPU{'s' if plan.gpus_used != 1 else ''}"
     print(f"  cluster    {scenario.cluster.nodes} x {plan.node.name} "
           f"({plan.graph.graph['gpu'].name}), {gpus} used")
+    print(f"  kernels    {describe_kernels(plan.node.gpu, scenario.engine.profile)}")
     print(f"  layout     tp={p.tp} pp={p.pp} dp={p.dp}, "
           f"{plan.streams_per_replica} micro-batch stream(s) per replica")
     for rp in plan.replicas:
@@ -179,7 +183,6 @@ def cmd_compare(args) -> int:
 
 
 def cmd_topology(args) -> int:
-    from simulator.cluster.build import cluster_node  # noqa: PLC0415
     from simulator.hardware.specs import load_node  # noqa: PLC0415 - light, on use
     from simulator.paths import TOPOLOGIES  # noqa: PLC0415
     from simulator.topology.graph import build_graph  # noqa: PLC0415
@@ -275,7 +278,7 @@ def cmd_capacity(args) -> int:
 def cmd_calibrate(args) -> int:
     from simulator.calibration import commands as calibrate  # noqa: PLC0415 - scipy on use
 
-    return calibrate.main(args.action, args.gpu, args.data, args.out)
+    return calibrate.main(args.action, args.gpu, args.data, args.out, args.engine)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -406,7 +409,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("action", choices=("check", "fit"),
                    help="check: predict the CSVs and report errors; fit: refit the GPU")
     c.add_argument("--gpu", required=True, help="GPU preset name or GPU TOML file")
-    c.add_argument("--data", required=True, help="folder with gemm.csv, attention_*.csv, ...")
+    c.add_argument("--data", required=True, help="folder with gemm.csv, attention_*.csv, ...; "
+                                                 "with --engine, AIConfigurator's database")
+    c.add_argument("--engine", choices=("vllm", "sglang", "trtllm"),
+                   help="fit / check that engine's tables of AIConfigurator's database "
+                        "(fit: half 0; check: the held-back half 1)")
     c.add_argument("--out", help="check: report CSV; fit: GPU TOML to write "
                                  "(default runs/calibration/<gpu>.toml)")
     c.set_defaults(func=cmd_calibrate)

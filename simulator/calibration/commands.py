@@ -16,8 +16,8 @@ from pathlib import Path
 
 import tomli_w
 
-from simulator.calibration import check, moe_fit
-from simulator.calibration.params import to_toml
+from simulator.calibration import aic, check, engines, moe_fit
+from simulator.calibration.params import Calibration, to_toml
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_gpu, read_gpu_file
 
@@ -35,12 +35,26 @@ def format_table(summary) -> str:
     return "\n".join(lines)
 
 
-def run_check(gpu_name: str, data_dir: str, out: str | None = None) -> str:
-    """Check the GPU's model against ``data_dir``; returns the text to print."""
+def _data(gpu_name: str, data_dir: str, engine: str | None, which: int | None):
+    """The family tables: CSVs of a folder, or with ``engine`` the AIConfigurator database
+    at ``data_dir`` (half ``which`` of every table; None: all rows)."""
+    if engine is None:
+        return check.load_data(data_dir)
+    data = aic.load(data_dir, gpu_name, engine)
+    return data if which is None else aic.half(data, which)
+
+
+def run_check(gpu_name: str, data_dir: str, out: str | None = None,
+              engine: str | None = None) -> str:
+    """Check the GPU's model against ``data_dir``; returns the text to print. With
+    ``engine``: the engine's calibration on the database's held-back half (half 1)."""
     gpu = load_gpu(gpu_name, key="--gpu")
-    data = check.load_data(data_dir)
+    if engine is not None:
+        gpu = engines.engine_gpu(gpu, engines.PROFILE_OF_ENGINE[engine])
+    data = _data(gpu_name, data_dir, engine, 1)
     report = check.check(gpu, data)
     text = [f"calibration check of {gpu.name} on {data_dir} "
+            f"{f'({engine} tables, held-back half) ' if engine else ''}"
             f"(model: {gpu.calibration.source or 'uncalibrated'})",
             format_table(check.summarize(report))]
     if out:
@@ -50,23 +64,61 @@ def run_check(gpu_name: str, data_dir: str, out: str | None = None) -> str:
     return "\n".join(text)
 
 
-def run_fit(gpu_name: str, data_dir: str, out: str | None = None) -> str:
-    """Fit the GPU's parameters on ``data_dir`` and write a GPU data file."""
+#: Data families -> the calibration sections they fit.
+SECTIONS_OF = {"gemm": ("gemm", "elementwise"), "attention_context": ("prefill",),
+               "attention_generation": ("decode",), "nccl": ("collectives",),
+               "vllm_custom_allreduce": ("collectives",), "moe": ("moe",),
+               "mla_context": ("mla_prefill", "mla_decode"),
+               "mla_generation": ("mla_decode",), "alltoall": ("alltoall",)}
+
+
+def measured_only(cal: Calibration, data: dict, start: Calibration) -> Calibration:
+    """``cal`` with what no table of ``data`` measured dropped: per-dtype sections no
+    family fitted, and entries still equal to the ``start`` calibration's (a dtype or mode
+    the tables lack). The engine's fit file holds only what its tables fitted
+    (:func:`engines.engine_gpu` completes the rest, and says from where)."""
+    fitted = {sec for family in data for sec in SECTIONS_OF[family]}
+    out = {}
+    for sec in engines.SECTIONS_BY_DTYPE:
+        old = getattr(start, sec)
+        out[sec] = ({k: p for k, p in getattr(cal, sec).items() if old.get(k) != p}
+                    if sec in fitted else {})
+    return replace(cal, **out)
+
+
+def run_fit(gpu_name: str, data_dir: str, out: str | None = None,
+            engine: str | None = None) -> str:
+    """Fit the GPU's parameters on ``data_dir`` and write a GPU data file; with ``engine``,
+    fit on a sample of half 0 of the engine's database tables and write the fit file that
+    :mod:`engines` ships (``data/fits/<gpu>_<engine>.toml``)."""
     gpu = load_gpu(gpu_name, key="--gpu")
     raw = read_gpu_file(gpu_name)
-    data = check.load_data(data_dir)
+    data = _data(gpu_name, data_dir, engine, 0)
+    if engine is not None:
+        data = aic.sample(data)
+        gpu = engines.engine_gpu(gpu, engines.PROFILE_OF_ENGINE[engine])
     rows = sum(len(df) for df in data.values())
     today = datetime.date.today().isoformat()
-    command = f"python -m simulator calibrate fit --gpu {gpu_name} --data {data_dir}"
-    source = (f"fitted {today} on {rows} rows of {', '.join(f + '.csv' for f in data)} in "
-              f"{data_dir} by `{command}`")
+    flag = f" --engine {engine}" if engine else ""
+    command = f"python -m simulator calibrate fit --gpu {gpu_name}{flag} --data {data_dir}"
+    what = (f"{engine} tables of AIConfigurator (half 0, up to {aic.FIT_ROWS} rows per "
+            f"variant)" if engine else ", ".join(f + ".csv" for f in data))
+    source = f"fitted {today} on {rows} rows of {what} in {data_dir} by `{command}`"
     cal = moe_fit.fit(gpu, data, source)
-    path = Path(out) if out else Path("runs") / "calibration" / f"{gpu.name}.toml"
-    datasheet = {k: v for k, v in raw.items() if k not in ("calibration", "efficiency")}
-    header = (f"# Calibration of {gpu.name}: fitted by `{command}` on {today}.\n"
-              f"# Data: {rows} measured rows ({', '.join(data)}). Forms and parameters: "
-              f"docs/cost-model.md.")
-    text = tomli_w.dumps(datasheet) + "\n" + to_toml(cal, header) + "\n"
+    if engine is not None:
+        cal = measured_only(cal, data, gpu.calibration)
+        path = Path(out) if out else Path("runs") / "calibration" / f"{gpu.name}_{engine}.toml"
+        header = (f"# Kernel calibration of {gpu.name} under {engine}: `{command}`, {today}.\n"
+                  f"# Data: NVIDIA AIConfigurator's measured tables (Apache-2.0), "
+                  f"{rows} rows. Forms: docs/cost-model.md.")
+        text = to_toml(cal, header) + "\n"
+    else:
+        path = Path(out) if out else Path("runs") / "calibration" / f"{gpu.name}.toml"
+        datasheet = {k: v for k, v in raw.items() if k not in ("calibration", "efficiency")}
+        header = (f"# Calibration of {gpu.name}: fitted by `{command}` on {today}.\n"
+                  f"# Data: {rows} measured rows ({', '.join(data)}). Forms and parameters: "
+                  f"docs/cost-model.md.")
+        text = tomli_w.dumps(datasheet) + "\n" + to_toml(cal, header) + "\n"
     tomllib.loads(text)  # what we write must read back
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -75,12 +127,11 @@ def run_fit(gpu_name: str, data_dir: str, out: str | None = None) -> str:
                       format_table(check.summarize(report))])
 
 
-def main(action: str, gpu: str, data: str, out: str | None) -> int:
+def main(action: str, gpu: str, data: str, out: str | None, engine: str | None = None) -> int:
     if action == "check":
-        print(run_check(gpu, data, out))
+        print(run_check(gpu, data, out, engine))
     elif action == "fit":
-        print(run_fit(gpu, data, out))
+        print(run_fit(gpu, data, out, engine))
     else:  # argparse restricts the choices; keep the error one line anyway
         raise ScenarioError(f"calibrate: unknown action {action!r} (allowed: check, fit)")
     return 0
-
