@@ -14,10 +14,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import tomli_w
 
 from simulator.calibration import aic, check, engines, moe_fit
-from simulator.calibration.params import Calibration, to_toml
+from simulator.calibration.fit import GEMM_FREE
+from simulator.calibration.params import FALLBACK, Calibration, to_toml
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_gpu, read_gpu_file
 
@@ -86,6 +88,33 @@ def measured_only(cal: Calibration, data: dict, start: Calibration) -> Calibrati
     return replace(cal, **out)
 
 
+def prune_gemm(gpu, cal: Calibration, gemm) -> tuple[Calibration, list[str]]:
+    """Drop each fitted GEMM dtype whose own parameters predict its rows worse (median
+    |error|) than the dtype it falls back to (``params.FALLBACK``), or sit at an upper
+    bound of the fit's box (launch latency or overlap exponent: the solver found no
+    physical optimum): a kernel the form does not capture is then priced as its nearest
+    kernel. Returns the names dropped, with why."""
+    dropped = []
+    caps = {name: hi * unit for name, _, hi, unit in GEMM_FREE}
+    dtypes = check._dtype("gemm", "dtype", gemm["dtype"])
+    for dt in sorted(cal.gemm):
+        rows = gemm[dtypes == dt]
+        rest = {k: v for k, v in cal.gemm.items() if k != dt}
+        if not len(rows) or not any(k in rest for k in FALLBACK.get(dt, ())):
+            continue
+        err = [float(np.median(np.abs(check.predict_gemm(replace(gpu, calibration=c), rows)
+                                      / (rows["latency_us"].to_numpy() * 1e-6) - 1)))
+               for c in (cal, replace(cal, gemm=rest))]
+        p = cal.gemm[dt]
+        pinned = [k for k in ("launch_s", "overlap") if getattr(p, k) >= 0.999 * caps[k]]
+        if err[1] < err[0] or pinned:
+            cal = replace(cal, gemm=rest)
+            dropped.append(f"gemm.{dt} (median error {err[0]:.0%}"
+                           f"{', at the bound of ' + ' and '.join(pinned) if pinned else ''}; "
+                           f"as {next(k for k in FALLBACK[dt] if k in rest)}: {err[1]:.0%})")
+    return cal, dropped
+
+
 def run_fit(gpu_name: str, data_dir: str, out: str | None = None,
             engine: str | None = None) -> str:
     """Fit the GPU's parameters on ``data_dir`` and write a GPU data file; with ``engine``,
@@ -107,6 +136,10 @@ def run_fit(gpu_name: str, data_dir: str, out: str | None = None,
     cal = moe_fit.fit(gpu, data, source)
     if engine is not None:
         cal = measured_only(cal, data, gpu.calibration)
+        if "gemm" in data:
+            cal, dropped = prune_gemm(gpu, cal, data["gemm"])
+            if dropped:
+                cal = replace(cal, source=f"{cal.source}; not kept: {', '.join(dropped)}")
         path = Path(out) if out else Path("runs") / "calibration" / f"{gpu.name}_{engine}.toml"
         header = (f"# Kernel calibration of {gpu.name} under {engine}: `{command}`, {today}.\n"
                   f"# Data: NVIDIA AIConfigurator's measured tables (Apache-2.0), "
