@@ -1,6 +1,7 @@
 """End-to-end check against real serving runs: median TPOT / TTFT error per (GPU, engine, mode).
 
     python benchmarks/validation_e2e.py [--data ../shared/validation] [--per-group 3]
+                                        [--max-concurrency 32]
 
 Reproduces aggregated runs of ``../shared/validation/`` (NVIDIA AIConfigurator's silicon
 data, Apache-2.0: DeepSeek-V3 and Qwen3-32B at fixed ISL/OSL and fixed concurrency) as
@@ -69,13 +70,14 @@ def scenario(row: pd.Series) -> dict | None:
             "parallel": par,
             "engine": {"profile": PROFILE[row["backend"]], "max_num_seqs": max(conc, 1)},
             "workload": {"arrival": "closed_loop", "concurrency": conc,
-                         "num_requests": max(3 * conc, 8), "prompt_tokens": int(row["isl"]),
+                         "num_requests": max(2 * conc, 8), "prompt_tokens": int(row["isl"]),
                          "output_tokens": int(row["osl"])},
             "output": {"steps": False, "trace": False}}
 
 
-def rows(folder: Path, per_group: int, seed: int = 0) -> pd.DataFrame:
-    """The aggregated runs, a seeded sample of ``per_group`` per (model, GPU, engine)."""
+def rows(folder: Path, per_group: int, max_conc: int, seed: int = 0) -> pd.DataFrame:
+    """The aggregated runs at concurrency <= ``max_conc``, a seeded sample of
+    ``per_group`` per (model, GPU, engine)."""
     parts = []
     for f in sorted(folder.glob("silicon_*.csv")):
         df = pd.read_csv(f, keep_default_na=False, na_values=[""])
@@ -84,6 +86,8 @@ def rows(folder: Path, per_group: int, seed: int = 0) -> pd.DataFrame:
         df["gemm_quant_mode"] = df["gemm_quant_mode"].fillna("")
         parts.append(df[df["mode"] == "agg"])
     df = pd.concat(parts, ignore_index=True)
+    conc = df["concurrency"].fillna(df["batch_size"]) if "concurrency" in df else df["batch_size"]
+    df = df[conc <= max_conc]
     return (df.groupby(["model_path", "system", "backend"], group_keys=False)
             .apply(lambda g: g.sample(min(len(g), per_group), random_state=seed)))
 
@@ -92,13 +96,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "validation"))
     ap.add_argument("--per-group", type=int, default=3)
+    ap.add_argument("--max-concurrency", type=int, default=32,
+                    help="only runs at this concurrency or less (simulation time)")
     args = ap.parse_args()
     folder = Path(args.data)
     if not folder.is_dir():
         print(f"--data: {args.data!r} not found", file=sys.stderr)
         return 2
     out = []
-    for _, row in rows(folder, args.per_group).iterrows():
+    for _, row in rows(folder, args.per_group, args.max_concurrency).iterrows():
         s = scenario(row)
         if s is None:
             continue

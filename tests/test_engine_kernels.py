@@ -316,3 +316,13 @@ def test_the_docs_figures_table_is_what_the_calibrations_say():
                 "-" if math.isnan(f["nvfp4_over_fp8_experts"])
                 else f"{f['nvfp4_over_fp8_experts']:.2f}"]
         assert row == want, (row, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, ttft_ms, tpot_ms", [("b200-70b", 42, 7.6),
+                                                    ("b200-dsv3", 70, 19.5)])
+def test_the_b200_cases_the_docs_quote(name, ttft_ms, tpot_ms):
+    s = simulator.load_scenario(str(REPO / "benchmarks" / "engine_kernels" / f"{name}.toml"))
+    summary = simulator.run(s).summary
+    assert round(summary["ttft_mean_s"] * 1e3) == ttft_ms
+    assert round(summary["tpot_mean_s"] * 1e3, 1) == tpot_ms
