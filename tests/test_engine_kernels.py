@@ -326,3 +326,14 @@ def test_the_b200_cases_the_docs_quote(name, ttft_ms, tpot_ms):
     summary = simulator.run(s).summary
     assert round(summary["ttft_mean_s"] * 1e3) == ttft_ms
     assert round(summary["tpot_mean_s"] * 1e3, 1) == tpot_ms
+
+
+def test_a_users_own_calibration_wins_over_the_shipped_fit(tmp_path):
+    text = (REPO / "topologies" / "gpus" / "b200.toml").read_text()
+    path = tmp_path / "my_b200.toml"
+    path.write_text(text + '\n[calibration]\nsource = "my fit"\n'
+                           '[calibration.gemm.bf16]\ncompute_eff = 0.5\n')
+    mine = load_gpu(str(path))
+    sel = engines.engine_gpu(mine, "trtllm")
+    assert sel.calibration.gemm_for("bf16").compute_eff == 0.5
+    assert sel.calibration.source.startswith("no trtllm fit of b200: the GPU file's own")

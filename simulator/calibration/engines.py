@@ -9,7 +9,8 @@ H100 SXM vLLM fit is the GPU file's own ``[calibration]`` (``topologies/gpus/h10
 fitted on the same vLLM 0.24.0 tables).
 
 A GPU or engine without a fit falls back by documented physics (docs/cost-model.md, "Per-
-engine kernels"): the GPU file's own ``[calibration]`` where it has one (a user's fit),
+engine kernels"): the GPU file's own ``[calibration]`` where it has one (a user's fit,
+which also wins over a shipped fit of a preset of the same name),
 else the same engine's fit of the nearest fitted GPU of its generation (:data:`NEAREST`),
 carried by :func:`~simulator.calibration.generations.transfer` (efficiencies and latencies
 unchanged, SM-second costs scaled by the clocks; peaks, bandwidths and SM count are the
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from simulator.calibration.generations import transfer
 from simulator.calibration.params import Calibration, from_toml
+from simulator.errors import ScenarioError
 from simulator.hardware.specs import GPUSpec, load_gpu
 
 if sys.version_info >= (3, 11):
@@ -109,9 +111,20 @@ def engine_gpu(gpu: GPUSpec, profile: str | None) -> GPUSpec:
     return hit[1]
 
 
+def _user_calibrated(gpu: GPUSpec) -> bool:
+    """Whether ``gpu`` carries a calibration of its own that is not its preset's (a user's
+    fit in a GPU file of the same name): that one wins over every shipped fit."""
+    if not own_calibration(gpu):
+        return False
+    try:
+        return load_gpu(gpu.name).calibration != gpu.calibration
+    except ScenarioError:  # no preset of that name
+        return True
+
+
 def _select(gpu: GPUSpec, engine: str) -> GPUSpec:
     """:func:`engine_gpu` itself."""
-    cal = fitted(gpu, engine)
+    cal = None if _user_calibrated(gpu) else fitted(gpu, engine)
     if cal is gpu.calibration:
         return gpu
     if cal is not None:
