@@ -34,14 +34,18 @@ MODEL = {"deepseek-ai/DeepSeek-V3": "deepseek-v3", "Qwen/Qwen3-32B": "qwen3-32b"
 WEIGHTS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "": "bf16"}
 
 
+def _int(row: pd.Series, col: str, default: int = 1) -> int:
+    v = row.get(col)
+    return default if v is None or pd.isna(v) else int(v)
+
+
 def layout(row: pd.Series, moe: bool) -> dict | None:
     """Our parallel keys for the run's layout (None: not expressible). Attention DP d with
     EP d -> tp = ep = d with attention DP; attention TP t with EP t or MoE-TP t -> tp t."""
-    tp, dp = int(row["tp_size"]), int(row.get("attention_dp_size", 1) or 1)
-    pp = int(row.get("pp_size", 1) or 1)
+    tp, dp, pp = _int(row, "tp_size"), _int(row, "attention_dp_size"), _int(row, "pp_size")
     if not moe:
         return {"tp": tp, "pp": pp, "dp": 1}
-    ep, etp = int(row["moe_ep_size"]), int(row["moe_tp_size"])
+    ep, etp = _int(row, "moe_ep_size"), _int(row, "moe_tp_size")
     if dp == 1 and ep == 1:
         return {"tp": tp, "pp": pp, "dp": 1, "ep": 1}
     if dp == 1 and ep == tp:
@@ -58,11 +62,12 @@ def scenario(row: pd.Series) -> dict | None:
     par = layout(row, moe)
     if model is None or par is None or row["system"] not in TOPOLOGY:
         return None
-    conc = int(row["concurrency"] if "concurrency" in row and pd.notna(row["concurrency"])
-               else row["batch_size"])
+    conc = _int(row, "concurrency", _int(row, "batch_size"))
     gpus = par["tp"] * par["pp"]
     per_node = 4 if row["system"] == "gb200" else 8
-    return {"name": str(row.get("id", "run")), "seed": 0,
+    name = (f"{model}-{row['system']}-{row['backend']}-{int(row['isl'])}x{int(row['osl'])}"
+            f"-c{conc}")
+    return {"name": name, "seed": 0,
             "model": {"name": model,
                       "weight_dtype": WEIGHTS.get(str(row["gemm_quant_mode"] or ""), "bf16")},
             "cluster": {"topology": TOPOLOGY[row["system"]],
@@ -88,8 +93,8 @@ def rows(folder: Path, per_group: int, max_conc: int, seed: int = 0) -> pd.DataF
     df = pd.concat(parts, ignore_index=True)
     conc = df["concurrency"].fillna(df["batch_size"]) if "concurrency" in df else df["batch_size"]
     df = df[conc <= max_conc]
-    return (df.groupby(["model_path", "system", "backend"], group_keys=False)
-            .apply(lambda g: g.sample(min(len(g), per_group), random_state=seed)))
+    shuffled = df.sample(frac=1.0, random_state=seed)
+    return shuffled.groupby(["model_path", "system", "backend"]).head(per_group)
 
 
 def main() -> int:
