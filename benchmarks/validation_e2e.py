@@ -135,7 +135,12 @@ def main() -> int:
     table = pd.DataFrame({"runs": g.size(), "tpot_median_abs_pct": med_abs("tpot_err_pct"),
                           "tpot_bias_pct": g["tpot_err_pct"].median(),
                           "ttft_median_abs_pct": med_abs("ttft_err_pct")})
-    print(table.round(1).to_string())
+    print("\n| GPU | engine | mode | model | runs | TPOT median abs. error % | TPOT bias % "
+          "| TTFT median abs. error % |\n|---|---|---|---|---|---|---|---|")
+    for (gpu, engine, mode, model), r in table.iterrows():
+        print(f"| {gpu} | {engine} | {mode} | {model} | {r['runs']} | "
+              f"{r['tpot_median_abs_pct']:.1f} | {r['tpot_bias_pct']:+.1f} | "
+              f"{r['ttft_median_abs_pct']:.1f} |")
     return 0
 
 

@@ -6,6 +6,8 @@ the roofline floor on the held-back half."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -337,3 +339,15 @@ def test_a_users_own_calibration_wins_over_the_shipped_fit(tmp_path):
     sel = engines.engine_gpu(mine, "trtllm")
     assert sel.calibration.gemm_for("bf16").compute_eff == 0.5
     assert sel.calibration.source.startswith("no trtllm fit of b200: the GPU file's own")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (REPO.parent / "shared" / "validation").is_dir(),
+                    reason="../shared/validation absent")
+def test_the_end_to_end_table_the_docs_quote():
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "validation_e2e.py"),
+                          "--per-group", "4", "--max-concurrency", "64"],
+                         capture_output=True, text=True, check=True, timeout=3000).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "agg" in line]
+    doc = (REPO / "docs" / "cost-model.md").read_text()
+    assert len(rows) >= 5 and all(r in doc for r in rows), rows
