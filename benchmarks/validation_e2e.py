@@ -138,7 +138,7 @@ def main() -> int:
     print("\n| GPU | engine | mode | model | runs | TPOT median abs. error % | TPOT bias % "
           "| TTFT median abs. error % |\n|---|---|---|---|---|---|---|---|")
     for (gpu, engine, mode, model), r in table.iterrows():
-        print(f"| {gpu} | {engine} | {mode} | {model} | {r['runs']} | "
+        print(f"| {gpu} | {engine} | {mode} | {model} | {int(r['runs'])} | "
               f"{r['tpot_median_abs_pct']:.1f} | {r['tpot_bias_pct']:+.1f} | "
               f"{r['ttft_median_abs_pct']:.1f} |")
     return 0
