@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 from simulator.calibration.engines import describe as describe_kernels
-from simulator.cluster.build import cluster_node
+from simulator.cluster.build import cluster_node, expert_setup
 from simulator.cluster.pools import describe_pools
 from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
-from simulator.errors import ScenarioError
+from simulator.errors import NoAnswer, ScenarioError
+from simulator.hardware.specs import transfer_note
 from simulator.io.scenario import load_scenario
 from simulator.io.writers import check_out, default_out, write_result
-from simulator.model.memory import GIB
+from simulator.model.memory import GIB, split_layers, weight_classes
 from simulator.printout import format_summary
 from simulator.sweep import BACKENDS, SweepInterrupted, sweep
+
+#: Exit status of plan and capacity when the question has no answer (bad input: 2).
+EXIT_NO_ANSWER = 3
+#: Exit status after Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 
 def _load(args) -> object:
@@ -60,7 +67,10 @@ def cmd_validate(args) -> int:
     gpus = f"{plan.gpus_used} GPU{'s' if plan.gpus_used != 1 else ''}"
     print(f"  cluster    {scenario.cluster.nodes} x {plan.node.name} "
           f"({plan.graph.graph['gpu'].name}), {gpus} used")
-    print(f"  kernels    {describe_kernels(plan.node.gpu, scenario.engine.profile)}")
+    if transfer_note(plan.graph.graph["gpu"]):  # docs/hardware.md
+        print(f"  kernels    {transfer_note(plan.graph.graph['gpu'])}")
+    else:  # the engine's own fit, or one carried from another GPU's (docs/cost-model.md)
+        print(f"  kernels    {describe_kernels(plan.node.gpu, scenario.engine.profile)}")
     print(f"  layout     tp={p.tp} pp={p.pp} dp={p.dp}, "
           f"{plan.streams_per_replica} micro-batch stream(s) per replica")
     for rp in plan.replicas:
@@ -68,9 +78,13 @@ def cmd_validate(args) -> int:
                             for st in rp.placement.stages)
         print(f"  replica {rp.placement.replica}  GPUs {stages}")
     st, tp0 = plan.replicas[0].stages[0], plan.replicas[0].placement.stages[0]
-    if p.tp > 1 and p.attention_dp:  # docs/moe.md: no TP all-reduce, all-to-all instead
-        print("  tp all-reduce  none: attention DP (each GPU runs attention for its own "
-              "requests; the MoE layers exchange tokens by all-to-all)")
+    if p.tp > 1 and p.attention_dp:  # docs/moe.md, "Layouts": no TP all-reduce
+        a = p.attention_tp or 1
+        who = "each GPU" if a == 1 else f"each group of {a} GPUs"
+        how = ("exchange tokens by all-to-all" if p.ep == p.tp else
+               f"all-gather every token over the {p.tp} GPUs and reduce-scatter the outputs")
+        print(f"  tp all-reduce  none over the stage: attention DP ({who} runs attention for "
+              f"its own requests; the MoE layers {how})")
     elif p.tp > 1:  # one all-reduce of a 64-token decode step, as the stage cost prices it
         nbytes, span = 64 * st.hidden_bytes, len({plan.graph.nodes[g]["node"] for g in tp0})
         print(f"  tp all-reduce  {span} node(s) per group: 64 tokens take "
@@ -80,6 +94,8 @@ def cmd_validate(args) -> int:
           f"{mem.kv_blocks} blocks = {mem.kv_tokens} tokens per replica")
     if mem.note:
         print(f"  layout     {mem.note}")
+    for line in memory_lines(scenario, plan):
+        print(line)
     print(f"  max_model_len {plan.max_model_len}{_max_len_note(scenario, plan)}")
     w = scenario.workload
     if requests is None:
@@ -94,6 +110,30 @@ def cmd_validate(args) -> int:
         print(f"  speculative {sp.method}, k = {sp.num_speculative_tokens}: "
               f"{1 + plan.speculative.acceptance.mean:.2f} tokens per verification step")
     return 0
+
+
+def memory_lines(scenario, plan) -> list[str]:
+    """The memory plan of a MoE / MLA / hybrid model by layer class (first stage, one
+    GPU), the release's shipped precision, and the recurrent state set aside."""
+    m, p, mem = plan.model, scenario.parallel, plan.memory
+    lines = []
+    if m.quant is not None:
+        lines.append(f"  release    {m.quant.describe()}")
+    if not m.layer_plan:
+        return lines
+    layout = expert_setup(scenario, m, plan.node)[0]
+    stage = split_layers(m.layers, p.pp)[0]
+    rows = weight_classes(m, p.tp, layout, stage, p.pp == 1, scenario.model.weight_dtype)
+    lines.append("  weights    per GPU (stage 0): " + ", ".join(
+        f"{name} {b / GIB:.2f} GiB ({dtype})" for name, b, dtype in rows))
+    if m.linear is not None:
+        kv_tp = 1 if p.attention_dp else p.tp
+        per = m.linear.state_bytes_per_seq(kv_tp, stage - m.full_attention_layers(0, stage))
+        seqs = round(mem.state_bytes_per_gpu / per) if per else 0
+        lines.append(f"  state      Gated DeltaNet {per / 2**20:.1f} MiB per sequence per GPU "
+                     f"x {seqs} sequences = {mem.state_bytes_per_gpu / GIB:.2f} GiB set "
+                     f"aside; KV on {m.full_attention_layers()} of {m.layers} layers")
+    return lines
 
 
 def _max_len_note(scenario, plan) -> str:
@@ -172,6 +212,11 @@ def cmd_report(args) -> int:
 def cmd_compare(args) -> int:
     from simulator.report import compare_plot, compare_table, format_compare  # noqa: PLC0415
 
+    if args.measured:
+        return cmd_compare_measured(args)
+    if len(args.runs) < 2:
+        raise ScenarioError("compare: give two or more run folders (or --measured FILE "
+                            "SCENARIO)")
     table = compare_table(args.runs)
     out = Path(args.out) if args.out else Path("runs") / "compare"
     out.mkdir(parents=True, exist_ok=True)
@@ -179,6 +224,42 @@ def cmd_compare(args) -> int:
     png = compare_plot(args.runs, out / "compare_cdf.png")
     print(format_compare(table))
     print(f"  outputs in {out}/ (compare.csv, {png.name})")
+    return 0
+
+
+def cmd_compare_measured(args) -> int:
+    """``compare --measured FILE SCENARIO``: simulate the benchmark FILE measured, on the
+    deployment SCENARIO describes, and put the two side by side."""
+    from simulator.io.measured import read_measured  # noqa: PLC0415
+    from simulator.io.scenario import read_toml  # noqa: PLC0415
+    from simulator.metrics import measured as mm  # noqa: PLC0415
+    from simulator.plotting import measured_vs_simulated  # noqa: PLC0415
+
+    if len(args.runs) != 1:
+        raise ScenarioError("compare --measured FILE: give one scenario TOML (the "
+                            "deployment that was measured)")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ScenarioError(f"--concurrency: {args.concurrency} is not a positive integer")
+    if args.rate is not None and not (0 < args.rate < float("inf")):
+        raise ScenarioError(f"--rate: {args.rate!r} is not a positive finite rate (req/s)")
+    measured = read_measured(args.measured, args.line)
+    workload = mm.benchmark_workload(measured, args.concurrency, args.rate)
+    source = Path(args.runs[0])
+    data = read_toml(source) | {"workload": workload,
+                                "_base_dir": str(source.resolve().parent),
+                                "_source": str(source)}
+    scenario = load_scenario(data, overrides=args.set)
+    out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-measured"
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ScenarioError(f"--out {str(out)[:80]!r}: not a folder (give a new or existing "
+                            "folder; it receives measured_vs_simulated.csv and .png)")
+    result = run(scenario, progress=sys.stderr.isatty(), keep_steps=False)
+    table = mm.comparison(measured, mm.simulated(result.summary, result.requests))
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "measured_vs_simulated.csv", index=False)
+    png = measured_vs_simulated(table, out / "measured_vs_simulated.png")
+    print(mm.format_comparison(measured, table, workload))
+    print(f"  outputs in {out}/ (measured_vs_simulated.csv, {png.name})")
     return 0
 
 
@@ -234,7 +315,20 @@ def cmd_collective(args) -> int:
 
 def cmd_plan(args) -> int:
     from simulator.planner import plan  # noqa: PLC0415 - on use
-    from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: PLC0415
+    from simulator.planner.report import (  # noqa: PLC0415
+        LAUNCH,
+        RECOMMENDED,
+        format_plan,
+        row_scenario,
+        write_launch,
+        write_plan,
+    )
+
+    if args.emit is not None and args.emit < 1:
+        raise ScenarioError(f"--emit: a rank of plan.csv (1, 2, ...), got {args.emit}")
+    # the whole space unless restricted: colocated and disaggregated in one ranking
+    disagg = not args.colocated_only
+    only = "disaggregated" if args.disagg_only else None
 
     if args.nodes:  # several node kinds (simulator/planner/kinds.py)
         from simulator.planner.kinds import plan_kinds  # noqa: PLC0415 - on use
@@ -244,22 +338,37 @@ def cmd_plan(args) -> int:
                             gpus=args.gpus, objective=args.objective, top=args.top,
                             requests=args.requests, jobs=args.jobs,
                             slo_quantile=args.slo_quantile, overrides=args.set,
-                            disagg=args.disagg)
+                            disagg=disagg, only=only, progress=True,
+                            backend=args.backend, address=args.ray_address)
     else:
         result = plan(args.scenario, gpus=args.gpus, objective=args.objective, top=args.top,
                       requests=args.requests, jobs=args.jobs, slo_quantile=args.slo_quantile,
-                      overrides=args.set, disagg=args.disagg)
+                      overrides=args.set, disagg=disagg, only=only, progress=True,
+                      backend=args.backend, address=args.ray_address)
     out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-plan"
     files = write_plan(result, out, figure=not args.no_plot)
     print(format_plan(result))
     print(f"  outputs in {out}/ ({', '.join(f.name for f in files)})")
+    if result.interrupted:
+        print(f"  stopped    by Ctrl-C after {len(result.table)} simulations: the answer is "
+              f"from those")
     if result.best is not None:
         pick = out / RECOMMENDED
+        print(f"  launch     {out / LAUNCH} (vLLM, SGLang, TensorRT-LLM)")
         print(f"  next       python -m simulator run {pick}\n"
               f"             python -m simulator capacity {pick}")
+    if args.emit is not None:
+        rows = result.table[result.table["rank"] == args.emit]
+        if rows.empty:
+            raise ScenarioError(f"--emit: no rank {args.emit} in plan.csv (ranks 1 to "
+                                f"{len(result.table)})", source=args.scenario)
+        where = out / f"launch-rank{args.emit}"
+        written = write_launch(load_scenario(row_scenario(result, rows.iloc[0])), where)
+        print(f"  emit       rank {args.emit}: {written[0]}\n" + written[0].read_text())
     if result.error:
-        raise ScenarioError(result.error, source=args.scenario)
-    return 0
+        print(NoAnswer(result.error, source=args.scenario).render(), file=sys.stderr)
+        return EXIT_NO_ANSWER
+    return EXIT_INTERRUPTED if result.interrupted else 0
 
 
 def cmd_capacity(args) -> int:
@@ -267,18 +376,41 @@ def cmd_capacity(args) -> int:
     from simulator.planner.report import format_capacity, write_capacity  # noqa: PLC0415
 
     result = capacity(args.scenario, slo_quantile=args.slo_quantile, tolerance=args.tolerance,
-                      requests=args.requests, overrides=args.set)
+                      requests=args.requests, overrides=args.set, progress=True)
     out = Path(args.out) if args.out else Path("runs") / f"{result.scenario.name}-capacity"
     files = write_capacity(result, out, figure=not args.no_plot)
     print(format_capacity(result))
     print(f"  outputs in {out}/ ({', '.join(f.name for f in files)})")
-    return 0
+    return EXIT_INTERRUPTED if result.interrupted else 0
 
 
 def cmd_calibrate(args) -> int:
+    if args.action == "collect":
+        return cmd_collect(args)
     from simulator.calibration import commands as calibrate  # noqa: PLC0415 - scipy on use
 
+    if args.data is None:
+        raise ScenarioError(f"calibrate {args.action}: --data is required (a folder of "
+                            "measured CSVs, or with --engine AIConfigurator's database)")
     return calibrate.main(args.action, args.gpu, args.data, args.out, args.engine)
+
+
+def cmd_collect(args) -> int:
+    from simulator.calibration import collect  # noqa: PLC0415 - PyTorch on use
+
+    if args.out is None:
+        raise ScenarioError("calibrate collect: --out is required (the folder to write into)")
+    command = "python -m simulator " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        report = collect.collect(args.gpu, args.out, collect.parse_families(args.families),
+                                 args.quick, args.timer, args.noise, args.seed,
+                                 progress=sys.stderr.isatty(), command=command)
+    except KeyboardInterrupt:
+        print(f"calibrate collect: stopped; the rows timed so far are kept in {args.out}/ "
+              "(the same command resumes)", file=sys.stderr)
+        return 130
+    print("\n".join(report.lines()))
+    return 0
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -328,9 +460,22 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_report)
     m = sub.add_parser("compare", help="summary figures of runs side by side, with "
                                        "differences, and their latency CDFs overlaid")
-    m.add_argument("runs", nargs="+", help="two or more run folders; the first is the base")
+    m.add_argument("runs", nargs="+", help="two or more run folders; the first is the base "
+                                           "(with --measured: one scenario TOML)")
     m.add_argument("--out", help="folder for compare.csv and compare_cdf.png "
-                                 "(default runs/compare/)")
+                                 "(default runs/compare/; with --measured "
+                                 "runs/<scenario>-measured/)")
+    m.add_argument("--measured", metavar="FILE",
+                   help="a benchmark result (vllm bench serve, sglang.bench_serving, "
+                        "genai-perf, AIPerf, trtllm-bench): simulate the same benchmark on "
+                        "the scenario's deployment and compare")
+    m.add_argument("--line", type=int, help="--measured JSON Lines file: which run (1-based)")
+    m.add_argument("--concurrency", type=int,
+                   help="--measured: the clients' concurrency, for files that do not record it")
+    m.add_argument("--rate", type=float,
+                   help="--measured: the request rate (req/s), for files that do not record it")
+    m.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="--measured: override a scenario key, e.g. --set parallel.tp=8")
     m.set_defaults(func=cmd_compare)
     t = sub.add_parser("topology", help="describe a cluster's graph")
     t.add_argument("action", choices=("show",))
@@ -373,23 +518,36 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--gpus", type=int, help="most GPUs a layout may use (default: all)")
     n.add_argument("--nodes", help="node kinds to search, comma-separated (e.g. "
                                    "dgx-h100,hgx-h200), each on the nodes --gpus needs")
-    n.add_argument("--disagg", action="store_true",
-                   help="also rank disaggregated prefill + decode pool layouts on the "
-                        "scenario's nodes, with the colocated ones (docs/planner.md)")
+    space = n.add_mutually_exclusive_group()
+    space.add_argument("--colocated-only", action="store_true",
+                       help="search colocated layouts only (default: colocated and "
+                            "disaggregated prefill + decode pools in one ranking)")
+    space.add_argument("--disagg-only", action="store_true",
+                       help="search disaggregated prefill + decode pool layouts only")
+    space.add_argument("--disagg", action="store_true",
+                       help="colocated and disaggregated layouts (the default; kept for "
+                            "old scripts)")
     n.add_argument("--objective", default="goodput_per_gpu",
                    help="goodput_per_gpu (default), goodput_per_usd, tokens_per_joule, "
                         "min_ttft or min_tpot")
     n.add_argument("--top", type=int, default=8, help="candidates simulated (default 8), "
                                                       "plus the rule of thumb")
-    n.add_argument("--requests", type=int, default=500,
-                   help="cap on requests simulated per candidate (default 500)")
+    n.add_argument("--requests", type=int,
+                   help="requests simulated per candidate (default: the scenario's, at "
+                        "most 500); recommended.toml keeps the scenario's count")
     n.add_argument("--slo-quantile", type=float, default=0.99,
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
     n.add_argument("--jobs", type=int, help="worker processes (default: the CPUs)")
+    n.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="where the simulations run: local processes (default) or ray")
+    n.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray)")
     n.add_argument("--out", help="output folder (default runs/<name>-plan/)")
     n.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
     n.add_argument("--no-plot", action="store_true", help="no pareto.png")
+    n.add_argument("--emit", type=int, metavar="RANK",
+                   help="also write the launch commands of plan.csv's row RANK "
+                        "(launch-rankRANK/launch.sh)")
     n.set_defaults(func=cmd_plan)
     y = sub.add_parser("capacity", help="highest request rate the scenario's layout "
                                         "sustains within its SLOs (bisection)")
@@ -398,24 +556,36 @@ def parser() -> argparse.ArgumentParser:
                    help="quantile of TTFT and TPOT held to the SLOs (default 0.99)")
     y.add_argument("--tolerance", type=float, default=0.05,
                    help="relative width of the final bracket (default 0.05)")
-    y.add_argument("--requests", type=int, default=2000,
-                   help="cap on requests per probe (default 2000)")
+    y.add_argument("--requests", type=int,
+                   help="requests per probe (default: the scenario's, at most 2000)")
     y.add_argument("--out", help="output folder (default runs/<name>-capacity/)")
     y.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set parallel.tp=8")
     y.add_argument("--no-plot", action="store_true", help="no capacity.png")
     y.set_defaults(func=cmd_capacity)
-    c = sub.add_parser("calibrate", help="check or fit a GPU's cost model on measured CSVs")
-    c.add_argument("action", choices=("check", "fit"),
-                   help="check: predict the CSVs and report errors; fit: refit the GPU")
+    c = sub.add_parser("calibrate", help="collect, check or fit a GPU's cost model on "
+                                         "measured CSVs")
+    c.add_argument("action", choices=("collect", "check", "fit"),
+                   help="collect: time the kernels the fit needs on this machine's GPU; "
+                        "check: predict the CSVs and report errors; fit: refit the GPU")
     c.add_argument("--gpu", required=True, help="GPU preset name or GPU TOML file")
-    c.add_argument("--data", required=True, help="folder with gemm.csv, attention_*.csv, ...; "
-                                                 "with --engine, AIConfigurator's database")
+    c.add_argument("--data", help="check, fit: folder with gemm.csv, attention_*.csv, ...; "
+                                  "with --engine, AIConfigurator's database")
     c.add_argument("--engine", choices=("vllm", "sglang", "trtllm"),
-                   help="fit / check that engine's tables of AIConfigurator's database "
+                   help="check, fit: that engine's tables of AIConfigurator's database "
                         "(fit: half 0; check: the held-back half 1)")
-    c.add_argument("--out", help="check: report CSV; fit: GPU TOML to write "
-                                 "(default runs/calibration/<gpu>.toml)")
+    c.add_argument("--out", help="collect: folder to write the CSVs into; check: report CSV; "
+                                 "fit: GPU TOML to write (default runs/calibration/<gpu>.toml)")
+    c.add_argument("--families", help="collect: comma-separated families (default: gemm, "
+                                      "attention_context, attention_generation, nccl)")
+    c.add_argument("--quick", action="store_true",
+                   help="collect: about a tenth of the shapes (every regime, a few minutes)")
+    c.add_argument("--timer", default="torch", choices=("torch", "model"),
+                   help="collect: torch times the local GPU (default); model prices the plan "
+                        "with the simulator's own model of --gpu (a dry run)")
+    c.add_argument("--noise", type=float, default=0.0,
+                   help="collect --timer model: lognormal sigma of the stand-in's noise")
+    c.add_argument("--seed", type=int, default=0, help="collect --timer model: noise seed")
     c.set_defaults(func=cmd_calibrate)
     return ap
 
@@ -424,9 +594,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
+    except NoAnswer as exc:  # a fair question without an answer: nothing meets
+        print(exc.render(), file=sys.stderr)
+        return EXIT_NO_ANSWER
     except ScenarioError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before anything was known
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into head: stop quietly
         sys.stderr.close()
         return 0

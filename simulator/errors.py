@@ -20,8 +20,14 @@ class ScenarioError(ValueError):
         super().__init__(self.render())
 
     def with_source(self, source: str | None) -> ScenarioError:
-        return ScenarioError(self.problems, source if self.source is None else self.source)
+        return type(self)(self.problems, source if self.source is None else self.source)
 
     def render(self) -> str:
         prefix = f"{self.source}: " if self.source else ""
         return "\n".join(prefix + p for p in self.problems)
+
+
+class NoAnswer(ScenarioError):
+    """A well-formed question without an answer: no layout fits, or nothing meets the
+    SLOs (``plan`` and ``capacity`` exit 3, not 2), each problem naming the closest miss
+    and what binds it."""

@@ -18,6 +18,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from simulator.io.scenario import read_toml
+from simulator.metrics.measured import THROUGHPUTS, label
 
 LABELS = {"ttft_s": "TTFT (s)", "tpot_s": "TPOT (s)", "e2e_s": "end-to-end latency (s)"}
 #: Readable legend entries for timeseries columns (kv_util_rN becomes "replica N").
@@ -263,3 +264,38 @@ def run_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[P
     out = Path(out_dir) if out_dir else Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [_save(fig, out / f"{stem}.png") for stem, fig in run_figures(run_dir).items()]
+
+
+def measured_vs_simulated(table: pd.DataFrame, path: Path) -> Path:
+    """``compare --measured``: each latency figure measured and simulated (ms, log scale)
+    beside the signed error of every figure (%); ``table`` from
+    :func:`simulator.metrics.measured.comparison`."""
+    lat = table[~table["metric"].isin(list(THROUGHPUTS))]
+    fig = Figure(figsize=(11, max(3.0, 0.32 * len(table) + 1.2)))
+    left, right = fig.subplots(1, 2, width_ratios=(3, 2))
+    labels = [label(m)[0] for m in lat["metric"]]
+    y = np.arange(len(lat))
+    left.barh(y - 0.2, lat["measured"] * 1e3, height=0.4, label="measured", color="0.55")
+    left.barh(y + 0.2, lat["simulated"] * 1e3, height=0.4, label="simulated", color="C0")
+    left.set_yticks(y, labels)
+    left.invert_yaxis()
+    left.set_xscale("log")
+    left.set_xlabel("latency (ms, log scale)")
+    left.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
+    names = [f"{name} ({unit})" for name, _, unit in map(label, table["metric"])]
+    err = table["error_pct"].to_numpy(dtype=float)
+    yy = np.arange(len(table))
+    right.barh(yy, np.nan_to_num(err), color=np.where(err > 0, "C3", "C0"))
+    right.axvline(0, color="0.3", linewidth=0.8)
+    reach = np.nanmax(np.abs(err), initial=1.0) * 1.4  # room for the labels on both sides
+    right.set_xlim(-reach, reach)
+    right.set_yticks(yy, names)
+    right.invert_yaxis()
+    right.set_xlabel("simulated - measured (% of measured)")
+    for i, e in enumerate(err):
+        if np.isfinite(e):
+            right.annotate(f"{e:+.1f}%", (e, i), xytext=(3 if e >= 0 else -3, 0),
+                           textcoords="offset points", va="center",
+                           ha="left" if e >= 0 else "right", fontsize=8)
+    fig.suptitle("measured vs simulated")
+    return _save(fig, path)

@@ -209,28 +209,30 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _run_job(job: tuple[str, dict]) -> tuple[str, dict]:
-    rid, resolved = job
-    return rid, run_point(resolved)
+def _run_job(job: tuple[Any, Any, Any]) -> tuple[Any, Any]:
+    fn, rid, resolved = job
+    return rid, fn(resolved)
 
 
-def _local(jobs: Iterable[tuple[str, dict]], workers: int) -> Iterator[tuple[str, dict]]:
+def _local(jobs: Iterable[tuple[str, dict]], workers: int,
+           fn=run_point) -> Iterator[tuple[str, dict]]:
     jobs = list(jobs)
     if workers <= 1 or len(jobs) <= 1:
         for rid, resolved in jobs:
-            yield rid, run_point(resolved)
+            yield rid, fn(resolved)
         return
     pool = multiprocessing.get_context().Pool(min(workers, len(jobs)),
                                               initializer=_ignore_sigint)
     try:
-        yield from pool.imap_unordered(_run_job, jobs)
+        yield from pool.imap_unordered(_run_job, [(fn, rid, r) for rid, r in jobs])
         pool.close()
     finally:
         pool.terminate()  # Ctrl-C or an early stop: abandon the points still running
         pool.join()
 
 
-def _ray(jobs: Iterable[tuple[str, dict]], address: str | None) -> Iterator[tuple[str, dict]]:
+def _ray(jobs: Iterable[tuple[str, dict]], address: str | None,
+         fn=run_point) -> Iterator[tuple[str, dict]]:
     try:
         import ray  # noqa: PLC0415 - optional extra: pip install -e .[ray]
     except ImportError:
@@ -242,7 +244,7 @@ def _ray(jobs: Iterable[tuple[str, dict]], address: str | None) -> Iterator[tupl
                  configure_logging=False)
     pending: dict = {}
     try:
-        task = ray.remote(num_cpus=1)(run_point)
+        task = ray.remote(num_cpus=1)(fn)
         pending = {task.remote(resolved): rid for rid, resolved in jobs}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
@@ -258,6 +260,22 @@ def _ray(jobs: Iterable[tuple[str, dict]], address: str | None) -> Iterator[tupl
         else:
             for ref in pending:
                 ray.cancel(ref)
+
+
+def run_many(fn, jobs: Iterable[tuple[Any, Any]], backend: str = "local",
+             workers: int | None = None,
+             address: str | None = None) -> Iterator[tuple[Any, Any]]:
+    """``(key, fn(job))`` for each ``(key, job)``, in the order they finish, on a backend:
+    ``local`` (a process pool of ``workers``, default the CPUs; 1 runs in this process)
+    or ``ray`` (one task per job, on the cluster at ``address`` or a local one). ``fn``
+    must be a module-level function (pickled to the workers). Closing the iterator (or
+    Ctrl-C) stops the work still running."""
+    if backend not in BACKENDS:
+        raise ScenarioError(f"--backend: {backend!r} is not a backend (allowed: "
+                            f"{', '.join(BACKENDS)})")
+    if backend == "ray":
+        return _ray(jobs, address, fn)
+    return _local(jobs, workers or os.cpu_count() or 1, fn)
 
 
 # -- the sweep ---------------------------------------------------------------------------
@@ -386,8 +404,7 @@ def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | 
             writer.writeheader()
             fh.flush()
     jobs_iter = ((rid, resolved) for rid, _, _, resolved in todo)
-    stream = (_ray(jobs_iter, ray_address) if backend == "ray"
-              else _local(jobs_iter, jobs or os.cpu_count() or 1))
+    stream = run_many(run_point, jobs_iter, backend, jobs, ray_address)
     failures = 0
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc="sweep",
                disable=not progress)

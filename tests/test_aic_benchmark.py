@@ -47,4 +47,13 @@ def test_aic_layout_mapping():
         (8, 8, True)
     adp_etp = adp_ep.copy()
     adp_etp.update({"moe_tp": 8, "moe_ep": 1})
-    assert compare.aic_to_ours(adp_etp, moe=True) is None  # DP attention, TP experts: none here
+    point = compare.aic_to_ours(adp_etp, moe=True)  # DP attention with MoE-TP
+    assert (point["parallel.tp"], point["parallel.ep"], point["parallel.attention_dp"]) == \
+        (8, 1, True)
+    hybrid = adp_ep.copy()
+    hybrid.update({"tp": 2, "dp": 4, "moe_tp": 2, "moe_ep": 4})  # attention TP2 x DP4
+    point = compare.aic_to_ours(hybrid, moe=True)
+    assert (point["parallel.tp"], point["parallel.ep"], point["parallel.attention_tp"]) == \
+        (8, 4, 2)
+    hybrid.update({"moe_tp": 1, "moe_ep": 4})  # 4 expert GPUs for 8 attention GPUs
+    assert compare.aic_to_ours(hybrid, moe=True) is None

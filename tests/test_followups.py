@@ -69,8 +69,9 @@ def test_moe_pools_run_conserve_requests_and_move_the_latent():
 
 def test_moe_pool_layout_is_checked_per_pool():
     d = to_dict(_ds_pools())
-    d["pools"][1]["ep"] = 4
-    with pytest.raises(ScenarioError, match=r"pools\[1\] \(decode\): parallel.ep: 4 must be 1"):
+    d["pools"][1]["ep"] = 3  # EP3 over 8 GPUs: not a divisor (EP4 x MoE-TP2 would run)
+    with pytest.raises(ScenarioError, match=r"pools\[1\] \(decode\): parallel.ep: 3 does not "
+                                            r"divide parallel.tp"):
         run(load_scenario(d))
     dense = tomllib.loads((WORKLOADS / "disagg-70b-1p1d-short.toml").read_text())
     dense["pools"][0]["ep"] = 8

@@ -148,8 +148,8 @@ def test_plan_round_two_skips_the_flattered_candidates(monkeypatch):
     orig_frame = plan_module._sim_frame
     rounds = []
 
-    def recorded(jobs, quantile, workers):
-        out = dict(real(jobs, quantile, workers))
+    def recorded(jobs, quantile, workers, *backend):
+        out = dict(real(jobs, quantile, workers, *backend))
         rounds.append(list(out))
         return out.items()
 
@@ -284,8 +284,8 @@ def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
         r.loc[tp2 | one, "est_goodput_req_per_s"] = 1.0
         return r.loc[nearmiss.order(r, "goodput_per_gpu", enumeration._stable)]
 
-    def recorded(jobs, quantile, workers):
-        out = dict(real_sim(jobs, quantile, workers))
+    def recorded(jobs, quantile, workers, *backend):
+        out = dict(real_sim(jobs, quantile, workers, *backend))
         rounds.append(list(out))
         return out.items()
 

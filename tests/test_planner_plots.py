@@ -101,3 +101,26 @@ def test_pareto_plot_writes_the_figure(tmp_path):
                       "gpu_hour_usd": [2.5, 2.5, 2.5]})
     path = pareto_plot(t, tmp_path / "p.png", "t")
     assert path.stat().st_size > 10_000
+
+
+def test_front_goes_through_meeting_points_only(tmp_path, monkeypatch):
+    """A point that misses the SLOs but beats every other on both axes is drawn, hollow,
+    and the front is drawn through the meeting points alone."""
+    import simulator.planner.plots as plots
+
+    t = pd.DataFrame({"tok_per_s_per_user": [10.0, 20.0, 30.0],
+                      "throughput_tok_per_s_per_gpu": [300.0, 200.0, 900.0],
+                      "slo_met": [True, True, False], "tp": [1, 2, 4], "pp": [1, 1, 1],
+                      "dp": [1, 1, 1], "rank": [1, 2, 3], "note": ["", "", ""],
+                      "kind": ["colocated"] * 3, "spec_k": [0, 0, 0]})
+    drawn = []
+    real = plots.pareto_front
+
+    def spy(x, y):
+        drawn.append((list(x), list(y)))
+        return real(x, y)
+
+    monkeypatch.setattr(plots, "pareto_front", spy)
+    plots.pareto_plot(t, tmp_path / "p.png", "t")
+    # the missing point (30, 900) would dominate both: the front is computed without it
+    assert drawn == [([10.0, 20.0], [300.0, 200.0])]

@@ -1,4 +1,4 @@
-"""Issue #21: a leaf-spine fabric over nodes of several presets (simulator/topology/mixed.py):
+"""A leaf-spine fabric over nodes of several presets (simulator/topology/graph.py):
 its shape, a cross-kind path's bottleneck and latency by hand, the same graph as
 build_graph over one preset, and [[pools]] on two presets running over it."""
 
@@ -12,8 +12,7 @@ import pytest
 
 from simulator import run
 from simulator.hardware.specs import load_node
-from simulator.topology.graph import Paths, build_graph
-from simulator.topology.mixed import graph_name, leaf_spine_graph
+from simulator.topology.graph import Paths, build_graph, graph_name, leaf_spine_graph
 
 H100, A100 = load_node("dgx-h100"), load_node("dgx-a100")
 

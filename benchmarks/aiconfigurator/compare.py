@@ -119,8 +119,9 @@ def aic_to_ours(pick: pd.Series, moe: bool) -> dict | None:
     The closed loop runs at the pick's own concurrency (replicas x batch).
 
     Dense: tp x pp per replica, DP = replicas. MoE (AIC attention tp x dp, experts etp x ep
-    over the same GPUs): attention TP t with experts by TP -> tp=t, ep=1; attention TP t
-    with EP t -> tp=ep=t; attention DP d (tp 1) with EP d -> tp=ep=d, attention_dp."""
+    over the same GPUs, docs/moe.md "Layouts"): tp = attention tp x dp GPUs per stage,
+    ep = ep, attention DP when dp > 1 with attention_tp = AIC's tp; None when etp x ep is
+    not that many GPUs."""
     tp, pp, dp = int(pick["tp"]), int(pick["pp"]), int(pick["dp"])
     point = {"parallel.pp": pp, "parallel.dp": int(pick["replicas"]),
              "engine.max_num_seqs": int(pick["global_bs"]),
@@ -128,14 +129,14 @@ def aic_to_ours(pick: pd.Series, moe: bool) -> dict | None:
     if not moe:
         return {"parallel.tp": tp, **point}
     etp, ep = int(pick["moe_tp"]), int(pick["moe_ep"])
-    if dp == 1 and ep == 1:
-        return {"parallel.tp": tp, "parallel.ep": 1, "parallel.attention_dp": False,
-                "parallel.redundant_experts": 0, **point}
-    if dp == 1 and etp == 1 and ep == tp:
-        return {"parallel.tp": tp, "parallel.ep": ep, "parallel.attention_dp": False, **point}
-    if tp == 1 and etp == 1 and ep == dp:
-        return {"parallel.tp": dp, "parallel.ep": ep, "parallel.attention_dp": True, **point}
-    return None
+    if etp * ep != tp * dp:
+        return None
+    out = {"parallel.tp": tp * dp, "parallel.ep": ep, "parallel.attention_dp": dp > 1}
+    if dp > 1 and tp > 1:
+        out["parallel.attention_tp"] = tp
+    if ep == 1:
+        out["parallel.redundant_experts"] = 0
+    return {**out, **point}
 
 
 def our_label(row) -> str:

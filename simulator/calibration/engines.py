@@ -11,8 +11,9 @@ fitted on the same vLLM 0.24.0 tables).
 A GPU or engine without a fit falls back by documented physics (docs/cost-model.md, "Per-
 engine kernels"): the GPU file's own ``[calibration]`` where it has one (a user's fit,
 which also wins over a shipped fit of a preset of the same name),
-else the same engine's fit of the nearest fitted GPU of its generation (:data:`NEAREST`),
-carried by :func:`~simulator.calibration.generations.transfer` (efficiencies and latencies
+else the same engine's fit of the nearest fitted GPU along the generations' chain
+(``generations.NEAREST``: Hopper's from H100 SXM, Blackwell's from B200), carried by
+:func:`~simulator.calibration.generations.transfer` (efficiencies and latencies
 unchanged, SM-second costs scaled by the clocks; peaks, bandwidths and SM count are the
 GPU's own). The calibration's ``source`` says which happened; ``validate`` and ``run``
 print it.
@@ -25,7 +26,7 @@ from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
-from simulator.calibration.generations import transfer
+from simulator.calibration.generations import NEAREST, exp_factor, transfer
 from simulator.calibration.params import Calibration, from_toml
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import GPUSpec, load_gpu
@@ -50,10 +51,9 @@ BORROW = {"sglang": {"mla_prefill": "trtllm", "mla_decode": "trtllm"},
           "vllm": {"alltoall": "sglang"}, "trtllm": {"alltoall": "sglang"}}
 #: GPU files whose own ``[calibration]`` is their fit for one engine.
 OWN_FIT = {"h100_sxm": "vllm"}
-#: Generation -> the fitted GPU a GPU of that generation without a fit carries from
-#: (Ampere and Ada: the nearest fitted generation, Hopper).
-NEAREST = {"hopper": "h100_sxm", "blackwell": "b200", "ampere": "h100_sxm",
-           "ada": "h100_sxm"}
+#: Generations with engine fits, and the GPU preset that holds them. A GPU of another
+#: generation follows ``generations.NEAREST`` to the first of these.
+ENGINE_FITTED = {"hopper": "h100_sxm", "blackwell": "b200"}
 CARRIED = "carried over from"
 #: The calibration's per-dtype sections (attribute names of :class:`Calibration`).
 SECTIONS_BY_DTYPE = ("gemm", "prefill", "decode", "moe", "mla_prefill", "mla_decode",
@@ -133,17 +133,34 @@ def _select(gpu: GPUSpec, engine: str) -> GPUSpec:
         return replace(gpu, calibration=replace(
             gpu.calibration, source=f"no {engine} fit of {gpu.name}: the GPU file's own "
                                     f"calibration; {gpu.calibration.source}"))
-    return replace(gpu, calibration=_carried(gpu, engine))
+    cal = _carried(gpu, engine)
+    return gpu if cal is None else replace(gpu, calibration=cal)
 
 
-def _carried(gpu: GPUSpec, engine: str) -> Calibration:
-    """The nearest fitted GPU's fit for ``engine`` carried to ``gpu`` by transfer."""
-    ref_name = NEAREST.get(gpu.generation, "h100_sxm")
+def reference(generation: str) -> tuple[str, str]:
+    """``(fitted generation, its GPU preset)`` whose engine fits a GPU of ``generation``
+    without its own carries: the first of :data:`ENGINE_FITTED` along
+    ``generations.NEAREST`` (Hopper for an unnamed or unknown generation)."""
+    gen, seen = generation or "hopper", set()
+    while gen not in ENGINE_FITTED and gen not in seen:
+        seen.add(gen)
+        gen = NEAREST.get(gen, "hopper")
+    gen = gen if gen in ENGINE_FITTED else "hopper"
+    return gen, ENGINE_FITTED[gen]
+
+
+def _carried(gpu: GPUSpec, engine: str) -> Calibration | None:
+    """The nearest fitted GPU's fit for ``engine`` carried to ``gpu`` by transfer; None
+    where that is what the GPU file already carries (the H100 vLLM fit)."""
+    ref_gen, ref_name = reference(gpu.generation)
+    if ref_name == "h100_sxm" and OWN_FIT.get(ref_name) == engine:
+        return None
     ref = load_gpu(ref_name)
     ref_cal = ref.calibration
     if ref_name != gpu.name:
         ref_cal = engine_gpu(ref, PROFILE_OF_ENGINE[engine]).calibration
-    cal = transfer(ref_cal, ref.boost_clock_hz, gpu.boost_clock_hz)
+    cal = transfer(ref_cal, ref.boost_clock_hz, gpu.boost_clock_hz,
+                   exp=exp_factor(ref_gen, gpu.generation))
     note = (f"no {engine} fit of {gpu.name}: {CARRIED} {ref_name} x {engine} by datasheet "
             f"transfer ({gpu.name}'s own peaks, bandwidth, SMs and links)")
     return replace(cal, source=f"{note}; {cal.source}")

@@ -14,6 +14,7 @@ from simulator.engine.schedulers import SCHEDULERS
 from simulator.engine.speculative import SpecConfig, spec_config
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, load_node
+from simulator.io.layout import head_engine, head_problems
 from simulator.io.scenario import resolve_path
 from simulator.io.schema import Scenario
 from simulator.model.cost import ACT_BYTES, StageCost
@@ -26,14 +27,14 @@ from simulator.model.memory import (
     split_layers,
 )
 from simulator.model.moe_cost import A2APaths
-from simulator.model.moe_stage import MoEStageCost
+from simulator.model.moe_stage import LayoutComm, MoEStageCost
 from simulator.model.routing import Routing, popularity, read_weights
 from simulator.model.spec import KV_DTYPES, ModelSpec, load_model
 from simulator.model.speculative import DraftCost, draft_kv_bytes_per_token, draft_weight_bytes
-from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce
+from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce, group_cost
 from simulator.parallel.placement import ReplicaPlacement, place
 from simulator.topology.flows import Flow, finish_times
-from simulator.topology.graph import Paths, build_graph, nvlink_domains
+from simulator.topology.graph import PEER_LINKS, Paths, build_graph, nvlink_domains
 
 
 @dataclass(frozen=True)
@@ -66,15 +67,12 @@ class ClusterPlan:
         return p.tp * p.pp * p.dp
 
 
-def _check_heads(model: ModelSpec, tp: int, pp: int) -> list[str]:
-    problems = []
-    if model.q_heads % tp:
-        divisors = [d for d in range(1, model.q_heads + 1) if model.q_heads % d == 0]
-        problems.append(f"parallel.tp: {tp} does not divide the {model.q_heads} attention heads "
-                        f"of {model.name} (allowed: {', '.join(map(str, divisors))})")
-    elif tp > model.kv_heads and tp % model.kv_heads:
-        problems.append(f"parallel.tp: {tp} is neither a divisor nor a multiple of the "
-                        f"{model.kv_heads} KV heads of {model.name}")
+def _check_heads(model: ModelSpec, tp: int, pp: int, engine: str = "vllm",
+                 key: str = "parallel.tp") -> list[str]:
+    """The engine's head rules for attention TP ``tp`` (simulator.io.layout) and
+    pp <= layers. MLA has no KV heads: only the query heads must divide."""
+    problems = head_problems(model.q_heads, model.q_heads if model.mla else model.kv_heads,
+                             tp, engine, model.name, key)
     if pp > model.layers:
         problems.append(f"parallel.pp: {pp} exceeds the {model.layers} layers of {model.name}")
     return problems
@@ -120,7 +118,7 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
                        eng.custom_allreduce and nvlink)
         key = (i, ar)
         cost = shared.get(key) if shared is not None else None
-        if cost is None and (model.moe is not None or model.mla is not None):
+        if cost is None and (model.layer_plan):
             layout, routing = expert_setup(s, model, node)
             cost = MoEStageCost(model, node.gpu, tp, sum(layers[:i]), layers[i], i == 0,
                                 i == pp - 1, s.model.weight_dtype, s.model.kv_dtype, ar,
@@ -128,7 +126,8 @@ def replica_costs(s: Scenario, model: ModelSpec, node: NodeSpec, pl: ReplicaPlac
                                 s.model.moe_a2a_mode, eng.layer_launch_s,
                                 s.model.two_batch_overlap,
                                 # async scheduling: the CPU's step work hides behind stage 0
-                                eng.step_overhead_s if eng.cpu_overlap and i == 0 else 0.0)
+                                eng.step_overhead_s if eng.cpu_overlap and i == 0 else 0.0,
+                                layout_comm(paths, group, layout, node, eng.custom_allreduce))
             if shared is not None:
                 shared[key] = cost
         if cost is None:
@@ -152,9 +151,15 @@ def expert_setup(s: Scenario, model: ModelSpec, node: NodeSpec) -> tuple[ExpertL
     ranks, redundant experts, the run's routing draws from the scenario seed)."""
     par, moe = s.parallel, model.moe
     dtype = s.model.weight_dtype
-    if moe is not None and moe.expert_dtype is not None:  # the release's own (MXFP4)
+    if moe is not None and moe.expert_dtype is not None:  # the release's own (MXFP4, NVFP4)
+        if moe.expert_scheme == "nvfp4" and moe.expert_dtype not in node.gpu.weight_dtypes:
+            raise ScenarioError(f"model.name: {model.name} ships its experts in NVFP4, which "
+                                f"needs FP4 tensor cores; {node.gpu.name} has none (allowed "
+                                f"there: {', '.join(node.gpu.weight_dtypes)}); use a "
+                                f"Blackwell GPU or the release's FP8 / BF16 checkpoint")
         dtype = moe.expert_dtype if moe.expert_dtype in node.gpu.weight_dtypes else "int4"
-    layout = ExpertLayout(par.ep, par.attention_dp, par.redundant_experts, dtype)
+    layout = ExpertLayout(par.ep, par.attention_dp, par.redundant_experts, dtype,
+                          (par.attention_tp or 1) if par.attention_dp else 1)
     experts = moe.experts if moe is not None else 1
     rt = s.model.routing or {}
     weights = (read_weights(resolve_path(s, rt["weights_file"]), experts)
@@ -163,6 +168,25 @@ def expert_setup(s: Scenario, model: ModelSpec, node: NodeSpec) -> tuple[ExpertL
                    seed=s.seed)
     return layout, Routing.build(p, par.ep, par.redundant_experts,
                                  moe.top_k if moe else 1, s.seed)
+
+
+def layout_comm(paths: Paths, group: tuple[str, ...], layout: ExpertLayout, node: NodeSpec,
+                custom: bool) -> LayoutComm | None:
+    """The attention group's all-reduce (its first ``attention_tp`` GPUs stand for every
+    group) and the stage's all-gather / reduce-scatter, for attention DP with attention
+    TP > 1 or TP-sliced experts; None otherwise (TP attention, or DP attention over whole
+    experts and single-GPU attention groups)."""
+    tp = len(group)
+    a = layout.attn_tp(tp)
+    if not layout.attention_dp or (a == 1 and layout.ep == tp):
+        return None
+    params = node.gpu.calibration.collectives
+    sub = group[:a]
+    nvlink = _nvlink_ring(paths, sub) if a > 1 else False
+    attention = allreduce(paths, sub, params, node.scale_up.in_switch_reduction and nvlink,
+                          custom and nvlink)
+    return LayoutComm(attention, group_cost(paths, "all_gather", group, params),
+                      group_cost(paths, "reduce_scatter", group, params))
 
 
 def a2a_paths(paths: Paths, group: tuple[str, ...]) -> A2APaths:
@@ -186,8 +210,8 @@ def a2a_paths(paths: Paths, group: tuple[str, ...]) -> A2APaths:
     for dst in group[1:]:
         path = paths.path(src, dst)
         one = 1.0 / paths.bandwidth(src, dst)
-        if all(g.edges[a, b]["kind"] == "nvlink" for a, b in zip(path, path[1:],
-                                                                 strict=False)):
+        if all(g.edges[a, b]["kind"] in PEER_LINKS for a, b in zip(path, path[1:],
+                                                                   strict=False)):
             intra += one
             peers += 1
         else:
@@ -204,31 +228,41 @@ def _check_moe(model: ModelSpec, s: Scenario) -> list[str]:
     if model.moe is None:
         for key, value, default in (("ep", par.ep, 1), ("attention_dp", par.attention_dp,
                                                         False),
-                                    ("redundant_experts", par.redundant_experts, 0)):
+                                    ("redundant_experts", par.redundant_experts, 0),
+                                    ("attention_tp", par.attention_tp, None)):
             if value != default:
                 problems.append(f"parallel.{key}: {value!r} needs a mixture-of-experts "
                                 f"model; {model.name} is dense")
         return problems
-    if par.ep not in (1, par.tp):
-        problems.append(f"parallel.ep: {par.ep} must be 1 (experts sliced by TP) or equal "
-                        f"to parallel.tp ({par.tp}: whole experts over the stage's GPUs)")
-    if par.attention_dp and (par.ep != par.tp or par.tp == 1):
-        problems.append(f"parallel.attention_dp: needs ep = tp > 1 (the MoE layer spans the "
-                        f"attention-DP ranks), got tp={par.tp}, ep={par.ep}")
-    if s.model.two_batch_overlap and not par.attention_dp:
-        problems.append("model.two_batch_overlap: needs parallel.attention_dp = true (it "
-                        "overlaps the all-to-all, which only DP attention has)")
+    if par.tp % par.ep:
+        allowed = [d for d in range(1, par.tp + 1) if par.tp % d == 0]
+        problems.append(f"parallel.ep: {par.ep} does not divide parallel.tp ({par.tp}; "
+                        f"allowed: {', '.join(map(str, allowed))}: each expert sliced over "
+                        f"tp / ep GPUs)")
+    a = par.attention_tp or 1
+    if par.attention_tp is not None and not par.attention_dp:
+        problems.append(f"parallel.attention_tp: {a} needs parallel.attention_dp = true "
+                        f"(attention is TP over all tp GPUs without it)")
+    if par.attention_dp and (par.tp == 1 or par.tp % a or a >= par.tp):
+        problems.append(f"parallel.attention_dp: needs tp > 1 split into attention groups of "
+                        f"attention_tp GPUs (attention_tp divides tp and is below it), got "
+                        f"tp={par.tp}, attention_tp={a}")
+    if s.model.two_batch_overlap and not (par.attention_dp and par.ep == par.tp):
+        problems.append("model.two_batch_overlap: needs parallel.attention_dp = true and "
+                        "ep = tp (it overlaps the all-to-all, which only DP attention with "
+                        "whole experts per rank has)")
     if par.redundant_experts and par.ep == 1:
         problems.append("parallel.redundant_experts: needs expert parallelism (ep > 1)")
     return problems
 
 
 def _nvlink_ring(paths: Paths, group: tuple[str, ...]) -> bool:
-    """Whether every hop around the group's ring runs over NVLink edges only."""
+    """Whether every hop around the group's ring runs over NVLink (or xGMI) edges only."""
     g, n = paths.g, len(group)
     for i in range(n):
         path = paths.path(group[i], group[(i + 1) % n])
-        if any(g.edges[a, b]["kind"] != "nvlink" for a, b in zip(path, path[1:], strict=False)):
+        if any(g.edges[a, b]["kind"] not in PEER_LINKS
+               for a, b in zip(path, path[1:], strict=False)):
             return False
     return True
 
@@ -255,7 +289,17 @@ def _build(s: Scenario) -> ClusterPlan:
     node = cluster_node(s)
     tp, pp, dp = s.parallel.tp, s.parallel.pp, s.parallel.dp
     problems = _check_moe(model, s)
-    problems += _check_heads(model, 1 if s.parallel.attention_dp else tp, pp)
+    attn_tp = (s.parallel.attention_tp or 1) if s.parallel.attention_dp else tp
+    problems = problems or _check_heads(model, attn_tp, pp,
+                             head_engine(s.parallel.heads_rule, s.engine.profile),
+                             "parallel.attention_tp" if s.parallel.attention_dp else
+                             "parallel.tp")
+    if model.linear is not None and prefix_unit(s):
+        problems.append(f"engine.prefix_caching: true with a hash-block workload is not "
+                        f"modelled for {model.name}, a hybrid linear-attention model (vLLM "
+                        f"keeps its Gated DeltaNet state only at block-aligned checkpoints, "
+                        f"mamba_cache_mode 'align'; docs/model.md); set engine.prefix_caching "
+                        f"= false")
     if problems:
         raise ScenarioError(problems)
     for key, allowed in (("weight_dtype", node.gpu.weight_dtypes), ("kv_dtype", KV_DTYPES)):
@@ -268,7 +312,7 @@ def _build(s: Scenario) -> ClusterPlan:
     placements = place(nvlink_domains(graph), tp, pp, dp, s.parallel.placement)
     eng = s.engine
     draft, draft_bytes = drafter_of(s, model, tp, node)
-    if model.moe is not None or model.mla is not None:
+    if model.layer_plan:
         memory = plan_moe_memory(model, node.gpu.memory_bytes, tp, pp,
                                  expert_setup(s, model, node)[0], s.model.weight_dtype,
                                  s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
@@ -349,12 +393,14 @@ def _spec_config(s: Scenario, model: ModelSpec, node: NodeSpec, draft: ModelSpec
     graphs, mixed = capture_sizes(eng.cuda_graphs, eng.max_num_seqs, eng.cuda_graph_max_batch,
                                   tp)
     ar, head = rp.stages[-1].allreduce, None
-    if sp.method == "mtp" and (model.moe is not None or model.mla is not None):
+    if sp.method == "mtp" and (model.layer_plan):
         layout, routing = expert_setup(s, model, node)
         head = MoEStageCost(model, node.gpu, tp, model.layers - 1, 1, False, True,
                             s.model.weight_dtype, s.model.kv_dtype, ar, layout, routing,
                             a2a_paths(paths, rp.placement.stages[-1]), s.model.moe_a2a_mode,
-                            eng.layer_launch_s, s.model.two_batch_overlap)
+                            eng.layer_launch_s, s.model.two_batch_overlap,
+                            comm=layout_comm(paths, rp.placement.stages[-1], layout, node,
+                                             eng.custom_allreduce))
     cost = DraftCost(sp.method, model, draft, node.gpu, tp, s.model.weight_dtype,
                      s.model.kv_dtype, ar, eng.layer_launch_s, graphs, mixed, head)
     return spec_config(sp.method, sp.num_speculative_tokens, sp.acceptance,
@@ -390,7 +436,7 @@ def drafter_of(s: Scenario, model: ModelSpec, tp: int,
                                 f"{draft.vocab} tokens, {model.name} {model.vocab}; a draft "
                                 f"must share the target's tokenizer")
     layout = (expert_setup(s, model, node)[0]
-              if model.moe is not None or model.mla is not None else None)
+              if model.layer_plan else None)
     return draft, draft_weight_bytes(sp.method, model, draft, tp, s.model.weight_dtype, layout)
 
 

@@ -142,7 +142,7 @@ def stage_hardware(plan: ClusterPlan) -> list[StageHardware]:
                            for a, b in zip(path, path[1:], strict=False))
             out.append(StageHardware(rp.placement.replica, i, group, rp.stages[i],
                                      gpu.peak(plan.scenario.model.weight_dtype),
-                                     gpu.hbm_bandwidth_Bps, node.scale_up.bandwidth_Bps,
+                                     gpu.hbm_bandwidth_Bps, node.scale_up_per_gpu_Bps,
                                      node.nic.bandwidth_Bps, over_nic, last))
     return out
 

@@ -26,7 +26,7 @@ from simulator.cluster.build import (
     replica_costs,
 )
 from simulator.errors import ScenarioError
-from simulator.hardware.specs import NodeSpec
+from simulator.hardware.specs import NodeSpec, transfer_note
 from simulator.io.schema import ParallelKeys, PoolKeys, Scenario
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, load_model
 from simulator.parallel.placement import ReplicaPlacement, place
@@ -92,7 +92,8 @@ def pool_scenario(s: Scenario, pool: PoolKeys, topology: str, nodes: int) -> Sce
                    parallel=ParallelKeys(tp=pool.tp, pp=pool.pp, dp=pool.dp,
                                          placement=pool.placement, ep=pool.ep,
                                          attention_dp=pool.attention_dp,
-                                         redundant_experts=pool.redundant_experts),
+                                         redundant_experts=pool.redundant_experts,
+                                         attention_tp=pool.attention_tp),
                    engine=engine, model=replace(s.model, kv_dtype=pool.kv_dtype
                                                 or s.model.kv_dtype),
                    pools=(), faults=(), random_faults=None,
@@ -180,6 +181,12 @@ def _build(s: Scenario) -> PooledPlan:
         plans.append(plan)
     roles = [(i, p, p.kv_dtype or s.model.kv_dtype) for i, p in enumerate(s.pools)
              if p.role != "mixed"]
+    for (i, p, _), plan in ((r, plans[r[0]]) for r in roles):
+        if plan.model.linear is not None or plan.model.dsa is not None:
+            # the hand-off prices KV per layer and head: no recurrent state, no indexer keys
+            raise ScenarioError(f"pools[{i}] ({p.name}).role: {p.role!r} hands KV over, which "
+                                f"is not modelled for {plan.model.name} (hybrid linear "
+                                f"attention or DeepSeek sparse attention); allowed: mixed")
     for i, p, dt in roles:
         if dt != roles[0][2]:
             raise ScenarioError(f"pools[{i}] ({p.name}).kv_dtype: {dt} differs from "
@@ -238,6 +245,8 @@ def describe_pools(plan: PooledPlan) -> str:
         lines.append(f"  pool {sp.name} ({sp.role})  {pool.plan.node.name}, tp={sp.tp} "
                      f"pp={sp.pp} dp={sp.dp}{moe}, KV {pool.kv_dtype} {mem.kv_tokens} tokens per "
                      f"replica, weights {max(mem.weights_per_gpu) / 2**30:.1f} GiB per GPU")
+        if transfer_note(pool.plan.node.gpu):  # docs/hardware.md
+            lines.append(f"    kernels  {transfer_note(pool.plan.node.gpu)}")
         for rp in pool.plan.replicas:
             stages = " | ".join(",".join(g.removeprefix("gpu") for g in st)
                                 for st in rp.placement.stages)

@@ -121,6 +121,28 @@ class KVAware:
         return scores.index(max(scores))
 
 
+class Scraped:
+    """A replica as a router sees it between metric scrapes: its load (requests in flight,
+    KV occupancy, load tokens) as of the last :meth:`scrape`; its prefix cache live (the
+    prefix-aware routers keep their own index of what they routed, llm-d's and Dynamo's
+    alike). ``[router] refresh_s`` sets the scrape interval (docs/policies.md)."""
+
+    __slots__ = ("replica", "index", "outstanding", "kv_used_fraction", "load_tokens")
+
+    def __init__(self, replica: Any):
+        self.replica, self.index = replica, replica.index
+        self.scrape()
+
+    def scrape(self) -> None:
+        r = self.replica
+        self.outstanding = r.outstanding
+        self.kv_used_fraction = r.kv_used_fraction
+        self.load_tokens = r.load_tokens
+
+    def cached_tokens(self, request: Any) -> int:
+        return self.replica.cached_tokens(request)
+
+
 def _mix(x: int) -> int:
     """splitmix64: a fixed, well-spread 64-bit hash of an integer (stable across runs,
     unlike Python's salted ``hash`` of strings)."""

@@ -18,8 +18,10 @@ import simpy
 from simpy.core import EmptySchedule
 from tqdm import tqdm
 
+from simulator.cluster.autoscale import Autoscaler
 from simulator.cluster.build import ClusterPlan, build_plan
 from simulator.cluster.disagg import PoolCluster
+from simulator.cluster.gateway import Gateway, check_gateway
 from simulator.cluster.outcome import (
     observe,
     pools_power,
@@ -139,6 +141,11 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
         total = len(df)
     cluster.expected = total
     start_faults(env, cluster, s, rngs["faults"])
+    if s.autoscale is not None:
+        cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo)
+        env.process(cluster.scaling.run())
+    if s.gateway is not None:
+        cluster.gateway = Gateway(env, cluster, check_gateway(s.gateway), s.seed)
     return total
 
 
@@ -162,6 +169,8 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
     events = _drive(env, cluster, _start(env, cluster, s, rngs), progress)
     cluster.close()
     requests = recorder.requests_frame()
+    if cluster.gateway is not None:
+        requests = cluster.gateway.columns(requests)
     steps = recorder.steps_frame()
     engine = {k: sum(getattr(r, k) for r in cluster.replicas)
               for k in ("steps", "step_tokens", "union_s")}
@@ -201,6 +210,15 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True) -> 
         edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
         gpu_ts = fold.gpu_windows(fold.stages, edges)
     gpu_ts, ts = run_power(s, plan, requests, summary, gpu_ts, ts, window_s)
+    if cluster.gateway is not None:  # simulator/cluster/gateway.py
+        summary.update(cluster.gateway.summary(requests, s.slo))
+    if cluster.scaling is not None:  # docs/autoscaling.md
+        done = requests[requests["status"] == "completed"]
+        summary.update(cluster.scaling.summary(
+            summary["simulated_time_s"], plan.gpus_used // s.parallel.dp,
+            summary["gpu_hour_usd"], float(done["output_tokens"].sum())))
+        ts = ts.assign(replicas=cluster.scaling.replicas_over_time(
+            ts["window_end_s"].to_numpy()))
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts, warnings)
 

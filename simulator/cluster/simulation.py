@@ -26,6 +26,7 @@ from simulator.cluster.faults import (
     resolve_target,
     scheduled_faults,
 )
+from simulator.cluster.router import Scraped
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import TICK, ticks, ticks_array
 from simulator.engine.kvcache import KVCache
@@ -40,7 +41,7 @@ from simulator.metrics.gaps import GapHistogram
 from simulator.metrics.records import Recorder
 from simulator.paths import ROOT
 from simulator.topology.graph import Paths
-from simulator.workload.arrivals import arrival_times, trace_window
+from simulator.workload.arrivals import arrival_times, profiled_trace, trace_window
 from simulator.workload.lengths import LengthStream, sample_lengths
 from simulator.workload.mooncake import load_mooncake
 from simulator.workload.sessions import session_requests
@@ -56,8 +57,10 @@ def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.
             path = ROOT / w.trace  # shipped traces, for dict scenarios run from anywhere
         try:
             if path.suffix == ".jsonl":  # Mooncake: with prefix-block hashes
-                return trace_window(load_mooncake(path, w.hash_block_tokens), w)
-            return trace_window(load_trace(path), w)
+                df = trace_window(load_mooncake(path, w.hash_block_tokens), w)
+            else:
+                df = trace_window(load_trace(path), w)
+            return profiled_trace(df, w, rngs["arrivals"])
         except ScenarioError as exc:
             raise exc.with_source(s.source) from None
     if w.arrival == "sessions":
@@ -72,6 +75,12 @@ def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.
 class Cluster:
     """Live objects of one run: replicas, router and recorder on one environment."""
 
+    #: An Autoscaler with [autoscale]; the router's scraped views with [router] refresh_s
+    #: (class defaults: the pooled cluster shares ``finish`` and has neither).
+    scaling = None
+    views: list | None = None
+    gateway = None  # a Gateway with [gateway] (simulator/cluster/gateway.py)
+
     def __init__(self, env: simpy.Environment, plan: ClusterPlan, router: Any,
                  recorder: Recorder):
         self.env, self.plan, self.router, self.recorder = env, plan, router, recorder
@@ -85,6 +94,9 @@ class Cluster:
                           eng, self.finish)
             for k, rp in enumerate(plan.replicas)]
         self._init_state()
+        if plan.scenario.router.refresh_s is not None:
+            self.views = [Scraped(r) for r in self.replicas]
+            env.process(self.scrape(plan.scenario.router.refresh_s))
 
     def _replica(self, rp, send, streams: list[ContinuousBatcher], eng,
                  done: Callable) -> Replica:
@@ -160,7 +172,23 @@ class Cluster:
             req.reason = f"prompt + output tokens exceed max_model_len {self.max_len}"
             self.finish(req)
             return
+        if self.scaling is not None:
+            self.scaling.on_submit()
+        if self.gateway is not None:  # admission and flow control before the router
+            self.gateway.admit(req, self._route)
+            return
+        self._route(req)
+
+    def serving_replicas(self) -> list[Replica]:
+        """The replicas that take new requests now (up, and serving under autoscaling)."""
         up = [r for r in self.replicas if r.up] if self.any_down else self.replicas
+        if self.scaling is not None:  # only the replicas autoscaling has serving
+            up = [r for r in up if self.scaling.routable(r)]
+        return up
+
+    def _route(self, req: Request) -> None:
+        """The router's choice among the serving replicas, or hold it until one is up."""
+        up = self.serving_replicas()
         if not up:
             self.pending.append(req)
             timeout = self.plan.scenario.recovery.pending_timeout_s
@@ -169,13 +197,28 @@ class Cluster:
                 self.env.timeout(ticks(timeout)).callbacks.append(
                     lambda _, req=req, token=token, t=timeout: self._give_up(req, token, t))
             return
+        if self.views is not None:  # the router decides on what it last scraped
+            seen = [self.views[r.index] for r in up]
+            up[self.router.choose(seen, req)].submit(req)
+            return
         up[self.router.choose(up, req)].submit(req)
+
+    def scrape(self, every_s: float):
+        """The router's metrics scrape: every ``every_s`` it refreshes its views."""
+        while not self.done.triggered:
+            for v in self.views:
+                v.scrape()
+            yield self.env.timeout(every_s)
 
     def finish(self, req: Request) -> None:
         # A replica running ahead of the clock finishes requests at their own time.
         self.last_event_s = max(self.env.now, req.finish_s)  # (NaN finish_s: env.now)
         self.completed += 1
         self.recorder.request(req)
+        if self.scaling is not None:
+            self.scaling.on_finish(req)
+        if self.gateway is not None and self.gateway.held:
+            self.gateway.dispatch(self._route)
         ev = self.waiters.pop(req.id, None)
         if ev is not None:
             ev.succeed()
@@ -280,7 +323,8 @@ class Cluster:
     def _serve_pending(self, entry: list[Replica] | None = None) -> None:
         """Requests that waited for an up replica go to the router again, while one of
         ``entry`` (the replicas that take new requests; default all) is up."""
-        entry = self.replicas if entry is None else entry
+        if entry is None:
+            entry = self.replicas if self.scaling is None else self.scaling.serving()
         while self.pending and any(r.up for r in entry):
             req = self.pending.popleft()
             self._waiting.pop(req.id, None)
@@ -321,7 +365,8 @@ class Cluster:
             rep.next_arrival = lambda: self.next_arrival_s
             sc = self.plan.scenario
             # Nothing but arrivals (and faults) can observe the replica between its steps.
-            rep.run_ahead = rep.fast and not sc.faults and sc.random_faults is None
+            rep.run_ahead = (rep.fast and not sc.faults and sc.random_faults is None
+                             and sc.autoscale is None and sc.gateway is None)
             if rep.run_ahead:
                 # It also takes the arrivals itself as its time passes them: no event each.
                 rep.pull = self._puller(times, prompts, outputs)

@@ -11,9 +11,16 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from simulator.calibration.generations import GENERATIONS, transfer
+from simulator.calibration.generations import (
+    GENERATIONS,
+    exp_factor,
+    fitted_reference,
+    transfer,
+    transfer_chain,
+)
 from simulator.calibration.params import Calibration, from_legacy, from_toml
 from simulator.errors import ScenarioError
+from simulator.hardware.schema import check_gpu_file, check_node_file
 from simulator.paths import GPUS, TOPOLOGIES, catalog
 
 if sys.version_info >= (3, 11):
@@ -22,8 +29,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-#: The GPU whose measured calibration other GPUs inherit when their file has none.
-REFERENCE_GPU = "h100_sxm"
+#: The GPU whose measured calibration other GPUs inherit when their file has none and
+#: their generation reaches no other fitted one (calibration/generations.py: FITTED).
+REFERENCE_GPU = fitted_reference("hopper")
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,13 @@ class NodeSpec:
     switch_latency_s: float = 0.6e-6
     description: str = ""
 
+    @property
+    def scale_up_per_gpu_Bps(self) -> float:
+        """A GPU's scale-up bandwidth per direction, all its links together: its one switch
+        port, or on an ``xgmi_mesh`` node its ``gpus_per_node - 1`` links."""
+        links = self.gpus_per_node - 1 if self.scale_up.kind == "xgmi_mesh" else 1
+        return self.scale_up.bandwidth_Bps * max(links, 1)
+
 
 def _read(path: Path, key: str) -> dict:
     try:
@@ -102,30 +117,33 @@ def _locate(name: str, folder: Path, key: str, base_dir: str | Path) -> Path:
                         f"(presets: {', '.join(catalog(folder, '.toml'))}; or a path to a .toml)")
 
 
-@lru_cache(maxsize=1)
-def _reference_calibration() -> Calibration:
-    data = _read(GPUS / f"{REFERENCE_GPU}.toml", "gpu")
-    cal = from_toml(data.get("calibration", {}), f"{REFERENCE_GPU}.calibration")
-    return replace(cal, source=f"carried over from {REFERENCE_GPU}: {cal.source}")
+@lru_cache(maxsize=8)
+def _reference_calibration(ref: str) -> Calibration:
+    data = _read(GPUS / f"{ref}.toml", "gpu")
+    cal = from_toml(data.get("calibration", {}), f"{ref}.calibration")
+    return replace(cal, source=f"carried over from {ref}: {cal.source}")
 
 
-@lru_cache(maxsize=1)
-def _reference_clock() -> float | None:
-    clock = _read(GPUS / f"{REFERENCE_GPU}.toml", "gpu").get("boost_clock_hz")
+@lru_cache(maxsize=8)
+def _reference_clock(ref: str) -> float | None:
+    clock = _read(GPUS / f"{ref}.toml", "gpu").get("boost_clock_hz")
     return None if clock is None else float(clock)
 
 
 def _calibration(data: dict, key: str) -> Calibration:
     """The file's ``[calibration]``; else its legacy ``[efficiency]`` table; else the
-    reference GPU's calibration, which carries over by physics (docs/cost-model.md;
-    SM-second costs scaled by the clocks, :func:`~simulator.calibration.generations.transfer`)."""
+    calibration of the nearest fitted generation's GPU, which carries over by physics
+    (docs/cost-model.md, docs/hardware.md; SM-second costs scaled by the clocks,
+    :func:`~simulator.calibration.generations.transfer`)."""
     if "calibration" in data:
         return from_toml(data["calibration"], f"{key}: calibration")
     if "efficiency" in data:
         return from_legacy(data["efficiency"], f"{key}: efficiency")
-    clock = data.get("boost_clock_hz")
-    return transfer(_reference_calibration(), _reference_clock(),
-                    None if clock is None else float(clock))
+    gen = data.get("generation", "")
+    ref, clock = fitted_reference(gen), data.get("boost_clock_hz")
+    return transfer(_reference_calibration(ref), _reference_clock(ref),
+                    None if clock is None else float(clock),
+                    exp=exp_factor(transfer_chain(gen)[-1], gen))
 
 
 def read_gpu_file(name: str, base_dir: str | Path = ".", key: str = "--gpu") -> dict:
@@ -151,6 +169,7 @@ def _gpu(path: Path, where: Path, mtime_ns: int, name: str, key: str) -> GPUSpec
     cache to the file itself and its version: a relative ``path`` names another file from
     another working folder)."""
     data = _read(path, key)
+    check_gpu_file(data, path, key)
     try:
         return GPUSpec(name=data["name"], memory_bytes=float(data["memory_bytes"]),
                        hbm_bandwidth_Bps=float(data["hbm_bandwidth_Bps"]),
@@ -158,7 +177,7 @@ def _gpu(path: Path, where: Path, mtime_ns: int, name: str, key: str) -> GPUSpec
                        calibration=_calibration(data, key),
                        sm_count=int(data.get("sm_count", 1)),
                        description=data.get("description", ""),
-                       generation=_generation(data, key),
+                       generation=data.get("generation", ""),
                        boost_clock_hz=_optional(data, "boost_clock_hz"),
                        l2_bytes=_optional(data, "l2_bytes"),
                        tdp_w=_optional(data, "tdp_w"), idle_w=_optional(data, "idle_w"))
@@ -167,16 +186,18 @@ def _gpu(path: Path, where: Path, mtime_ns: int, name: str, key: str) -> GPUSpec
                             f"({exc})") from None
 
 
+def transfer_note(gpu: GPUSpec) -> str:
+    """What ``validate`` says of a GPU without a fit of its own: the fitted GPU and the
+    generations its kernels carry over from; "" for a GPU with its own calibration."""
+    if not gpu.calibration.source.startswith("carried over from "):
+        return ""
+    return (f"{gpu.name} has no fit of its own: kernels carried over from "
+            f"{fitted_reference(gpu.generation)} by datasheet transfer "
+            f"({' -> '.join(transfer_chain(gpu.generation))}; docs/hardware.md)")
+
+
 def _optional(data: dict, name: str) -> float | None:
     return None if data.get(name) is None else float(data[name])
-
-
-def _generation(data: dict, key: str) -> str:
-    gen = data.get("generation", "")
-    if gen and gen not in GENERATIONS:
-        raise ScenarioError(f"{key}: GPU file for {data.get('name')!r}: generation {gen!r} is "
-                            f"not one of {', '.join(GENERATIONS)}")
-    return gen
 
 
 def _check_nvls(data: dict, gpu: GPUSpec, path: Path, key: str) -> None:
@@ -186,7 +207,8 @@ def _check_nvls(data: dict, gpu: GPUSpec, path: Path, key: str) -> None:
     if claims and gpu.generation and not GENERATIONS[gpu.generation]["nvls"]:
         raise ScenarioError(f"{key}: node file {str(path)!r}: [scale_up] in_switch_reduction = "
                             f"true, but {gpu.name} is {gpu.generation}, whose switches do not "
-                            f"reduce (NVLS needs NVSwitch 3+: hopper, blackwell)")
+                            f"reduce (NVLS needs NVSwitch 3+: "
+                            f"{', '.join(g for g, f in GENERATIONS.items() if f['nvls'])})")
 
 
 def _link(data: dict, section: str) -> LinkSpec:
@@ -213,6 +235,7 @@ def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topolog
     """
     path = _locate(name, TOPOLOGIES, key, base_dir)
     data = _read_node(path, path.resolve(), path.stat().st_mtime_ns, key)
+    check_node_file(data, path, key)
     try:
         if not isinstance(data["gpu"], str):
             raise TypeError(f"gpu: expected a preset name or a path, got {data['gpu']!r}")

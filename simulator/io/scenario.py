@@ -18,6 +18,8 @@ from typing import Any
 
 from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
+from simulator.io.gateway import parse_gateway
+from simulator.io.layout import translate
 from simulator.io.schema import (
     LENGTH_DISTS,
     LIMITS,
@@ -29,13 +31,17 @@ from simulator.io.schema import (
     SCHEDULER_PARAMS,
     SECTIONS,
     TOP_LEVEL,
+    AutoscaleKeys,
     EngineKeys,
     FaultSpec,
+    ParallelKeys,
     PoolKeys,
     RandomFaults,
     Scenario,
     SpeculativeKeys,
 )
+from simulator.model.spec import load_model
+from simulator.workload.profile import PROFILED, parse_profile
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -296,7 +302,7 @@ def load_scenario(source: str | Path | dict | Scenario,
     faults, random_faults = _faults(data.get("faults"), problems)
     pools = _pools(data.get("pools"), problems)
     for k in data:
-        if k in ("faults", "speculative", "pools"):
+        if k in ("faults", "speculative", "pools", "autoscale", "gateway"):
             continue
         if k not in SECTIONS and k not in TOP_LEVEL:
             problems.append(f"{k}: unknown key" + _did_you_mean(k, [*TOP_LEVEL, *SECTIONS]))
@@ -316,17 +322,29 @@ def load_scenario(source: str | Path | dict | Scenario,
                 top[k] = v
     sections = {name: _build_section(name, cls, data.get(name, {}), problems)
                 for name, cls in SECTIONS.items()}
+    sections["parallel"] = _engine_layout(sections, str(base_dir), problems)
     spec = (_build_section("speculative", SpeculativeKeys, data["speculative"], problems)
             if "speculative" in data else None)
     # With [[pools]], decode and mixed pools speculate; prefill pools do not
     # (simulator.cluster.pools.pool_scenario).
+    scale = (_build_section("autoscale", AutoscaleKeys, data["autoscale"], problems)
+             if "autoscale" in data else None)
+    gateway = data.get("gateway")
+    if gateway is not None:
+        parse_gateway(gateway, problems)
+        if pools:
+            problems.append("gateway: scenarios with [[pools]] have no gateway yet (remove "
+                            "[gateway] or the pools)")
     scenario = Scenario(**top, **sections, faults=faults, random_faults=random_faults,
                         pools=pools, base_dir=str(base_dir), source=origin,
-                        speculative=spec)
+                        speculative=spec, autoscale=scale,
+                        gateway=gateway if isinstance(gateway, dict) else None)
     already = {p.split(":", 1)[0] for p in problems}
     if "workload.duration_s" in already:
         already.add("workload.num_requests")
     problems += [p for p in _workload_problems(scenario) if p.split(":", 1)[0] not in already]
+    problems += [p for p in _autoscale_problems(scenario) + _router_problems(scenario)
+                 if p.split(":", 1)[0] not in already]
     own = _speculative_problems(spec)
     problems += [p for p in own if p.split(":", 1)[0] not in already]
     for i, pool in enumerate(pools):  # a [pools.speculative] table over the section
@@ -336,6 +354,20 @@ def load_scenario(source: str | Path | dict | Scenario,
     if problems:
         raise ScenarioError(problems, source=origin)
     return scenario
+
+
+def _engine_layout(sections: dict, base_dir: str, problems: list[str]) -> ParallelKeys:
+    """``[parallel]`` in the simulator's spelling (:func:`simulator.io.layout.translate`;
+    vLLM's DP means replicas for a dense model, so the model's config is read then)."""
+    def is_moe() -> bool:
+        try:
+            return load_model(sections["model"].name, base_dir).moe is not None
+        except ScenarioError:
+            return False  # the build names the model's problem
+
+    par, found = translate(sections["parallel"], is_moe)
+    problems += found
+    return par
 
 
 FAULT_KEYS = ("at_s", "target", "duration_s", "random")
@@ -440,9 +472,26 @@ def _pool_speculative(key: str, pool: PoolKeys, problems: list[str]) -> PoolKeys
     return dataclasses.replace(pool, speculative=keys)
 
 
+def _rate_profile_problems(w) -> list[str]:
+    """``[workload.rate_profile]``: its keys, and the arrivals it may shape."""
+    p: list[str] = []
+    if w.arrival not in PROFILED:
+        p.append(f"workload.rate_profile: shapes arrival = {', '.join(PROFILED)}, not "
+                 f"\"{w.arrival}\"")
+        return p
+    if w.arrival != "trace" and w.rate_per_s is not None:
+        p.append("workload.rate_per_s: not used with workload.rate_profile (the profile "
+                 "gives the rate; remove one)")
+    parse_profile(w.rate_profile, w.arrival == "trace", p)
+    return p
+
+
 def _workload_problems(s: Scenario) -> list[str]:
     w, p = s.workload, []
-    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is not None:
+    if w.rate_profile is not None:
+        p += _rate_profile_problems(w)
+    elif w.arrival in ("poisson", "gamma", "constant", "sessions") and (
+            w.rate_per_s is not None):
         if w.num_requests is None and w.duration_s is not None and (
                 w.rate_per_s * w.duration_s > MAX_REQUESTS):
             p.append(f"workload.duration_s: rate_per_s x duration_s = "
@@ -453,7 +502,8 @@ def _workload_problems(s: Scenario) -> list[str]:
             p.append(f"workload.rate_per_s: num_requests / rate_per_s = "
                      f"{w.num_requests / w.rate_per_s:.3g} s of arrivals, beyond the "
                      f"{MAX_TIME_S:g} s a run may simulate (raise the rate or set duration_s)")
-    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is None:
+    if w.arrival in ("poisson", "gamma", "constant", "sessions") and w.rate_per_s is None \
+            and w.rate_profile is None:
         p.append(f"workload.rate_per_s: required for arrival = \"{w.arrival}\" (a number > 0)")
     if w.arrival == "closed_loop" and w.concurrency is None:
         p.append("workload.concurrency: required for arrival = \"closed_loop\" (an integer >= 1)")
@@ -483,6 +533,51 @@ def _workload_problems(s: Scenario) -> list[str]:
     if eng.max_num_batched_tokens < eng.max_num_seqs:
         p.append(f"engine.max_num_batched_tokens: must be >= engine.max_num_seqs "
                  f"({eng.max_num_seqs}), got {eng.max_num_batched_tokens}")
+    return p
+
+
+def _router_problems(s: Scenario) -> list[str]:
+    if s.router.refresh_s is not None and s.pools:
+        return ["router.refresh_s: scraped router views are not modelled for [[pools]] yet "
+                "(remove refresh_s or the pools)"]
+    return []
+
+
+def _autoscale_problems(s: Scenario) -> list[str]:
+    """``[autoscale]`` bounds against the layout, and what each policy needs."""
+    a = s.autoscale
+    if a is None:
+        return []
+    p: list[str] = []
+    if s.pools:
+        p.append("autoscale: scenarios with [[pools]] do not scale yet (replicas of one "
+                 "colocated layout do; remove [autoscale] or the pools)")
+        return p
+    if s.workload.arrival in ("closed_loop", "sessions"):
+        p.append(f"autoscale: arrival = \"{s.workload.arrival}\" paces itself by the "
+                 "replies; autoscaling needs an open-loop arrival (poisson, gamma, constant, "
+                 "trace)")
+    top = a.max_replicas if a.max_replicas is not None else s.parallel.dp
+    if top > s.parallel.dp:
+        p.append(f"autoscale.max_replicas: {top} is more than the parallel.dp = "
+                 f"{s.parallel.dp} replicas the cluster holds (raise parallel.dp and "
+                 f"cluster.nodes: the fleet scaling may use)")
+    if a.min_replicas > top:
+        p.append(f"autoscale.min_replicas: {a.min_replicas} is more than max_replicas {top}")
+    start = a.initial_replicas if a.initial_replicas is not None else a.min_replicas
+    if not a.min_replicas <= start <= top:
+        p.append(f"autoscale.initial_replicas: {start} is not within [min_replicas, "
+                 f"max_replicas] = [{a.min_replicas}, {top}]")
+    if a.scale_down_below >= 1:
+        p.append(f"autoscale.scale_down_below: must be < 1 (a fraction of target), got "
+                 f"{a.scale_down_below:g}")
+    if a.policy == "sla" and a.replica_capacity_per_s is None:
+        p.append("autoscale.replica_capacity_per_s: required for policy = \"sla\" (requests "
+                 "per second one replica serves within the SLOs: `python -m simulator "
+                 "capacity` on a one-replica scenario finds it)")
+    if a.policy == "sla" and a.forecaster == "holt_winters" and a.season_intervals == 1:
+        p.append("autoscale.season_intervals: a season of 1 interval is no season (0: "
+                 "none, or >= 2)")
     return p
 
 
@@ -561,6 +656,11 @@ def to_dict(scenario: Scenario) -> dict:
     if scenario.speculative is not None:
         out["speculative"] = {k: v for k, v in dataclasses.asdict(scenario.speculative).items()
                               if v is not None}
+    if scenario.gateway is not None:
+        out["gateway"] = scenario.gateway
+    if scenario.autoscale is not None:
+        out["autoscale"] = {k: v for k, v in dataclasses.asdict(scenario.autoscale).items()
+                            if v is not None}
     if scenario.pools:
         out["pools"] = [{k: v for k, v in dataclasses.asdict(p).items() if v is not None}
                         for p in scenario.pools]

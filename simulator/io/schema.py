@@ -26,6 +26,8 @@ LENGTH_DISTS = ("constant", "uniform", "normal", "lognormal", "exponential")
 PROFILES = ("vllm-v0.6", "vllm-v1", "sglang", "trtllm", "none")
 CUDA_GRAPHS = ("none", "vllm-v0.6", "vllm-v1", "sglang", "trtllm")
 SPEC_METHODS = ("draft_model", "eagle", "mtp", "ngram")
+#: Engines whose parallel flags ``[parallel] convention`` reads (simulator/io/layout.py).
+CONVENTIONS = ("vllm", "sglang", "trtllm")
 
 
 def _f(default: Any = None, **meta: Any) -> Any:
@@ -75,13 +77,26 @@ class ParallelKeys:
     # spread: replicas on the nodes with the most free GPUs (across failure domains);
     # packed: fill nodes in order.
     placement: str = _f("spread", choices=("spread", "packed"))
-    # MoE models: expert parallelism over the tp GPUs of a stage (1: experts sliced by TP,
-    # "MoE-TP"; tp: whole experts spread over the ranks), attention data parallel (each
-    # rank runs attention for its own requests; needs ep = tp), and extra expert replicas
-    # (EPLB) spread over the EP ranks.
+    # MoE models: expert parallelism over the tp GPUs of a stage (ep divides tp; each expert
+    # sliced over tp / ep GPUs: 1 is "MoE-TP", tp whole experts), attention data parallel
+    # (each attention group of attention_tp GPUs runs attention for its own requests), and
+    # extra expert replicas (EPLB) spread over the EP ranks (docs/moe.md, "Layouts").
     ep: int = _f(1, min=1)
     attention_dp: bool = _f(False)
     redundant_experts: int = _f(0, min=0)
+    # Attention TP inside each attention-DP group (attention_dp only; None: 1).
+    attention_tp: int | None = _f(None, min=1, optional=True)
+    # Whose flags the keys above spell (None: the simulator's own, SGLang-like; "vllm",
+    # "sglang", "trtllm": that engine's, translated when the scenario is read; the resolved
+    # scenario shows the simulator's spelling). moe_tp is TensorRT-LLM's moe_tp_size;
+    # replicas the engines behind the router where dp means the engine's own DP ranks.
+    convention: str | None = _f(None, choices=CONVENTIONS, optional=True)
+    moe_tp: int | None = _f(None, min=1, optional=True)
+    replicas: int | None = _f(None, min=1, optional=True)
+    # Whose KV-head rule applies (None: the convention's, else the [engine] profile's, else
+    # vLLM's): vLLM and SGLang need tp to divide the KV heads or be a multiple of them,
+    # TensorRT-LLM gives each GPU ceil(kv / tp) of them.
+    heads_rule: str | None = _f(None, choices=CONVENTIONS, optional=True)
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,9 @@ class RouterKeys:
     policy: str = _f("round_robin", choices=ROUTERS)
     # kv_aware: score = cached prompt tokens - load_weight x load tokens.
     load_weight: float = _f(1.0, min=0.0)
+    # The replicas' load as of the router's last metrics scrape, every refresh_s (None:
+    # live).
+    refresh_s: float | None = _f(None, gt=0.0, optional=True)
 
 
 @dataclass(frozen=True)
@@ -158,6 +176,9 @@ class WorkloadKeys:
     turns: Any = _f(4, kind="length")
     shared_prefix_tokens: int = _f(0, min=0)
     prefix_groups: int = _f(1, min=1)
+    # [workload.rate_profile]: the rate over time (diurnal, steps, bursts, noise); a
+    # multiplier of the trace's rate over a replay. Checked in simulator.workload.profile.
+    rate_profile: dict | None = _f(None, kind="table", optional=True)
 
 
 @dataclass(frozen=True)
@@ -245,6 +266,46 @@ POOL_ROLES = ("prefill", "decode", "mixed")
 KV_TRANSFER_MODES = ("after_prefill", "layerwise")
 
 
+AUTOSCALE_POLICIES = ("none", "load", "sla")
+FORECASTERS = ("last", "moving_average", "holt_winters", "kalman")
+SCALE_METRICS = ("outstanding_per_replica", "queued_per_replica", "kv_util")
+WEIGHT_SOURCES = ("nvme", "nfs", "object_store", "peer")
+
+
+@dataclass(frozen=True)
+class AutoscaleKeys:
+    """``[autoscale]``: replicas added and removed while the run goes (docs/autoscaling.md)."""
+
+    policy: str = _f("none", choices=AUTOSCALE_POLICIES)
+    min_replicas: int = _f(1, min=1)
+    max_replicas: int | None = _f(None, min=1, optional=True)  # None: parallel.dp
+    initial_replicas: int | None = _f(None, min=1, optional=True)  # None: min_replicas
+    interval_s: float = _f(60.0, gt=0.0)  # how often the policy looks and decides
+    cooldown_up_s: float = _f(0.0, min=0.0)  # after a scale-up, no other before this
+    cooldown_down_s: float = _f(300.0, min=0.0)  # after any scaling, no scale-down before
+    # A cold start: provisioning, then the weights over the source's bandwidth, then
+    # CUDA-graph capture and warm-up; then the router sees the replica.
+    provision_s: float = _f(30.0, min=0.0)
+    weights_from: str = _f("nvme", choices=WEIGHT_SOURCES)
+    weights_bandwidth_Bps: float | None = _f(None, gt=0.0, optional=True)  # per node
+    graph_capture_s: float = _f(20.0, min=0.0)
+    # policy = "load": thresholds on a per-replica metric with hysteresis.
+    metric: str = _f("outstanding_per_replica", choices=SCALE_METRICS)
+    target: float = _f(8.0, gt=0.0)  # the metric per replica the policy sizes for
+    scale_down_below: float = _f(0.5, min=0.0)  # scale down only under target x this
+    up_intervals: int = _f(1, min=1)  # consecutive intervals wanting more before adding
+    down_intervals: int = _f(3, min=1)  # ... wanting fewer before removing
+    # policy = "sla": forecast the next interval's arrival rate, size for it.
+    forecaster: str = _f("moving_average", choices=FORECASTERS)
+    window: int = _f(5, min=1)  # moving_average: intervals averaged
+    smoothing: float = _f(0.5, gt=0.0, max=1.0)  # holt_winters: level weight (alpha)
+    trend_smoothing: float = _f(0.1, min=0.0, max=1.0)  # holt_winters: trend weight (beta)
+    season_intervals: int = _f(0, min=0)  # holt_winters: season length (0: none)
+    kalman_q_over_r: float = _f(0.1, gt=0.0)  # kalman: process over measurement noise
+    replica_capacity_per_s: float | None = _f(None, gt=0.0, optional=True)
+    target_utilization: float = _f(0.8, gt=0.0, max=1.0)
+
+
 @dataclass(frozen=True)
 class PoolKeys:
     """One ``[[pools]]`` entry (docs/disaggregation.md): a set of replicas of one role on
@@ -268,11 +329,13 @@ class PoolKeys:
     # prefill pools: move the KV after the prefill ends, or layer by layer during it.
     kv_transfer: str = _f("after_prefill", choices=KV_TRANSFER_MODES)
     engine: dict | None = _f(None, kind="table", optional=True)  # [engine] keys overridden
-    # MoE models, as in [parallel]: expert parallelism over a stage's tp GPUs (1 or tp),
-    # attention data parallel (needs ep = tp > 1), extra expert replicas (needs ep > 1).
+    # MoE models, as in [parallel] (the simulator's spelling): expert parallelism over a
+    # stage's tp GPUs (divides tp), attention data parallel over groups of attention_tp
+    # GPUs (None: 1), extra expert replicas (needs ep > 1).
     ep: int = _f(1, min=1, max=1024)
     attention_dp: bool = _f(False)
     redundant_experts: int = _f(0, min=0, max=4096)
+    attention_tp: int | None = _f(None, min=1, max=1024, optional=True)
     # Decode and mixed pools: None speculates as [speculative] says (if present); false: this
     # pool does not; a table: [speculative] keys for this pool, over the section's.
     speculative: bool | dict | None = _f(None, kind="pool_speculative", optional=True)
@@ -310,6 +373,9 @@ class Scenario:
     base_dir: str = "."
     source: str | None = None
     speculative: SpeculativeKeys | None = None
+    autoscale: AutoscaleKeys | None = None
+    # [gateway] with [[gateway.classes]]: checked by simulator.cluster.gateway.parse_gateway.
+    gateway: dict | None = None
 
 
 SECTIONS: dict[str, type] = {
@@ -350,6 +416,9 @@ LIMITS: dict[str, dict[str, float]] = {
     "parallel.pp": {"max": 1024},
     "parallel.dp": {"max": 65536},
     "parallel.ep": {"max": 1024},
+    "parallel.attention_tp": {"max": 1024},
+    "parallel.moe_tp": {"max": 1024},
+    "parallel.replicas": {"max": 65536},
     "parallel.redundant_experts": {"max": 65536},
     "engine.swap_space_gib": {"max": 4096.0},
     "engine.max_num_seqs": {"max": 65536},

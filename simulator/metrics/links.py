@@ -80,7 +80,9 @@ def _measured_links(g) -> dict[str, list[tuple[tuple[str, str], float]]]:
     """The directed links each kind's figures are over, with their bandwidths."""
     out: dict[str, list[tuple[tuple[str, str], float]]] = {k: [] for k in KINDS}
     for a, b, d in g.edges(data=True):
-        kind = {"nvlink": "nvlink", "pcie": "pcie", "network": "fabric"}.get(d["kind"])
+        # xGMI (AMD's direct GPU links) is the scale-up fabric's column, as NVLink is.
+        kind = {"nvlink": "nvlink", "xgmi": "nvlink", "pcie": "pcie",
+                "network": "fabric"}.get(d["kind"])
         if kind == "pcie" and "host" in (g.nodes[a].get("kind"), g.nodes[b].get("kind")):
             continue
         if kind is not None:

@@ -71,7 +71,7 @@ def stage_work(cost: MoEStageCost, tokens: np.ndarray, pairs: np.ndarray, ctx: n
     if cost.n_moe:
         add([(cost.router_n, h)], cost.n_moe, ACT_BYTES, ACT_BYTES)
         ranks = lay.ep
-        inter = moe.intermediate // (1 if ranks > 1 else sh.tp)
+        inter = moe.intermediate // cost.moe_tp
         routed = tokens * moe.top_k / ranks
         uniq, inv = np.unique(tokens, return_inverse=True)
         active = np.array([cost.routing.active_experts(t).mean() for t in uniq])[inv]
@@ -79,12 +79,13 @@ def stage_work(cost: MoEStageCost, tokens: np.ndarray, pairs: np.ndarray, ctx: n
         flops = flops + cost.n_moe * 2 * routed * 3 * h * inter
         hbm = hbm + cost.n_moe * (np.where(routed > 0, active * 3 * h * inter * e_b, 0.0)
                                   + routed * (2 * h + 3 * inter) * ACT_BYTES)
-    heads = m.q_heads // (1 if cost.dp else sh.tp)
+    attn_tp = lay.attn_tp(sh.tp)
+    heads = m.q_heads // attn_tp
     if m.mla is not None:
         width, kv_tok = m.mla.cache_width, m.mla.cache_width * sh.kv_bytes
     else:
         width = m.head_dim
-        kv_tok = 2 * kv_heads_per_gpu(m.kv_heads, 1 if cost.dp else sh.tp) * width \
+        kv_tok = 2 * kv_heads_per_gpu(m.kv_heads, attn_tp) * width \
             * sh.kv_bytes
     s = cost.split
     att_flops = 4.0 * heads * width * (np.asarray(pairs) + np.asarray(kv)) / s
@@ -103,10 +104,14 @@ def stage_work(cost: MoEStageCost, tokens: np.ndarray, pairs: np.ndarray, ctx: n
     nvlink, nic = np.zeros(tokens.size), np.zeros(tokens.size)
     if not cost.dp and n > 1:
         nvlink = 2 * cost.layers * 2 * (n - 1) / n * tokens * h * ACT_BYTES
+    elif cost.dp and attn_tp > 1:  # the attention groups' two all-reduces per layer
+        nvlink = 2 * cost.layers * 2 * (attn_tp - 1) / attn_tp * t_r * h * ACT_BYTES
+    if cost.dp and cost.n_moe and not cost.a2a:  # all-gather + reduce-scatter of every token
+        nvlink = nvlink + cost.n_moe * 2 * (n - 1) / n * tokens * h * ACT_BYTES
     elif cost.dp and cost.n_moe and cost.paths is not None:
         out = dispatch_bytes_per_peer(1.0, cost.routing, h, cost.dispatch_bytes, "normal")
         back = dispatch_bytes_per_peer(1.0, cost.routing, h, ACT_BYTES, "normal")
         sent = cost.n_moe * (out + back) * tokens / lay.ep
         intra = cost.paths.intra_peers
-        nvlink, nic = sent * intra, sent * (lay.ep - 1 - intra)
+        nvlink, nic = nvlink + sent * intra, sent * (lay.ep - 1 - intra)
     return flops, hbm, nvlink, nic

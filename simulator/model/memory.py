@@ -10,6 +10,14 @@ whole experts, plus its share of redundant ones, or every expert sliced by TP wh
 shared experts and dense layers following the attention layout, and its KV cache: an MLA
 cache is replicated on every rank of a TP group, while under attention DP each rank holds
 the KV of its own requests, so the replica's KV capacity is ``tp`` times one rank's.
+
+Hybrid models (Gated DeltaNet layers, :mod:`simulator.model.linear_attention`) take the
+same per-rank plan: only their full-attention layers hold KV blocks, and the fixed-size
+recurrent state of every sequence the engine may run at once (``max_num_seqs``, per rank
+under attention DP) is set aside before the KV blocks are counted, as vLLM's hybrid cache
+manager gives each running request its state pages (mamba_cache_mode "none": one state
+per request). DeepSeek sparse attention adds its indexer weights (replicated) and its
+FP8 indexer keys to every token's cache (:meth:`ModelSpec.kv_bytes_per_token`).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from dataclasses import dataclass
 
 from simulator.errors import ScenarioError
 from simulator.model.cost import ACT_BYTES
+from simulator.model.quant import SCALE_BYTES
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, kv_heads_per_gpu
 
 GIB = 1024**3
@@ -77,6 +86,7 @@ class MemoryPlan:
     kv_blocks: int
     block_size: int
     note: str = ""  # how the KV cache and experts are laid out (MoE / MLA models)
+    state_bytes_per_gpu: float = 0.0  # recurrent state set aside (hybrid models), worst stage
 
     @property
     def kv_tokens(self) -> int:
@@ -100,18 +110,24 @@ def plan_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
 
 
 def _fit(weights: list[float], block: list[int], act: float, reserve_bytes: float,
-         budget: float, what: str, advice: str) -> tuple[tuple[float, ...], int]:
+         budget: float, what: str, advice: str,
+         state: list[float] | None = None) -> tuple[tuple[float, ...], int]:
     """Free bytes per stage GPU and the KV blocks of the tightest stage, or a
-    :class:`ScenarioError` saying ``what`` and by how many GiB the tightest stage misses."""
-    free = tuple(budget - w - act - reserve_bytes for w in weights)
+    :class:`ScenarioError` saying ``what`` and by how many GiB the tightest stage misses.
+    ``state``: bytes of recurrent state set aside per stage GPU (hybrid models)."""
+    state = state or [0.0] * len(weights)
+    free = tuple(budget - w - act - reserve_bytes - st for w, st in zip(weights, state,
+                                                                         strict=True))
     worst = min(range(len(weights)), key=lambda i: free[i] / block[i])
     blocks = int(free[worst] // block[worst])
     if blocks < 1:
-        need = (weights[worst] + act + reserve_bytes + block[worst]) / GIB
+        need = (weights[worst] + act + reserve_bytes + state[worst] + block[worst]) / GIB
+        held = f", recurrent state {state[worst] / GIB:.1f}" if state[worst] else ""
         raise ScenarioError(
             f"model.name: {what}: stage {worst} needs {need:.1f} GiB per GPU (weights "
             f"{weights[worst] / GIB:.1f}, activations {act / GIB:.1f}, reserve "
-            f"{reserve_bytes / GIB:.1f}, one KV block) but {budget / GIB:.1f} GiB is usable "
+            f"{reserve_bytes / GIB:.1f}{held}, one KV block) but {budget / GIB:.1f} GiB is "
+            f"usable "
             f"(memory x gpu_memory_utilization); short by {need - budget / GIB:.1f} GiB. "
             f"{advice}")
     return free, blocks
@@ -121,9 +137,11 @@ def _fit(weights: list[float], block: list[int], act: float, reserve_bytes: floa
 class ExpertLayout:
     """How a MoE / MLA model spreads over the ``tp`` GPUs of a stage.
 
-    ``ep`` is 1 (every expert sliced over the TP group: MoE-TP) or ``tp`` (whole experts
-    spread over the group's ranks). ``attention_dp``: each rank runs attention (and the
-    dense layers and shared experts) for its own requests with whole weights.
+    ``ep`` divides ``tp``: the experts spread over ``ep`` ranks, each expert sliced over
+    ``tp / ep`` GPUs (1: every expert sliced over the TP group, MoE-TP; ``tp``: whole
+    experts). ``attention_dp``: the stage splits into ``tp / attention_tp`` attention
+    groups, each running attention (and the dense layers and shared experts) for its own
+    requests, TP-sharded over its ``attention_tp`` GPUs (1: whole weights).
     ``expert_dtype`` is the dtype experts run in (the release's own where it declares one).
     """
 
@@ -131,10 +149,19 @@ class ExpertLayout:
     attention_dp: bool = False
     redundant_experts: int = 0
     expert_dtype: str = "bf16"
+    attention_tp: int = 1
 
     def experts_per_rank(self, experts: int) -> int:
         """Routed experts one EP rank holds: ceil((E + redundant) / ep)."""
         return math.ceil((experts + self.redundant_experts) / self.ep)
+
+    def attn_tp(self, tp: int) -> int:
+        """GPUs one request's attention is TP-sharded over in a stage of ``tp`` GPUs."""
+        return self.attention_tp if self.attention_dp else tp
+
+    def groups(self, tp: int) -> int:
+        """Attention-DP groups of a stage of ``tp`` GPUs (1 under TP attention)."""
+        return tp // self.attn_tp(tp)
 
 
 def attention_params_per_gpu(model: ModelSpec, tp: int) -> float:
@@ -150,7 +177,31 @@ def attention_params_per_gpu(model: ModelSpec, tp: int) -> float:
         return h * (model.q_heads // tp + 2 * kvh) * d + (model.q_heads // tp) * d * h
     m = model.mla
     down = h * m.q_lora_rank + m.q_lora_rank + h * m.cache_width + m.kv_lora_rank
-    return down + (model.attn_params_per_layer - down) / tp
+    # DSA's lightning indexer is replicated on every rank (vLLM: ReplicatedLinear).
+    # (GLM-5.2: the indexed share of the layers, as an average per layer)
+    index = (model.dsa.indexer_params(h, m.q_lora_rank) * model.dsa.indexed(0, model.layers)
+             / model.layers if model.dsa is not None else 0)
+    return down + (model.attn_params_per_layer - down) / tp + index
+
+
+def expert_bytes_per_weight(model: ModelSpec, dtype: str) -> float:
+    """Bytes of one routed-expert weight stored in ``dtype``: the dtype's bytes, plus the
+    scales of the release's scheme when the experts run as shipped (NVFP4: one FP8 per 16
+    weights; int4: one 16-bit per group of 32)."""
+    moe = model.moe
+    scheme = moe.expert_scheme if moe is not None and dtype == moe.expert_dtype else None
+    extra = SCALE_BYTES[scheme] if scheme in ("nvfp4", "int4") else 0.0
+    return BYTES_PER_DTYPE[dtype] + extra
+
+
+def state_bytes_per_gpu(model: ModelSpec, tp: int, start: int, layers: int,
+                        seqs: int) -> float:
+    """Recurrent state of ``seqs`` sequences over the linear-attention layers among
+    ``start .. start+layers-1`` on one GPU of a TP group of ``tp`` (0 without any)."""
+    if model.linear is None:
+        return 0.0
+    n_lin = layers - model.full_attention_layers(start, layers)
+    return float(seqs * model.linear.state_bytes_per_seq(tp, n_lin))
 
 
 def moe_weight_bytes_per_gpu(model: ModelSpec, tp: int, layout: ExpertLayout, start: int,
@@ -159,22 +210,26 @@ def moe_weight_bytes_per_gpu(model: ModelSpec, tp: int, layout: ExpertLayout, st
 
     Attention, dense MLPs and shared experts shard over TP (whole under attention DP); the
     routers and norms stay 16-bit and whole; routed experts are ``experts_per_rank`` whole
-    experts (ep = tp) or all experts sliced by TP (ep = 1), in ``layout.expert_dtype``.
+    experts sliced over ``tp / ep`` GPUs (whole at ep = tp, all experts sliced by TP at
+    ep = 1), in ``layout.expert_dtype``.
     """
     h, w_b = model.hidden, BYTES_PER_DTYPE[weight_dtype]
-    attn_tp = 1 if layout.attention_dp else tp
+    attn_tp = layout.attn_tp(tp)
     moe_set = set(model.moe.layers) if model.moe else set()
     n_moe = sum(1 for i in range(start, start + layers) if i in moe_set)
     attn = attention_params_per_gpu(model, attn_tp) * w_b
     total = layers * (attn + 2 * h * ACT_BYTES)
+    if model.linear is not None:  # Gated DeltaNet layers instead of full attention
+        n_lin = layers - model.full_attention_layers(start, layers)
+        total += n_lin * (model.linear.params_per_gpu(h, attn_tp) * w_b - attn)
     total += (layers - n_moe) * model.mlp_params_per_layer / attn_tp * w_b
     if n_moe:
         m = model.moe
-        e_b = BYTES_PER_DTYPE[layout.expert_dtype]
-        if layout.ep > 1:
+        e_b = expert_bytes_per_weight(model, layout.expert_dtype)
+        if layout.ep >= tp:
             experts = layout.experts_per_rank(m.experts) * m.expert_params(h)
-        else:
-            experts = (m.experts + layout.redundant_experts) * m.expert_params(h) / tp
+        else:  # each expert sliced over tp / ep GPUs
+            experts = layout.experts_per_rank(m.experts) * m.expert_params(h) / (tp // layout.ep)
         per = (m.router_params(h) * ACT_BYTES + experts * e_b
                + 3 * h * m.shared_intermediate / attn_tp * w_b)
         total += n_moe * per
@@ -184,16 +239,17 @@ def moe_weight_bytes_per_gpu(model: ModelSpec, tp: int, layout: ExpertLayout, st
 def moe_activation_bytes(model: ModelSpec, tp: int, layout: ExpertLayout, max_tokens: int,
                          max_seqs: int) -> float:
     """Peak activations of one rank: the attention part of :func:`activation_bytes` for
-    the rank's tokens (``max_tokens / tp`` under attention DP), plus the dispatched tokens
-    of a MoE layer (``max_tokens * k / ep`` rows of h in and out, and the gated
+    the rank's tokens (``max_tokens / groups`` under attention DP), plus the dispatched
+    tokens of a MoE layer (``max_tokens * k / ep`` rows of h in and out, and the gated
     intermediates of the rank's expert slice)."""
-    attn_tp = 1 if layout.attention_dp else tp
-    rank_tokens = math.ceil(max_tokens / tp) if layout.attention_dp else max_tokens
+    attn_tp = layout.attn_tp(tp)
+    groups = layout.groups(tp)
+    rank_tokens = math.ceil(max_tokens / groups) if layout.attention_dp else max_tokens
     dense = activation_bytes(model, attn_tp, rank_tokens, max_seqs)
     if model.moe is None:
         return dense
     m = model.moe
-    moe_tp = tp if layout.ep == 1 else 1
+    moe_tp = tp // layout.ep
     routed = max_tokens * m.top_k / layout.ep
     return dense + routed * (2 * model.hidden + 4 * m.intermediate / moe_tp) * ACT_BYTES
 
@@ -205,7 +261,7 @@ def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
     """:func:`plan_memory` for a MoE or MLA model, one rank at a time.
 
     The replica's KV blocks are those of its tightest stage, times ``tp`` under attention
-    DP (each rank caches its own requests). Raises a :class:`ScenarioError` that says by
+    DP (each attention group caches its own requests). Raises a :class:`ScenarioError` that says by
     how much the tightest rank misses.
     """
     stages = split_layers(model.layers, pp)
@@ -214,18 +270,48 @@ def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
                                         i == pp - 1, weight_dtype)
                for i, layers in enumerate(stages)]
     kv_b = BYTES_PER_DTYPE[kv_dtype]
-    kv_tp = 1 if layout.attention_dp else tp
-    block = [block_size * model.kv_bytes_per_token(kv_b, kv_tp, layers) for layers in stages]
+    kv_tp = layout.attn_tp(tp)
+    groups = layout.groups(tp)
+    block = [block_size * model.kv_bytes_per_token(
+        kv_b, kv_tp, model.full_attention_layers(starts[i], layers))
+        for i, layers in enumerate(stages)]
+    rank_seqs = math.ceil(max_seqs / groups)
+    state = [state_bytes_per_gpu(model, kv_tp, starts[i], layers, rank_seqs)
+             for i, layers in enumerate(stages)]
     act = moe_activation_bytes(model, tp, layout, max_tokens, max_seqs)
     how = (f"ep={layout.ep}, attention_dp={str(layout.attention_dp).lower()}, "
-           f"redundant_experts={layout.redundant_experts}")
-    free, blocks = _fit(weights, block, act, reserve_bytes, gpu_memory_bytes * utilization,
+           + (f"attention_tp={layout.attention_tp}, " if layout.attn_tp(tp) > 1
+              and layout.attention_dp else "")
+           + f"redundant_experts={layout.redundant_experts}")
+    budget = gpu_memory_bytes * utilization
+    advice = "Add GPUs (tp/ep or pp), or use lower-precision weights"
+    q = model.quant
+    if q is not None and q.attention != weight_dtype and q.attention != "bf16":
+        advice += (f" (the release ships in {q.scheme}: model.weight_dtype = "
+                   f"\"{q.attention}\")")
+    if model.linear is not None:
+        advice += _state_advice(weights, block, state, act + reserve_bytes, budget, rank_seqs,
+                                groups)
+    free, blocks = _fit(weights, block, act, reserve_bytes, budget,
                         f"{model.name} ({weight_dtype}, experts {layout.expert_dtype}) does "
-                        f"not fit with tp={tp}, pp={pp}, {how}",
-                        "Add GPUs (tp/ep or pp), or use lower-precision weights")
-    replicas = tp if layout.attention_dp else 1
+                        f"not fit with tp={tp}, pp={pp}, {how}", advice, state)
+    replicas = groups
     return MemoryPlan(tuple(weights), free, tuple(block), blocks * replicas, block_size,
-                      _note(model, tp, layout))
+                      _note(model, tp, layout), max(state))
+
+
+def _state_advice(weights: list[float], block: list[int], state: list[float], fixed: float,
+                  budget: float, seqs: int, ranks: int) -> str:
+    """How many sequences' recurrent states fit beside the weights and one KV block on
+    the tightest stage, times the ``ranks`` that cache their own requests (attention DP):
+    the most ``engine.max_num_seqs`` may be."""
+    fits = min(int((budget - w - fixed - b) // (st / seqs)) if st else seqs
+               for w, b, st in zip(weights, block, state, strict=True))
+    if fits >= seqs:
+        return ""
+    return (f"; or lower engine.max_num_seqs to at most {max(fits, 0) * ranks} (each "
+            f"running sequence holds its recurrent state: {state[0] / seqs / 2**20:.1f} MiB "
+            f"per GPU on stage 0)")
 
 
 def _note(model: ModelSpec, tp: int, layout: ExpertLayout) -> str:
@@ -235,14 +321,48 @@ def _note(model: ModelSpec, tp: int, layout: ExpertLayout) -> str:
         if layout.ep > 1:
             extra = (f" (with {layout.redundant_experts} redundant over the group)"
                      if layout.redundant_experts else "")
+            what = ("whole experts" if layout.ep == tp else
+                    f"experts, each sliced {tp // layout.ep} ways (MoE-TP{tp // layout.ep})")
             parts.append(f"EP{layout.ep}: {layout.experts_per_rank(model.moe.experts)} "
-                         f"whole experts per GPU{extra}")
+                         f"{what} per GPU{extra}")
         else:
             parts.append(f"all {model.moe.experts} experts sliced {tp} ways (MoE-TP)")
         parts.append(f"experts in {layout.expert_dtype}")
-    if layout.attention_dp:
+    if layout.attention_dp and layout.attn_tp(tp) > 1:
+        parts.append(f"attention DP{layout.groups(tp)} x TP{layout.attn_tp(tp)}: each group "
+                     f"of {layout.attn_tp(tp)} GPUs caches its own requests' KV")
+    elif layout.attention_dp:
         parts.append(f"attention DP: each of {tp} GPUs caches its own requests' KV")
     elif model.mla is not None and tp > 1:
         parts.append(f"MLA cache replicated on all {tp} GPUs of the TP group (attention_dp "
                      f"would hold {tp}x the tokens)")
     return "; ".join(parts)
+
+
+def weight_classes(model: ModelSpec, tp: int, layout: ExpertLayout, layers: int,
+                   last: bool, weight_dtype: str) -> list[tuple[str, float, str]]:
+    """(class, bytes on one GPU, dtype) of the first pipeline stage (layers
+    ``0 .. layers-1``), for ``validate``: the terms of :func:`moe_weight_bytes_per_gpu`
+    grouped by layer class, so they add up to it."""
+    h, w_b = model.hidden, BYTES_PER_DTYPE[weight_dtype]
+    attn_tp = 1 if layout.attention_dp else tp
+    n_full = model.full_attention_layers(0, layers)
+    attn = n_full * attention_params_per_gpu(model, attn_tp)
+    if model.linear is not None:
+        attn += (layers - n_full) * model.linear.params_per_gpu(h, attn_tp)
+    n_moe = sum(1 for i in model.moe.layers if i < layers) if model.moe else 0
+    rows = [("attention", attn * w_b, weight_dtype),
+            ("dense MLP", (layers - n_moe) * model.mlp_params_per_layer / attn_tp * w_b,
+             weight_dtype)]
+    if n_moe:
+        m, lay = model.moe, layout
+        per = (lay.experts_per_rank(m.experts) if lay.ep > 1
+               else (m.experts + lay.redundant_experts) / tp)
+        rows += [("routed experts", n_moe * per * m.expert_params(h)
+                  * expert_bytes_per_weight(model, lay.expert_dtype), lay.expert_dtype),
+                 ("shared experts", n_moe * 3 * h * m.shared_intermediate / attn_tp * w_b,
+                  weight_dtype),
+                 ("routers", n_moe * m.router_params(h) * ACT_BYTES, "bf16")]
+    rows.append(("embedding, LM head, norms", embedding_bytes(model, tp, True, last)
+                 + layers * 2 * h * ACT_BYTES, "bf16"))
+    return [r for r in rows if r[1]]

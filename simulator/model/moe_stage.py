@@ -23,6 +23,7 @@ import numpy as np
 from simulator.calibration.forms import ACT_BYTES, gemm_time
 from simulator.hardware.specs import GPUSpec
 from simulator.model.cost import StageCost
+from simulator.model.hybrid_cost import DSACost, GDNCost
 from simulator.model.memory import ExpertLayout, attention_params_per_gpu
 from simulator.model.moe_cost import (
     A2APaths,
@@ -36,6 +37,18 @@ from simulator.model.moe_cost import (
 from simulator.model.routing import Routing, imbalance, step_index
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, kv_heads_per_gpu
 from simulator.parallel.collective import AllReduceCost
+
+
+@dataclass(frozen=True)
+class LayoutComm:
+    """Collectives of an attention-DP stage besides the all-to-all: the all-reduce of one
+    attention group (``attention_tp`` GPUs), and the all-gather and reduce-scatter over
+    the whole stage that bring every token to the MoE layer and its outputs back when the
+    experts are TP-sliced (``ep < tp``), each ``alpha + beta * S`` on the graph."""
+
+    attention: AllReduceCost
+    gather: AllReduceCost
+    scatter: AllReduceCost
 
 
 @dataclass(frozen=True)
@@ -60,13 +73,13 @@ def _shared_tables(c: MoEStageCost) -> dict[tuple[int, str], MoETable]:
     """The ``(tokens, mode) -> MoETable`` dict of stage cost ``c``, shared with every stage
     built before whose :meth:`MoEStageCost._rows` is the same function: the same routing,
     model and GPU objects, expert layout, attention DP, all-to-all paths and dispatch
-    bytes, and (MoE-TP) TP size. A plan builds thousands of stages over a few such sets;
+    bytes, and the TP size. A plan builds thousands of stages over a few such sets;
     rows are computed independently of each other, so a row is the same bits whichever
     stage filled it. The entry holds the objects keyed by id, so no id is reused while it
     lives (ModelSpec and GPUSpec hold dicts: they are not hashable)."""
     refs = (c.routing, c.model, c.gpu)
     key = (tuple(id(x) for x in refs), c.layout, c.n_moe > 0, c.dp, c.paths,
-           c.dispatch_bytes, c.shapes.tp if c.layout.ep <= 1 else 0)
+           c.dispatch_bytes, c.shapes.tp if c.layout.ep < c.shapes.tp else 0)
     hit = _SHARED.get(key)
     if hit is None or any(a is not b for a, b in zip(hit[0], refs, strict=True)):
         if len(_SHARED) >= SHARED_TABLES:
@@ -90,6 +103,9 @@ class MoEStageCost(StageCost):
         Popularity and placement over ``layout.ep`` ranks (1 for MoE-TP).
     paths : A2APaths or None
         The EP group's paths (attention DP only).
+    comm : LayoutComm or None
+        The attention group's all-reduce and the stage's all-gather / reduce-scatter
+        (attention DP with ``attention_tp > 1`` or ``ep < tp``; None: neither).
     a2a_mode : {"auto", "normal", "low_latency"}
         ``auto``: normal for steps with prefill, low_latency for decode-only steps.
     two_batch_overlap : bool
@@ -102,15 +118,20 @@ class MoEStageCost(StageCost):
                  allreduce: AllReduceCost, layout: ExpertLayout, routing: Routing,
                  paths: A2APaths | None, a2a_mode: str = "auto",
                  layer_launch_s: float = 0.0, two_batch_overlap: bool = False,
-                 cpu_floor_s: float = 0.0):
+                 cpu_floor_s: float = 0.0, comm: LayoutComm | None = None):
         super().__init__(model, gpu, tp, layers, first, last, weight_dtype, kv_dtype,
                          allreduce, layer_launch_s, cpu_floor_s=cpu_floor_s)
         self.model, self.layout, self.routing, self.paths = model, layout, routing, paths
         self.a2a_mode = a2a_mode
         self.tbo = two_batch_overlap
         self.dp = layout.attention_dp
-        self.split = tp if self.dp else 1
-        attn_tp = 1 if self.dp else tp
+        self.split = layout.groups(tp)
+        attn_tp = layout.attn_tp(tp)
+        # Attention DP with whole experts per rank: DeepEP dispatch / combine; with
+        # TP-sliced experts: all-gather the tokens before the MoE layer, reduce-scatter after.
+        self.a2a = self.dp and layout.ep == tp
+        self.moe_tp = tp // layout.ep
+        self.comm = comm
         h = model.hidden
         moe_set = set(model.moe.layers) if model.moe else set()
         self.n_moe = sum(1 for i in range(start, start + layers) if i in moe_set)
@@ -123,6 +144,15 @@ class MoEStageCost(StageCost):
         # MLA models price the whole attention module (projections included) by the
         # calibrated MLA forms; GQA models keep the attention forms and GEMMs below.
         self.mla, self.heads = model.mla is not None, heads
+        # Gated DeltaNet layers (hybrid models) and DeepSeek sparse attention modules.
+        self.n_lin = layers - model.full_attention_layers(start, layers)
+        self.gdn = GDNCost(model, gpu, attn_tp) if self.n_lin else None
+        self.dsa = (DSACost(model, gpu, heads, kv_dtype, weight_dtype)
+                    if model.dsa is not None else None)
+        # GLM-5.2: layers reusing another layer's top-k run the module without an indexer
+        self.n_skip = layers - model.dsa.indexed(start, layers) if model.dsa else 0
+        self.dsa_skip = (DSACost(model, gpu, heads, kv_dtype, weight_dtype, False)
+                         if self.n_skip else None)
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         kv_b = BYTES_PER_DTYPE[kv_dtype]
         pshape, dshape = mla_shapes(model, heads, kv_b, gpu)
@@ -133,7 +163,9 @@ class MoEStageCost(StageCost):
          self._dexp) = dshape.decode_coeffs(cal.decode_for(kv_dtype))
         if model.mla is None:
             d, kvh = model.head_dim, kv_heads_per_gpu(model.kv_heads, attn_tp)
-            self.attn_gemms = [((heads + 2 * kvh) * d, h), (h, heads * d)]
+            gate = heads if model.attn_output_gate else 0  # q_proj also emits the gate
+            self.attn_gemms = [((heads + gate + 2 * kvh) * d, h), (h, heads * d)]
+            self.lin_gemms = model.linear.gemms(h, attn_tp) if self.n_lin else []
         else:
             m = model.mla
             qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -173,13 +205,26 @@ class MoEStageCost(StageCost):
                                  self.bf16_peak, self.gpu.hbm_bandwidth_Bps,
                                  self.gpu.sm_count, ACT_BYTES)) if self.n_moe else 0.0
         elem = self.elem_launch + t * self.elem_bytes_attn / self.elem_bw
+        if self.n_lin:  # Gated DeltaNet projections instead of Q/K/V/O on those layers
+            lin = sum(g(t, n, k) for n, k in self.lin_gemms)
+            attn = ((self.layers - self.n_lin) * attn + self.n_lin * lin) / self.layers
         compute = (self.layers * (attn + elem)
                    + self.n_dense * (dense + t * self.elem_bytes_dense / self.elem_bw)
                    + self.n_moe * (router + shared + t * self.elem_bytes_moe / self.elem_bw))
         if self.first:
             compute += t * self.hidden_bytes / self.elem_bw
-        comm = 0.0 if self.dp else 2 * self.layers * self.allreduce.time(
-            tokens * self.hidden_bytes)
+        if not self.dp:
+            comm = 2 * self.layers * self.allreduce.time(tokens * self.hidden_bytes)
+        elif self.comm is None:
+            comm = 0.0
+        else:  # two attention-group all-reduces per layer (around the all-to-all: their
+            # reduce-scatter and all-gather halves); gathered MoE: AG + RS replace one
+            c = self.comm
+            comm = 2 * self.layers * c.attention.time(t * self.hidden_bytes)
+            if not self.a2a:
+                comm += self.n_moe * (c.gather.time(tokens * self.hidden_bytes)
+                                      + c.scatter.time(tokens * self.hidden_bytes)
+                                      - c.attention.time(t * self.hidden_bytes))
         self._fixed[tokens] = (compute, comm)
         return compute, comm
 
@@ -213,11 +258,12 @@ class MoEStageCost(StageCost):
             zero = np.zeros(rows.size)
             return zero, zero, zero + 1.0
         if lay.ep > 1:  # each rank its local experts' sampled rows; the slowest decides
-            t = expert_time(r.local_counts(tokens, rows), self.model, moe.intermediate,
-                            self.gpu, lay.expert_dtype, lay.ep)
+            t = expert_time(r.local_counts(tokens, rows), self.model,
+                            moe.intermediate // self.moe_tp, self.gpu, lay.expert_dtype,
+                            lay.ep)
             imb = imbalance(r.rank_loads(tokens, rows))
             a2a = np.zeros_like(imb)
-            if self.dp:  # the hottest rank receives imb x the mean
+            if self.a2a:  # the hottest rank receives imb x the mean
                 per_rank = tokens / lay.ep
                 out = dispatch_bytes_per_peer(per_rank, r, self.model.hidden,
                                               self.dispatch_bytes, mode)
@@ -240,6 +286,8 @@ class MoEStageCost(StageCost):
         per = self._dseq * nr
 
         def attention(kvr):
+            if self.dsa is not None:
+                return self.dsa.decode(nr, np.maximum(kvr, nr))
             if self.mla:
                 return mla_decode(self.model, self.gpu, self.heads, nr,
                                   np.maximum(kvr, nr), self.kv_dtype, self.weight_dtype)
@@ -249,7 +297,11 @@ class MoEStageCost(StageCost):
                                                                                      per)
 
         kvr = kv / s
-        attn = (self.layers - self.n_window) * attention(kvr)
+        attn = (self.layers - self.n_window - self.n_lin - self.n_skip) * attention(kvr)
+        if self.n_skip:
+            attn = attn + self.n_skip * self.dsa_skip.decode(nr, np.maximum(kvr, nr))
+        if self.n_lin:  # fixed-size recurrent state per sequence: no KV term
+            attn = attn + self.n_lin * self.gdn.decode(nr)
         if self.n_window:  # sum_i min(l_i, W) <= min(sum_i l_i, n W): an upper bound
             attn = attn + self.n_window * attention(np.minimum(kvr, self.window * nr))
         tab = self.table(n, self._mode(True), idx)
@@ -303,6 +355,10 @@ class MoEStageCost(StageCost):
         t_r = self._rank_tokens(tokens)
 
         def attention(pairs, ctx, kv):
+            if self.dsa is not None:  # prefill chunks and decodes as separate modules
+                t_p = max(t_r - seqs_d, 1) if kv else t_r
+                a = self.dsa.prefill(t_p, pairs)
+                return a + (float(self.dsa.decode(seqs_d, max(kv, seqs_d))) if kv else 0.0)
             if self.mla:  # prefill chunks and decodes as separate kernels
                 t_p = max(t_r - seqs_d, 1) if kv else t_r
                 a = float(mla_prefill(self.model, self.gpu, self.heads, t_p, pairs, ctx,
@@ -319,7 +375,16 @@ class MoEStageCost(StageCost):
             return a
 
         pairs, ctx, kv = prefill_pairs / s, prefill_ctx / s, decode_kv / s
-        attn = (self.layers - self.n_window) * attention(pairs, ctx, kv)
+        attn = (self.layers - self.n_window - self.n_lin - self.n_skip) * attention(pairs, ctx,
+                                                                                 kv)
+        if self.n_skip:
+            t_p = max(t_r - seqs_d, 1) if kv else t_r
+            attn += self.n_skip * (self.dsa_skip.prefill(t_p, pairs) + (float(
+                self.dsa_skip.decode(seqs_d, max(kv, seqs_d))) if kv else 0.0))
+        if self.n_lin:  # chunked GDN over the prompt tokens, the recurrent kernel for decodes
+            t_p = max(t_r - seqs_d, 1) if kv else t_r
+            attn += self.n_lin * (self.gdn.prefill(t_p, seqs_p)
+                                  + (self.gdn.decode(seqs_d) if kv else 0.0))
         if self.n_window:  # each query sees at most W keys (upper bounds, as in decode)
             w = self.window
             attn += self.n_window * attention(min(pairs, t_r * w), min(ctx, t_r * w),

@@ -5,17 +5,28 @@ that ends with ``.json`` or names a directory is a path to a config.json (relati
 scenario file). Decoder-only transformers with (grouped-query) attention or multi-head
 latent attention (MLA, DeepSeek-V3), a gated or plain MLP, and optionally mixture-of-experts
 layers (routed experts with top-k routing, shared experts, a per-layer dense / MoE pattern)
-and sliding-window or chunked attention on some layers. A field the simulator cannot
-express is a :class:`ScenarioError` that names it: never a silent dense approximation.
+and sliding-window or chunked attention on some layers; hybrid models whose
+``layer_types`` mix Gated DeltaNet linear-attention layers with full attention (Qwen3.5,
+Qwen3-Next: :mod:`simulator.model.linear_attention`); DeepSeek sparse attention over MLA
+(DeepSeek-V3.2, GLM-5: :mod:`simulator.model.sparse_attention`); and the precision a
+release ships in, per layer class (:mod:`simulator.model.quant`). A field the simulator
+cannot express is a :class:`ScenarioError` that names it: never a silent dense
+approximation.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from simulator.errors import ScenarioError
+from simulator.model.config_fields import UNPRICED, dsa_spec, layer_types, linear_spec
+from simulator.model.config_fields import int_field as _int
+from simulator.model.linear_attention import LinearAttentionSpec
+from simulator.model.quant import QuantSpec, module_names, parse_quant
+from simulator.model.sparse_attention import SparseAttentionSpec
 from simulator.paths import MODEL_CONFIGS, catalog
 
 #: Bytes per element. int4 and fp4 pack two weights per byte (scales are ignored: < 1%).
@@ -46,6 +57,7 @@ class MoESpec:
     router_bias: bool = False
     expert_bias: bool = False
     expert_dtype: str | None = None
+    expert_scheme: str | None = None  # quant.SCHEMES key of expert_dtype (nvfp4, mxfp4, ...)
 
     def expert_params(self, hidden: int) -> int:
         """Gate, up and down projections of one routed expert: 3 h I_e (+ biases)."""
@@ -100,6 +112,27 @@ class ModelSpec:
     # The weight dtype the release ships in (quantization_config), None for 16-bit.
     native_dtype: str | None = None
     mtp_layers: int = 0  # multi-token prediction modules (num_nextn_predict_layers)
+    # Hybrid linear attention (Gated DeltaNet layers), DeepSeek sparse attention, the
+    # release's per-class precision; Qwen3-Next / Qwen3.5 full-attention layers gate
+    # their output (q_proj twice as wide) and normalise q and k (2 d weights).
+    linear: LinearAttentionSpec | None = None
+    dsa: SparseAttentionSpec | None = None
+    quant: QuantSpec | None = None
+    attn_output_gate: bool = False
+
+    @property
+    def layer_plan(self) -> bool:
+        """Whether the model is priced layer by layer (MoE, MLA or hybrid layers:
+        :mod:`simulator.model.moe_stage`, :func:`~simulator.model.memory.plan_moe_memory`)."""
+        return self.moe is not None or self.mla is not None or self.linear is not None
+
+    def full_attention_layers(self, start: int = 0, layers: int | None = None) -> int:
+        """Layers among ``start .. start+layers-1`` with a KV cache (not linear attention)."""
+        layers = self.layers - start if layers is None else layers
+        if self.linear is None:
+            return layers
+        lin = set(self.linear.layers)
+        return sum(1 for i in range(start, start + layers) if i not in lin)
 
     @property
     def attn_params_per_layer(self) -> int:
@@ -115,7 +148,22 @@ class ModelSpec:
                 m.qk_nope_head_dim + m.v_head_dim)
             return q + kv + n * m.v_head_dim * h
         bias = (self.q_heads + 2 * self.kv_heads) * d + h if self.attention_bias else 0
+        if self.attn_output_gate:  # q_proj also emits the output gate; q_norm and k_norm
+            bias += h * self.q_heads * d + 2 * d
         return h * (self.q_heads + 2 * self.kv_heads) * d + self.q_heads * d * h + bias
+
+    @property
+    def attention_extra_params(self) -> int:
+        """What the linear-attention layers and DSA indexers add to ``layers`` full
+        attention layers: ``n_lin (P_lin - P_attn) + L P_indexer``."""
+        extra = 0
+        if self.linear is not None:
+            extra += len(self.linear.layers) * (self.linear.params(self.hidden)
+                                                - self.attn_params_per_layer)
+        if self.dsa is not None:
+            extra += (self.dsa.indexed(0, self.layers)
+                      * self.dsa.indexer_params(self.hidden, self.mla.q_lora_rank))
+        return extra
 
     @property
     def mlp_params_per_layer(self) -> int:
@@ -145,7 +193,8 @@ class ModelSpec:
         lm_head = 0 if self.tie_word_embeddings else self.embedding_params
         dense = (self.layers - self.moe_layers) * self.params_per_layer
         moe = self.moe_layers * self.moe_layer_params(experts) if self.moe else 0
-        return dense + moe + self.embedding_params + lm_head + self.hidden
+        return (dense + moe + self.embedding_params + lm_head + self.hidden
+                + self.attention_extra_params)
 
     @property
     def total_params(self) -> int:
@@ -165,8 +214,11 @@ class ModelSpec:
         TP group (the latent has no heads to shard).
         """
         layers = self.layers if layers is None else layers
-        if self.mla is not None:
-            return layers * self.mla.cache_width * kv_bytes
+        if self.mla is not None:  # DSA adds its indexer keys (FP8 + scales) per layer
+            index = 0.0
+            if self.dsa is not None:  # on the indexed share of the layers (all but GLM-5.2)
+                index = self.dsa.key_bytes * self.dsa.indexed(0, self.layers) / self.layers
+            return round(layers * (self.mla.cache_width * kv_bytes + index))
         return 2 * layers * kv_heads_per_gpu(self.kv_heads, tp) * self.head_dim * kv_bytes
 
     def describe(self) -> str:
@@ -187,6 +239,15 @@ class ModelSpec:
             text += f", {self.q_heads} heads / {self.kv_heads} KV heads"
         if self.sliding_window:
             text += f", window {self.sliding_window} on {len(self.window_layers)} layers"
+        if self.linear is not None:
+            la = self.linear
+            text += (f", Gated DeltaNet on {len(la.layers)} of {self.layers} layers ("
+                     f"{la.key_heads} key / {la.value_heads} value heads of "
+                     f"{la.key_head_dim}x{la.value_head_dim}, state "
+                     f"{la.state_bytes_per_seq() / 2**20:.1f} MiB per sequence)")
+        if self.dsa is not None:
+            text += (f", DSA: indexer {self.dsa.index_heads} x {self.dsa.index_head_dim}, "
+                     f"top-{self.dsa.index_topk}")
         if self.native_dtype or (self.moe and self.moe.expert_dtype):
             text += f", ships in {self.native_dtype or self.moe.expert_dtype}"
             text += " (experts)" if self.moe and self.moe.expert_dtype else ""
@@ -194,19 +255,10 @@ class ModelSpec:
 
 
 def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
-    return max(1, kv_heads // tp)
-
-
-def _int(config: dict, key: str, default=None, minimum: int = 1) -> int:
-    """A whole-number field >= ``minimum``, or a ScenarioError naming it."""
-    value = config.get(key, default)
-    if value is None:
-        raise ScenarioError(f"model.name: config.json lacks the field {key!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not value.is_integer()) or value < minimum:
-        raise ScenarioError(f"model.name: config.json field {key!r} = {value!r} is not an "
-                            f"integer >= {minimum}")
-    return int(value)
+    """KV heads one GPU of a TP group of ``tp`` holds: ``ceil(kv / tp)``. A divisor of the
+    KV heads shards them; beyond them each GPU keeps a replica of one (vLLM, SGLang); a TP
+    size that is neither (TensorRT-LLM only) replicates the remainder."""
+    return -(-kv_heads // tp)
 
 
 def _moe(config: dict, layers: int, hidden: int) -> MoESpec | None:
@@ -267,16 +319,11 @@ def _mla(config: dict) -> MLASpec | None:
                    _int(config, "qk_rope_head_dim"), _int(config, "v_head_dim"))
 
 
-def _windows(config: dict, layers: int) -> tuple[int | None, tuple[int, ...]]:
+def _windows(config: dict, layers: int,
+             types: list[str] | None) -> tuple[int | None, tuple[int, ...]]:
     """Sliding-window layers (gpt-oss ``layer_types``, Mistral ``sliding_window``) and
     Llama 4's chunked attention (every layer but each fourth)."""
-    types = config.get("layer_types")
     if types is not None:
-        allowed = ("sliding_attention", "full_attention")
-        if not isinstance(types, list) or len(types) != layers or any(
-                t not in allowed for t in types):
-            raise ScenarioError(f"model.name: config.json field 'layer_types' must list "
-                                f"{layers} entries of {', '.join(allowed)}")
         windowed = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
         return (_int(config, "sliding_window") if windowed else None), windowed
     if config.get("attention_chunk_size"):
@@ -291,7 +338,8 @@ def _windows(config: dict, layers: int) -> tuple[int | None, tuple[int, ...]]:
     return None, ()
 
 
-def from_config(config: dict, name: str) -> ModelSpec:
+def from_config(config: dict, name: str, hf_quant: dict | None = None,
+                label: str = "config.json") -> ModelSpec:
     """Build a :class:`ModelSpec` from the fields of a Hugging Face config.json.
 
     Raises
@@ -303,8 +351,17 @@ def from_config(config: dict, name: str) -> ModelSpec:
     """
     if not isinstance(config, dict):
         raise ScenarioError("model.name: config.json is not a JSON object")
-    if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
-        config = config["text_config"]  # multimodal release (Llama 4): the text tower
+    nested = "hidden_size" not in config and isinstance(config.get("text_config"), dict)
+    if nested:
+        outer = config
+        config = dict(config["text_config"])  # multimodal release (Llama 4, Qwen3.5): text
+        if "quantization_config" in outer:
+            config.setdefault("quantization_config", outer["quantization_config"])
+    for key, why in UNPRICED.items():
+        if key in config:
+            raise ScenarioError(f"model.name: config.json field {key!r}: {why} (the "
+                                f"simulator prices full, sliding-window, MLA, DeepSeek sparse "
+                                f"and Gated DeltaNet attention)")
     hidden = _int(config, "hidden_size")
     q_heads = _int(config, "num_attention_heads")
     layers = _int(config, "num_hidden_layers")
@@ -319,25 +376,23 @@ def from_config(config: dict, name: str) -> ModelSpec:
         head_dim = _int(config, "head_dim", config.get("head_dim") or hidden // q_heads)
     native = None
     quant = config.get("quantization_config")
-    if quant is not None:
-        method = quant.get("quant_method") if isinstance(quant, dict) else None
-        if method not in NATIVE_QUANT:
-            raise ScenarioError(f"model.name: config.json field 'quantization_config."
-                                f"quant_method' = {method!r} is not supported (allowed: "
-                                f"{', '.join(NATIVE_QUANT)}; or remove quantization_config "
-                                f"and set model.weight_dtype)")
-        native = NATIVE_QUANT[method] if method == "fp8" else None
+    if isinstance(quant, dict) and quant.get("quant_method") in NATIVE_QUANT:
+        native = NATIVE_QUANT[quant["quant_method"]] if quant["quant_method"] == "fp8" else None
     act = config.get("hidden_act", "silu")
     moe = _moe(config, layers, hidden)
-    window, windowed = _windows(config, layers)
-    return ModelSpec(
+    types = layer_types(config, layers)
+    window, windowed = _windows(config, layers, types)
+    linear = linear_spec(config, types)
+    spec = ModelSpec(
         name=name,
         hidden=hidden,
         layers=layers,
         q_heads=q_heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate=_int(config, "intermediate_size_mlp", config.get("intermediate_size")),
+        # an all-MoE model (Qwen3.5 MoE) has no dense MLP: its expert size stands in, unused
+        intermediate=_int(config, "intermediate_size_mlp", config.get("intermediate_size")
+                          or config.get("moe_intermediate_size")),
         vocab=_int(config, "vocab_size"),
         max_position_embeddings=_int(config, "max_position_embeddings", 4096),
         gated_mlp=act in GATED_ACTIVATIONS,
@@ -345,8 +400,18 @@ def from_config(config: dict, name: str) -> ModelSpec:
         moe=moe, mla=mla, sliding_window=window, window_layers=windowed,
         attention_bias=bool(config.get("attention_bias", False)) and mla is None,
         native_dtype=native,
-        mtp_layers=_int(config, "num_nextn_predict_layers", 0, minimum=0),
+        mtp_layers=_int(config, "num_nextn_predict_layers",
+                        config.get("mtp_num_hidden_layers", 0), minimum=0),
+        linear=linear, dsa=dsa_spec(config, mla),
+        attn_output_gate=bool(config.get("attn_output_gate", False)),
     )
+    q = parse_quant(config, hf_quant, module_names(spec), label)
+    if q is None:
+        return spec
+    if moe is not None and q.experts != "bf16" and q.scheme != "fp8_block":
+        # NVFP4 / int4 experts (MXFP4 keeps its existing expert_dtype): run as shipped
+        moe = replace(moe, expert_dtype=q.experts, expert_scheme=q.scheme)
+    return replace(spec, moe=moe, quant=q)
 
 
 def load_model(name: str, base_dir: str | Path = ".") -> ModelSpec:
@@ -362,17 +427,43 @@ def load_model(name: str, base_dir: str | Path = ".") -> ModelSpec:
     else:
         candidate = Path(name) if Path(name).is_absolute() else Path(base_dir) / name
         if not name or not (name.endswith(".json") or candidate.is_dir()):
-            raise ScenarioError(f"model.name: unknown model {name!r} "
-                                f"(catalog: {', '.join(names)}; or a path to a config.json "
-                                f"or to a folder holding one)")
+            # the catalog outgrew one line: the closest names, and where the rest are
+            close = difflib.get_close_matches(name, names, n=8, cutoff=0.4) or names[:8]
+            raise ScenarioError(f"model.name: unknown model {name!r} (catalog, closest: "
+                                f"{', '.join(close)}; all {len(names)} in "
+                                f"simulator/model/configs/README.md; or a path to a "
+                                f"config.json or to a folder holding one)")
         path = candidate / "config.json" if candidate.is_dir() else candidate
         if not path.is_file():
             raise ScenarioError(f"model.name: config file {str(path)!r} not found")
+    config = _read_json(path)
+    # ModelOpt releases put their quantization in hf_quant_config.json beside config.json
+    # (the catalog keeps it as configs/hf_quant/<name>.json).
+    quant_path = (MODEL_CONFIGS / "hf_quant" / f"{name}.json" if name in names
+                  else path.with_name(path.name.removesuffix("config.json")
+                                      + "hf_quant_config.json"))
+    hf_quant = _read_json(quant_path) if quant_path.is_file() else None
+    # A Hugging Face checkout holds config.json: the model's name is its folder's.
+    label = name if name in names else (path.parent.name if path.stem == "config"
+                                        else path.stem)
     try:
-        config = json.loads(path.read_text())
+        return from_config(config, label, hf_quant,
+                           path.name if name in names else str(path))
+    except ScenarioError as exc:  # name the file read, not "config.json"
+        raise ScenarioError([_named(p, path, quant_path) for p in exc.problems]) from None
+
+
+def _named(problem: str, path: Path, quant_path: Path) -> str:
+    """A parser problem with the file it concerns named by its path."""
+    for generic, real in (("model.name: hf_quant_config.json", quant_path),
+                          ("model.name: config.json", path)):
+        if problem.startswith(generic):
+            return f"model.name: {real}" + problem[len(generic):]
+    return problem
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"model.name: cannot read {str(path)!r} as JSON ({exc})") from None
-    if name in names:
-        return from_config(config, name)
-    # A Hugging Face checkout holds config.json: the model's name is its folder's.
-    return from_config(config, path.parent.name if path.stem == "config" else path.stem)

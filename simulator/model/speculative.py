@@ -28,8 +28,6 @@ from simulator.model.memory import ExpertLayout, moe_weight_bytes_per_gpu, weigh
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
 from simulator.parallel.collective import AllReduceCost
 
-METHODS = ("draft_model", "eagle", "mtp", "ngram")
-
 
 def draft_weight_bytes(method: str, target: ModelSpec, draft: ModelSpec | None, tp: int,
                        weight_dtype: str, layout: ExpertLayout | None = None) -> float:

@@ -28,17 +28,14 @@ from simulator.calibration.forms import allreduce_times
 from simulator.calibration.params import (
     RING_BANDWIDTH_EFF,
     RING_LAUNCH_S,
-    RING_STEP_S,
     CollectiveParams,
 )
 from simulator.errors import ScenarioError
 from simulator.topology.flows import Flow, finish_times
-from simulator.topology.graph import Paths
+from simulator.topology.graph import Paths, full_mesh
 
 #: NCCL call launch and synchronisation of an uncalibrated fabric, seconds.
 LAUNCH_S = RING_LAUNCH_S
-#: Software latency per ring step on top of the wire latency, seconds.
-STEP_S = RING_STEP_S
 #: Achieved fraction of link bandwidth for large messages (and point-to-point sends).
 BANDWIDTH_EFFICIENCY = RING_BANDWIDTH_EFF
 
@@ -97,6 +94,11 @@ def allreduce(paths: Paths, group: tuple[str, ...], params: CollectiveParams | N
     -----
     A group on several nodes is priced by :func:`multinode_allreduce` (ring, tree and
     hierarchical over the graph's paths; no NVLS, no custom all-reduce).
+
+    A group whose GPUs are fully connected by direct xGMI links (an AMD node) has no
+    switch: no NVLS. RCCL lays ``n - 1`` rings over each GPU's ``n - 1`` links (the
+    complete digraph splits into ``n - 1`` Hamiltonian cycles), so the ring and the custom
+    all-reduces see ``(n - 1) B`` per GPU; a tree edge is one link, ``B``.
     """
     n = len(group)
     if n <= 1:
@@ -107,7 +109,12 @@ def allreduce(paths: Paths, group: tuple[str, ...], params: CollectiveParams | N
     hops = [(group[i], group[(i + 1) % n]) for i in range(n)]
     bw = min(paths.bandwidth(a, b) for a, b in hops)
     lat = max(paths.latency(a, b) for a, b in hops)
-    algos = allreduce_times(params, n, bw, lat, in_switch)
+    if full_mesh(paths.g, group):
+        algos = allreduce_times(params, n, (n - 1) * bw, lat, False)
+        algos.update({k: v for k, v in allreduce_times(params, n, bw, lat, False).items()
+                      if k == "tree"})
+    else:
+        algos = allreduce_times(params, n, bw, lat, in_switch)
     nccl = tuple((k, *v) for k, v in algos.items() if k in ("ring", "tree", "nvls"))
     use_custom = custom and n in (2, 4, 6, 8)
     mine = tuple((k, *v) for k, v in algos.items() if k in ("one_shot", "two_shot"))
@@ -117,13 +124,6 @@ def allreduce(paths: Paths, group: tuple[str, ...], params: CollectiveParams | N
 def ring_allreduce(paths: Paths, group: tuple[str, ...]) -> AllReduceCost:
     """Alpha-beta cost of the uncalibrated ring all-reduce over ``group``."""
     return allreduce(paths, group)
-
-
-def send_time(paths: Paths, src: str, dst: str, nbytes: float) -> float:
-    """Point-to-point send of ``nbytes`` from src to dst (PP activation hand-off)."""
-    if nbytes <= 0 or src == dst:
-        return 0.0
-    return paths.latency(src, dst) + nbytes / (paths.bandwidth(src, dst) * BANDWIDTH_EFFICIENCY)
 
 
 # --- Any group, multi-node included: algorithms as phases of flows -------------------------
@@ -250,6 +250,34 @@ def _ring_phase(links: Links, orders: list[list[str]], steps: int, share: float,
     return Phase(steps, tuple(flows), lat + step_s)
 
 
+def _mesh_phase(links: Links, members: list[str], steps: int, share: float,
+                step_s: float) -> Phase:
+    """``steps`` ring steps over a full xGMI mesh: ``n - 1`` rings, one over each of a GPU's
+    ``n - 1`` links, so every GPU sends ``share / (n - 1)`` of the buffer to every peer."""
+    n, flows, lat = len(members), [], 0.0
+    for a in members:
+        for b in members:
+            if a != b:
+                flows.append((links(a, b), share / (n - 1)))
+                lat = max(lat, links.latency(a, b))
+    return Phase(steps, tuple(flows), lat + step_s)
+
+
+def _ring_or_mesh(links: Links, orders: list[list[str]], steps: int, share: float,
+                  step_s: float) -> Phase:
+    """:func:`_ring_phase`, except that a ring whose GPUs form a full xGMI mesh runs as
+    :func:`_mesh_phase` (RCCL's rings over every link of the mesh)."""
+    meshes = [o for o in orders if full_mesh(links.paths.g, o)]
+    if not meshes:
+        return _ring_phase(links, orders, steps, share, step_s)
+    rings = [o for o in orders if o not in meshes]
+    parts = [_mesh_phase(links, o, steps, share, step_s) for o in meshes]
+    if rings:
+        parts.append(_ring_phase(links, rings, steps, share, step_s))
+    return Phase(steps, tuple(f for ph in parts for f in ph.flows),
+                 max(ph.latency_s for ph in parts))
+
+
 def _tree_phases(links: Links, group: tuple[str, ...], step_s: float) -> tuple[Phase, ...]:
     """NCCL's double binary tree: two heap-ordered trees over the ranks (one over the
     reversed order, so each rank is inner in at most one), each reducing then broadcasting
@@ -309,7 +337,9 @@ def schedules(paths: Paths, op: str, group: tuple[str, ...],
     of S/2 per tree edge over two trees; NVLS (one domain, switch reduces): S into and out
     of the switch per GPU; hierarchical: reduce-scatter in each node (g-1 steps of S/g),
     all-reduce of S/g across the m nodes per rail (2(m-1) steps of S/(g m)), all-gather in
-    each node (g-1 steps of S/g); send_recv: one flow of S.
+    each node (g-1 steps of S/g); send_recv: one flow of S. GPUs of one full xGMI mesh
+    (an AMD node) run each ring step as ``n - 1`` rings, one per link
+    (:func:`_mesh_phase`); they have no NVLS.
     """
     if op not in OPS:
         raise ScenarioError(f"collective op: {op!r} is not one of {', '.join(OPS)}")
@@ -332,7 +362,7 @@ def schedules(paths: Paths, op: str, group: tuple[str, ...],
     out: dict[str, Schedule] = {}
     if op == "all_reduce":
         out["ring"] = Schedule("ring", p.ring_launch_s, p.ring_eff, (
-            _ring_phase(links, orders, 2 * (n - 1), 1 / (n * k), p.ring_step_s),))
+            _ring_or_mesh(links, orders, 2 * (n - 1), 1 / (n * k), p.ring_step_s),))
         if p.tree_launch_s < math.inf:
             out["tree"] = Schedule("tree", p.tree_launch_s, p.tree_eff,
                                    _tree_phases(links, group, p.tree_step_s))
@@ -343,21 +373,21 @@ def schedules(paths: Paths, op: str, group: tuple[str, ...],
             rails = [[members[r] for members in nodes] for r in range(g)]
             st = p.ring_step_s
             out["hierarchical"] = Schedule("hierarchical", p.ring_launch_s, p.ring_eff, (
-                _ring_phase(links, nodes, g - 1, 1 / g, st),
+                _ring_or_mesh(links, nodes, g - 1, 1 / g, st),
                 _ring_phase(links, rails, 2 * (m - 1), 1 / (g * m), st),
-                _ring_phase(links, nodes, g - 1, 1 / g, st)))
+                _ring_or_mesh(links, nodes, g - 1, 1 / g, st)))
         return out
     launch, step, eff = ((p.gather_launch_s, p.gather_step_s, p.gather_eff)
                          if p.gather_launch_s < math.inf else
                          (p.ring_launch_s, p.ring_step_s, p.ring_eff))
     out["ring"] = Schedule("ring", launch, eff, (
-        _ring_phase(links, orders, n - 1, 1 / (n * k), step),))
+        _ring_or_mesh(links, orders, n - 1, 1 / (n * k), step),))
     if _in_switch(paths, group) and p.nvls_launch_s < math.inf:
         out["nvls"] = Schedule("nvls", p.nvls_launch_s, p.nvls_eff,
                                (_switch_phase(paths, group, (n - 1) / n),))
     if m > 1 and equal and g > 1:
         rails = [[members[r] for members in nodes] for r in range(g)]
-        intra = _ring_phase(links, nodes, g - 1, 1 / g, step)
+        intra = _ring_or_mesh(links, nodes, g - 1, 1 / g, step)
         inter = _ring_phase(links, rails, m - 1, 1 / (g * m), step)
         out["hierarchical"] = Schedule("hierarchical", launch, eff,
                                        (intra, inter) if op == "reduce_scatter"
@@ -418,3 +448,16 @@ def multinode_allreduce(paths: Paths, group: tuple[str, ...],
     algos = schedules(paths, "all_reduce", group, params)
     nccl = tuple((name, *_phase_terms(paths, [s])) for name, s in algos.items())
     return AllReduceCost(nccl, len(group))
+
+
+def group_cost(paths: Paths, op: str, group: tuple[str, ...],
+               params: CollectiveParams | None = None) -> AllReduceCost:
+    """``op`` (``all_gather`` or ``reduce_scatter``; ``all_reduce`` as
+    :func:`multinode_allreduce`) over ``group`` as the engine uses it: each algorithm of
+    :func:`schedules` alone on its links, ``alpha + beta * S`` with S the full buffer
+    (every rank's shard together); nothing for one rank."""
+    if len(group) <= 1:
+        return AllReduceCost((("none", 0.0, 0.0),), len(group))
+    algos = schedules(paths, op, group, params)
+    return AllReduceCost(tuple((name, *_phase_terms(paths, [s])) for name, s in algos.items()),
+                         len(group))

@@ -55,7 +55,7 @@ def _memory(cp: ClusterPlan, lim: Limits, drafter: bool = False):
     e = s.engine
     draft, extra = drafter_of(s, m, s.parallel.tp, cp.node) if drafter else (None, 0.0)
     reserve = e.runtime_reserve_gib * GIB + extra
-    if m.moe is not None or m.mla is not None:
+    if m.layer_plan:
         mem = plan_moe_memory(m, cp.node.gpu.memory_bytes, s.parallel.tp, s.parallel.pp,
                               expert_setup(s, m, cp.node)[0], s.model.weight_dtype,
                               s.model.kv_dtype, e.block_size, e.gpu_memory_utilization,

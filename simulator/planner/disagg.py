@@ -91,7 +91,6 @@ from simulator.planner.space import (
     Limits,
     WorkloadStats,
     layouts,
-    moe_label,
     speculating,
 )
 from simulator.sweep import resolve_point
@@ -119,11 +118,6 @@ class PoolSide:
     @property
     def gpus(self) -> int:
         return self.lay.tp * self.lay.pp * self.dp
-
-
-def pool_label(tp, pp, dp, ep=1, adp=False) -> str:
-    """``TP4 PP1 DP2`` (plus `` EP4`` / `` DP-attn``) of one pool."""
-    return f"TP{int(tp)} PP{int(pp)} DP{int(dp)}" + moe_label(ep, adp)
 
 
 def shapes(base: dict, s: Scenario, model: ModelSpec, gpus: int, probe: Limits,

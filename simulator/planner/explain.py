@@ -11,6 +11,7 @@ import re
 import pandas as pd
 
 from simulator.io.schema import SloKeys
+from simulator.planner.objectives import SIM_COLUMN
 from simulator.planner.space import Layout, WorkloadStats, layout_label, speculating
 
 
@@ -228,3 +229,32 @@ def versus_groups(best: pd.Series, table: pd.DataFrame, objective: str) -> str:
                 f"{label(other)} ({a:.3g} vs {b:.3g}){tie}")
 
     return "; ".join(versus(best, table, table.apply(_group, axis=1), mine, objective, say))
+
+
+#: The simulated column of each latency objective (lower is better).
+LATENCY_OBJECTIVE = {"min_ttft": "ttft_slo_q_s", "min_tpot": "tpot_slo_q_s"}
+
+
+def side_by_side(table: pd.DataFrame, objective: str) -> str:
+    """The best SLO-meeting colocated and disaggregated points and by how much one beats
+    the other on the objective: ``best colocated X (v), best disaggregated Y (w):
+    disaggregated +Z%`` (Z = w / v - 1 for a higher-better objective, v / w - 1 for a
+    latency). Empty when neither kind was simulated."""
+    disagg = table["kind"] == "disaggregated"
+    if disagg.all() or not disagg.any():
+        return ""
+    col = SIM_COLUMN.get(objective) or LATENCY_OBJECTIVE[objective]
+    lower = objective in LATENCY_OBJECTIVE
+    best = {}
+    for name, rows in (("colocated", table[~disagg]), ("disaggregated", table[disagg])):
+        met = rows[rows["slo_met"]]  # the table is ranked: the first that meets is best
+        best[name] = met.iloc[0] if not met.empty else None
+    parts = [f"best {name} {label(r)} ({r[col]:.3g} {col})" if r is not None
+             else f"no {name} layout simulated meets the SLOs" for name, r in best.items()]
+    a, b = best["colocated"], best["disaggregated"]
+    if a is not None and b is not None and a[col] > 0 and b[col] > 0:
+        gain = a[col] / b[col] - 1 if lower else b[col] / a[col] - 1
+        win, by = ("disaggregated", gain) if gain >= 0 else (
+            "colocated", (b[col] / a[col] - 1) if lower else a[col] / b[col] - 1)
+        parts.append(f"{win} ahead by {by:.0%}")
+    return "; ".join(parts)

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from simulator.errors import ScenarioError
+from simulator.errors import NoAnswer, ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
@@ -77,7 +77,7 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
         gpus = budget(s)
     if s.pools:  # the search lays out its own pools on the kinds of `nodes`
         scenario, overrides = replace(s, pools=()), None
-    results, errors = {}, []
+    results, errors, unanswered = {}, [], 0
     kinds = list(dict.fromkeys(nodes))
     cross = CrossPairs(kinds) if disagg and len(kinds) > 1 else None
     for kind in kinds:
@@ -88,15 +88,21 @@ def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,
             results[kind] = plan(scenario, gpus=min(gpus, count * node.gpus_per_node),
                                  objective=objective, overrides=[*(overrides or []), *extra],
                                  disagg=disagg, cross=cross, **kwargs)
+            if results[kind].interrupted:  # Ctrl-C: the kinds planned so far
+                break
         except ScenarioError as exc:
             errors.append(f"{kind}: {exc.problems[0]}")
-    if not results:
-        raise ScenarioError("--nodes: no node kind fits: " + "; ".join(errors))
+            unanswered += isinstance(exc, NoAnswer)
+    if not results:  # exit 3 when every kind is a question without answer, else 2
+        raise (NoAnswer if unanswered == len(errors) else ScenarioError)(
+            "--nodes: no node kind fits: " + "; ".join(errors))
     mixed = None
-    if len(kinds) > 1:  # replicas on two kinds behind one router (simulator.planner.mixdp)
+    # replicas on two kinds behind one router (simulator.planner.mixdp)
+    if len(kinds) > 1 and not any(r.interrupted for r in results.values()):
         t0, first = time.perf_counter(), next(iter(results.values()))
         # `scenario` has no [[pools]] here (replaced by () above), so its dict has none
-        base = base_scenario(scenario, overrides, kwargs.get("requests", DEFAULT_REQUESTS))
+        base = base_scenario(scenario, overrides, kwargs.get("requests"),
+                             DEFAULT_REQUESTS)
         found = MixedDP(base, kinds).search(
             load_model(s.model.name, s.base_dir), gpus, first.stats, objective,
             kwargs.get("top", DEFAULT_TOP), kwargs.get("jobs"), first.quantile)
@@ -174,7 +180,9 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str],
                       sim_s + sum(r.simulated_s for r in results.values()),
                       rank_correlation(table, objective),
                       rank_correlations=group_correlations(table, objective),
-                      margins=first.margins)
+                      margins=first.margins,
+                      interrupted=any(r.interrupted for r in results.values()),
+                      own_requests=first.own_requests)
 
 
 def where(row) -> str:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from simulator.cluster.simulation import workload_requests
 from simulator.engine.schedulers import sarathi_chunk
-from simulator.errors import ScenarioError
+from simulator.errors import NoAnswer, ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario, SloKeys
@@ -28,9 +28,7 @@ from simulator.planner.candidates import _point, without_spec
 from simulator.planner.disagg import pools_of
 from simulator.planner.enumeration import _columns, enumerate_candidates, rerank
 from simulator.planner.explain import (
-    binds,
     compare,
-    misses,
     no_fit,
     no_slo,
     reason,
@@ -42,6 +40,8 @@ from simulator.planner.nearmiss import (
     group_of,
     margins,
 )
+from simulator.planner.noise import MAX_DOUBLINGS, MAX_REQUESTS, flags
+from simulator.planner.progress import Progress, collect
 from simulator.planner.ranking import (  # noqa: F401 - _rank_key, rank_correlation: API
     PREFILL_COLUMNS,
     _layout,
@@ -56,10 +56,10 @@ from simulator.planner.space import (
     Limits,
     WorkloadStats,
     cross_kind,
-    layout_label,
     rule_of_thumb,
     workload_stats,
 )
+from simulator.planner.table import RULE, _table  # noqa: F401 - RULE: API (kinds)
 from simulator.sweep import resolve_point
 
 OBJECTIVES = ("goodput_per_gpu", "goodput_per_usd", "tokens_per_joule", "min_ttft",
@@ -74,9 +74,9 @@ MAX_ROUNDS = 3
 CHASE_ROUNDS = 1
 #: Requests simulated per candidate by default (the scenario's count, capped).
 DEFAULT_REQUESTS = 500
-RULE = "rule of thumb"
 
-#: Columns of plan.csv, in order.
+#: Columns of plan.csv, in order; the last, INTERVAL_COLUMNS, are each point's 95%
+#: intervals and sample (simulator.planner.noise).
 PLAN_COLUMNS = [
     "rank", "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
     "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "ttft_slo_q_s", "tpot_slo_q_s",
@@ -87,7 +87,9 @@ PLAN_COLUMNS = [
     "est_tpot_s", "placement", "note", "est_objective", "gpu_hour_usd",
     "cost_per_million_output_tokens_usd", "goodput_req_per_usd", "power_mean_w",
     "energy_per_output_token_j", "tokens_per_joule", "binds", "status", "error", "kind",
-    "spec_k", "pools", "est_slo"]
+    "spec_k", "pools", "est_slo", *(INTERVAL_COLUMNS := [
+        "ttft_slo_q_lo_s", "ttft_slo_q_hi_s", "tpot_slo_q_lo_s", "tpot_slo_q_hi_s",
+        "goodput_req_per_s_per_gpu_ci_half", "requests_total"])]
 
 
 @dataclass
@@ -118,6 +120,14 @@ class PlanResult:
     # the near-miss ratios (estimate / simulation) the plan ended with.
     rank_correlations: dict | None = None
     margins: dict | None = None
+    # Ctrl-C stopped the simulations: the tables hold the runs that finished.
+    interrupted: bool = False
+    # The scenario's own request count (None: its workload has none), kept by
+    # recommended.toml; ``stats.requests`` is the sample simulated per candidate.
+    own_requests: int | None = None
+    # What is within noise about the pick (simulator.planner.noise), after the rounds on
+    # a larger sample; empty when the pick is clear of its targets and of the runner-up.
+    noise: list | None = None
 
 
 def _meets(sim: dict, slo: SloKeys) -> bool:
@@ -160,9 +170,11 @@ def ahead_of_met(ranked: pd.DataFrame, picked: list[int], met: list[int],
 
 def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
          objective: str = "goodput_per_gpu", top: int = DEFAULT_TOP,
-         requests: int | None = DEFAULT_REQUESTS, jobs: int | None = None,
+         requests: int | None = None, jobs: int | None = None,
          slo_quantile: float = 0.99, overrides: list[str] | None = None,
-         disagg: bool = False, cross: CrossPairs | None = None) -> PlanResult:
+         disagg: bool = False, cross: CrossPairs | None = None, only: str | None = None,
+         progress: bool = False,
+         backend: str = "local", address: str | None = None) -> PlanResult:
     """Search layouts and engine limits for a scenario; simulate the best and recommend one.
 
     Parameters
@@ -182,7 +194,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         one more for the unsimulated candidates the estimate rates better than the best
         that met, if any (:func:`ahead_of_met`).
     requests : int, optional
-        Cap on the requests simulated per candidate (None: the scenario's).
+        Requests simulated per candidate, above the scenario's count too (None: the
+        scenario's, at most ``DEFAULT_REQUESTS``). recommended.toml keeps the scenario's.
     jobs : int, optional
         Worker processes (default: the CPUs).
     slo_quantile : float
@@ -195,6 +208,15 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     cross : CrossPairs, optional
         With ``disagg``, also the pairs whose decode pool is on another node kind
         (:mod:`simulator.planner.hetero`; ``plan --disagg --nodes``).
+    only : {None, "disaggregated"}
+        With ``disagg``, ``"disaggregated"`` keeps only the prefill + decode pool layouts
+        (``plan --disagg-only``); the others are listed as excluded.
+    progress : bool
+        A progress line on stderr when it is a terminal (:mod:`simulator.planner.progress`).
+    backend, address : str
+        Where the simulations run: ``local`` (``jobs`` processes) or ``ray`` (the cluster
+        at ``address``, or a local one), as for sweeps; the results do not depend on it.
+        Ctrl-C stops them: the plan returns what finished, ``interrupted`` set.
 
     Raises
     ------
@@ -209,7 +231,8 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         raise ScenarioError(f"--top: must be >= 1, got {top}")
     if not 0 < slo_quantile <= 1:
         raise ScenarioError(f"--slo-quantile: must be in (0, 1], got {slo_quantile}")
-    base = without_pools(base_scenario(scenario, overrides, requests))
+    base = without_pools(base_scenario(scenario, overrides, requests, DEFAULT_REQUESTS))
+    own_requests = load_scenario(scenario, overrides=overrides).workload.num_requests
     s = load_scenario(base)
     node = load_node(s.cluster.topology, s.base_dir)
     model = load_model(s.model.name, s.base_dir)
@@ -220,17 +243,39 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     cap = gpus or total
     reqs = workload_requests(s)
     stats = workload_stats(s, reqs)
-    cands = enumerate_candidates(base, s, cap, stats, objective, jobs, disagg, cross)
-    feasible = cands[cands["status"] == "feasible"]
-    if feasible.empty:
-        raise ScenarioError(no_fit(cands, model.name, s.model.weight_dtype, cap))
+    bar = Progress(objective, progress)
+    try:
+        cands = enumerate_candidates(base, s, cap, stats, objective, jobs, disagg, cross)
+        if only is not None:
+            if only != "disaggregated" or not disagg:
+                raise ScenarioError(f"plan: only={only!r} needs disagg=True (allowed: "
+                                    f"'disaggregated')")
+            out = (cands["kind"] != "disaggregated") & (cands["status"] == "feasible")
+            cands.loc[out, "status"] = "excluded"
+            cands.loc[out, "reason"] = "--disagg-only: colocated layouts not searched"
+        feasible = cands[cands["status"] == "feasible"]
+        if feasible.empty:
+            raise NoAnswer(no_fit(cands, model.name, s.model.weight_dtype, cap))
+        bar.estimated(len(cands), len(feasible))
+        return _search(base, s, node, model, total, cap, stats, cands, objective, top,
+                       jobs, slo_quantile, disagg, cross, bar, backend, address, t0,
+                       own_requests)
+    finally:
+        bar.close()
+
+
+def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs,
+            slo_quantile, disagg, cross, bar, backend, address, t0,
+            own_requests) -> PlanResult:
+    """The rounds of simulation and the ranking of :func:`plan` (its arguments)."""
 
     e = s.engine
     own = Limits(e.max_num_seqs, e.max_num_batched_tokens,
                  sarathi_chunk(e)
                  if e.scheduler == "sarathi" else None)
     try:
-        domain = "NVLink" if node.scale_up.link.startswith("NVLink") else "PCIe"
+        domain = ("NVLink" if node.scale_up.link.startswith("NVLink") else
+                  "xGMI" if node.scale_up.kind == "xgmi_mesh" else "PCIe")
         rule, rule_why = rule_of_thumb(s, model, node.gpu.memory_bytes, node.gpus_per_node,
                                        cap, stats, domain)
     except ScenarioError as exc:
@@ -280,7 +325,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
     per: dict[tuple, int] = {}
     sims: dict[int, dict] = {}
     m = margins(None)
-    chased = 0
+    chased, interrupted = 0, False
     for round_ in range(MAX_ROUNDS + CHASE_ROUNDS):
         met = [i for i in picked if _meets(sims[i], s.slo)]
         chase = any(i != rule_idx for i in met)
@@ -302,58 +347,53 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
             batch.append(rule_idx)
         if not batch:
             break
-        sims.update(simulate_many({i: job(i) for i in batch if i not in sims}, slo_quantile,
-                                  jobs))
-        picked += [i for i in batch if i not in picked]
+        todo = {i: job(i) for i in batch if i not in sims}
+        bar.planned(len(todo))
+        interrupted = collect(simulate_many(todo, slo_quantile, jobs, backend, address),
+                              sims, bar, lambda row: _meets(row, s.slo))
+        picked += [i for i in batch if i not in picked and i in sims]
+        if interrupted:
+            break
         m = margins(_sim_frame(cands, picked, sims))
     cands.loc[picked, "simulated"] = True
     ranked = rerank(cands, s, stats, objective, m, cross)
     cands["est_slo"], cands["est_objective"] = ranked["est_slo"], ranked["est_objective"]
 
-    rows, wall = [], 0.0
-    for i in picked:
-        c = cands.loc[i]
-        sim = sims[i]
-        row = {k: c[k] for k in ("tp", "pp", "dp", *(("ep", "attention_dp") if "ep" in c
-                                                     else ()),
-                                 "kind", "spec_k", "est_slo",
-                                 *(x for x in ["decode_node", *PREFILL_COLUMNS] if x in c),
-                                 "max_num_seqs", "max_num_batched_tokens",
-                                 "chunk_size", "gpus", "est_capacity_req_per_s",
-                                 "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica",
-                                 "est_objective")}
-        row.update({k: v for k, v in sim.items()
-                    if k not in ("wall_time_s", "ttft_q_s", "tpot_q_s")})
-        row["ttft_slo_q_s"] = sim.get("ttft_q_s", math.nan)
-        row["tpot_slo_q_s"] = sim.get("tpot_q_s", math.nan)
-        wall += sim.get("wall_time_s", 0.0)
-        row["_rule"] = i == rule_idx
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    table["pools"] = [layout_label(r) if r["kind"] == "disaggregated" else ""
-                      for _, r in table.iterrows()]
-    for c in [*_columns(PLAN_COLUMNS, model, disagg, cross is not None), "status", "error"]:
-        if c not in table:
-            table[c] = math.nan
+    if not picked:
+        raise KeyboardInterrupt  # stopped before any simulation finished: nothing known
+    def tabulate():
+        return _table(cands, picked, sims, rule_idx, s, slo_quantile, objective,
+                      _columns(PLAN_COLUMNS, model, disagg, cross is not None), total)
+
+    table, rule_row, wall = tabulate()
+    # Answers within their noise: a pick whose interval reaches past a target, or whose
+    # objective overlaps the runner-up's, is simulated again on a larger sample
+    # (simulator.planner.noise), up to MAX_DOUBLINGS times; what is still within noise
+    # then is said, not hidden.
+    column = "goodput_req_per_s_per_gpu" if objective == "goodput_per_gpu" else None
+    sample = stats.requests
+    noise, again = flags(table, s.slo.ttft_s, s.slo.tpot_s, slo_quantile, column)
+    for _ in range(MAX_DOUBLINGS):
+        if not again or interrupted or sample * 2 > MAX_REQUESTS:
+            break
+        sample *= 2
+        todo = {int(table.loc[j, "_cand"]): resolve_point(
+            job(int(table.loc[j, "_cand"])), {"workload.num_requests": sample}, s.seed)
+            for j in again}
+        bar.planned(len(todo))
+        interrupted = collect(simulate_many(todo, slo_quantile, jobs, backend, address),
+                              sims, bar, lambda row: _meets(row, s.slo))
+        table, rule_row, wall = tabulate()
+        noise, again = flags(table, s.slo.ttft_s, s.slo.tpot_s, slo_quantile, column)
+    if sample > stats.requests:  # more were simulated: say what they settled
+        met = table[table["slo_met"]]
+        n = int(met["requests_total"].iloc[0]) if not met.empty else sample
+        noise.append(f"still within noise after {n} requests for the pick: the "
+                     f"simulation cannot tell (raise --requests)" if again else
+                     f"the pick was within noise at {stats.requests} requests; clear "
+                     f"after {n}")
+    table = table.drop(columns=["_rule", "_cand"])
     slo = s.slo
-    table["slo_met"] = [r["status"] == "ok" and not misses(r, slo, slo_quantile)
-                        for _, r in table.iterrows()]
-    order = sorted(range(len(table)), key=lambda i: _rank_key(objective)(table.iloc[i]))
-    table = table.iloc[order].reset_index(drop=True)
-    table["rank"] = range(1, len(table) + 1)
-    notes = []
-    for _, r in table.iterrows():
-        parts = []
-        if r["_rule"]:
-            parts.append(RULE)
-        if r["gpus"] < total:
-            parts.append(f"uses {int(r['gpus'])} of {total} GPUs")
-        parts += misses(r, slo, slo_quantile)
-        notes.append("; ".join(parts))
-    table["note"] = notes
-    table["binds"] = [binds(r, slo, slo_quantile) for _, r in table.iterrows()]
-    rule_row = table[table["_rule"]]
-    table = table.drop(columns="_rule")
 
     met = table[table["slo_met"]]
     best = met.iloc[0] if not met.empty else None
@@ -369,4 +409,6 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
                       cands.reset_index(drop=True), table[columns].copy(), rule,
                       rule_why, best, why, comparison, error, time.perf_counter() - t0,
                       wall, rank_correlation(table, objective),
-                      rank_correlations=group_correlations(table, objective), margins=m)
+                      rank_correlations=group_correlations(table, objective), margins=m,
+                      interrupted=interrupted, own_requests=own_requests, noise=noise)
+

@@ -113,9 +113,11 @@ def label_points(ax, labels: list[tuple[float, float, str]], fontsize: float = 7
 
 
 def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
-    """Throughput per GPU, and per dollar when the rows carry ``gpu_hour_usd``, against
-    tokens/s per user (1 / TPOT p50) of the simulated candidates; the Pareto front joined,
-    SLO misses hollow, the pick and the rule of thumb labelled. Writes a PNG to ``path``."""
+    """Throughput per GPU, per dollar when the rows carry ``gpu_hour_usd`` and per joule
+    when they carry ``tokens_per_joule``, against tokens/s per user (1 / TPOT p50) of the
+    simulated candidates; the Pareto front joined through the points that meet the SLOs
+    only (a point that misses is no option, whatever it scores), SLO misses hollow, the
+    pick and the rule of thumb labelled. Writes a PNG to ``path``."""
     import matplotlib  # noqa: PLC0415 - on use (start-up cost)
 
     matplotlib.use("Agg")
@@ -128,11 +130,15 @@ def pareto_plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     if "gpu_hour_usd" in ok and ok["gpu_hour_usd"].notna().all() and len(ok):
         usd = per_gpu * 3600.0 / ok["gpu_hour_usd"].to_numpy(dtype=float)
         panels.append((usd, "output tokens per dollar"))
+    if "tokens_per_joule" in ok and ok["tokens_per_joule"].notna().any():
+        panels.append((ok["tokens_per_joule"].to_numpy(dtype=float),
+                       "output tokens per joule"))
     met = ok["slo_met"].to_numpy(dtype=bool)
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
     ax_labels = []
     for ax, (y, ylabel) in zip(axes[0], panels, strict=True):
-        front = pareto_front(x, y)
+        front = np.zeros(len(x), dtype=bool)
+        front[met] = pareto_front(x[met], y[met])  # the options only: points that meet
         ax.scatter(x[met], y[met], color="tab:blue", label="meets the SLOs", zorder=3)
         ax.scatter(x[~met], y[~met], facecolors="none", edgecolors="tab:red",
                    label="misses an SLO", zorder=3)

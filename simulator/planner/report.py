@@ -13,11 +13,16 @@ from pathlib import Path
 
 import pandas as pd
 import tomli_w
+import yaml
 
-from simulator.io.scenario import to_dict
-from simulator.planner.capacity import CapacityResult
+from simulator.io.scenario import load_scenario, to_dict
+from simulator.io.schema import Scenario
+from simulator.planner.capacity import TOO_SHORT, CapacityResult
 from simulator.planner.disagg import pools_of
+from simulator.planner.explain import side_by_side
 from simulator.planner.hetero import cross_pools
+from simulator.planner.launch import ENGINES, launch
+from simulator.planner.manifests import dynamo, llmd
 from simulator.planner.mixdp import mix_kind, mix_pools
 from simulator.planner.nearmiss import MARGIN_QUANTILE
 from simulator.planner.plan import PlanResult
@@ -26,6 +31,10 @@ from simulator.planner.space import Limits, cross_kind, layout_label
 
 #: File name of the pick's runnable scenario in a plan's output folder.
 RECOMMENDED = "recommended.toml"
+#: File name of the pick's launch commands (vLLM, SGLang, TensorRT-LLM).
+LAUNCH = "launch.sh"
+#: A disaggregated pick's NVIDIA Dynamo deployment and llm-d Helm values.
+DYNAMO, LLMD = "dynamo.yaml", "llm-d-values.yaml"
 
 
 def _absolute(value, base: Path):
@@ -44,14 +53,21 @@ def _absolute(value, base: Path):
 
 def recommended_scenario(result: PlanResult) -> dict | None:
     """The scenario with the pick's layout and engine limits (None without a pick)."""
-    best = result.best
-    if best is None:
-        return None
+    return None if result.best is None else row_scenario(result, result.best)
+
+
+def row_scenario(result: PlanResult, best: pd.Series) -> dict:
+    """The scenario with one plan.csv row's layout and engine limits, runnable as it is;
+    it keeps the scenario's own request count."""
     s = result.scenario
     data = to_dict(s)
     lay = {k: int(best[k]) for k in ("tp", "pp", "dp")}
     lim = Limits.of_row(best)
     data["name"] = f"{s.name}-tp{lay['tp']}-pp{lay['pp']}-dp{lay['dp']}"
+    if result.own_requests is None:  # the sample the plan simulated is not the scenario's
+        data["workload"].pop("num_requests", None)
+    else:
+        data["workload"]["num_requests"] = result.own_requests
     data["parallel"] = {**data.get("parallel", {}), **lay}
     for key, value in lim.overrides().items():
         data["engine"][key.split(".", 1)[1]] = value
@@ -85,6 +101,8 @@ def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list
         files.append(out / RECOMMENDED)
         files[-1].write_text(f"# The plan's pick for {result.scenario.name}: {result.reason}\n"
                              .replace("\n", " ").rstrip() + "\n" + tomli_w.dumps(pick))
+    if pick is not None:
+        files += write_launch(load_scenario(pick), out)
     if figure and not result.table.empty:
         s = result.scenario
         where = (", ".join(sorted(result.table["node"].unique())) if "node" in result.table
@@ -93,6 +111,38 @@ def write_plan(result: PlanResult, out: str | Path, figure: bool = True) -> list
                  f"and per dollar vs speed per user")
         files.append(pareto_plot(result.table, out / "pareto.png", title))
     return files
+
+
+def write_launch(s: Scenario, out: str | Path) -> list[Path]:
+    """Write ``launch.sh`` (the commands that start the scenario on vLLM, SGLang and
+    TensorRT-LLM, :mod:`simulator.planner.launch`) and TensorRT-LLM's LLM API options
+    files beside it."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    found = launch(s)
+    parts = [f"# Launch {s.name} ({found.model}): one command per replica; run each "
+             f"replica's on its own GPUs, behind a router.", *(f"# note: {n}" for n in
+                                                             found.notes)]
+    names = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+    for engine in ENGINES:
+        parts += ["", f"## {names[engine]}", found.text(engine)]
+    files = [out / LAUNCH]
+    files[0].write_text("\n".join(parts) + "\n")
+    for argv, extra in zip(found.commands["trtllm"], found.extra, strict=True):
+        files.append(out / argv[argv.index("--extra_llm_api_options") + 1])
+        files[-1].write_text(yaml.safe_dump(extra, sort_keys=False))
+    if sorted(v.role for v in found.servers) == ["decode", "prefill"]:  # Kubernetes
+        files.append(out / DYNAMO)
+        files[-1].write_text(yaml.safe_dump(dynamo(found, _k8s_name(s.name)), sort_keys=False))
+        files.append(out / LLMD)
+        files[-1].write_text(yaml.safe_dump(llmd(found), sort_keys=False))
+    return files
+
+
+def _k8s_name(name: str) -> str:
+    """A Kubernetes object name (RFC 1123 label: lowercase alphanumerics and '-')."""
+    text = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+    return text[:63].rstrip("-") or "plan"
 
 
 def format_plan(result: PlanResult) -> str:
@@ -130,6 +180,11 @@ def format_plan(result: PlanResult) -> str:
                      f"simulation, p{MARGIN_QUANTILE * 100:g} over the simulated points)")
     if result.best is not None:
         lines.append(f"  recommend  {result.reason}")
+    for i, say in enumerate(result.noise or []):
+        lines.append(f"  {'noise' if i == 0 else '':<10} {say}")
+    both = side_by_side(result.table, result.objective)
+    if both:
+        lines.append(f"  agg/disagg {both}")
     short = int(result.table["keep_up_ratio"].isna().sum())
     if short:
         lines.append(f"  note       {short} of {len(result.table)} runs too short to judge keeping "
@@ -179,6 +234,9 @@ def format_capacity(result: CapacityResult) -> str:
     q = f"p{result.quantile * 100:g}"
     upper = (f"{result.failed_rate_per_s:.3g} req/s is not: {result.bound}"
              if result.failed_rate_per_s != float("inf") else result.bound)
+    if TOO_SHORT in result.bound:  # a lower bound: the runs cannot judge above it
+        upper = (f"a lower bound: at {result.failed_rate_per_s:.3g} req/s runs of "
+                 f"{s.workload.num_requests} requests are {TOO_SHORT}")
     return "\n".join([
         f"capacity {s.name}: {s.model.name} TP{p.tp} PP{p.pp} DP{p.dp} on "
         f"{s.cluster.nodes} x {s.cluster.topology}, SLO {q} TTFT <= {s.slo.ttft_s:g} s, "

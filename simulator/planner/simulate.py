@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -22,7 +21,9 @@ from simulator.cluster.build import ClusterPlan
 from simulator.cluster.running import run
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, to_dict
+from simulator.planner.noise import attainment_half, quantile_ci
 from simulator.planner.objectives import sim_values
+from simulator.sweep import run_many
 
 #: A layout keeps up when it generates at least this fraction of the output tokens offered
 #: in the steady window (less when the run is too short to tell, see :func:`keep_up`).
@@ -34,17 +35,21 @@ WARMUP = 0.5
 
 
 def base_scenario(scenario, overrides: list[str] | None = None,
-                  requests: int | None = None) -> dict:
+                  requests: int | None = None, cap: int | None = None) -> dict:
     """The scenario as a dict for :func:`simulator.sweep.resolve_point`: overrides applied,
-    ``workload.num_requests`` capped at ``requests``, no per-step records (not needed)."""
+    ``workload.num_requests`` set to ``requests`` (the sample simulated, above the
+    scenario's own count too) or, without it, the scenario's count capped at ``cap``; no
+    per-step records (not needed)."""
     s = load_scenario(scenario, overrides=overrides)
     data = to_dict(s)
     data["_base_dir"], data["_source"] = s.base_dir, s.source
     if requests is not None:
         if requests < 1:
             raise ScenarioError(f"--requests: must be >= 1, got {requests}")
+        data["workload"]["num_requests"] = requests
+    elif cap is not None:
         n = data["workload"].get("num_requests")
-        data["workload"]["num_requests"] = min(n, requests) if n else requests
+        data["workload"]["num_requests"] = min(n, cap) if n else cap
     data["output"] = {**data.get("output", {}), "steps": False, "trace": False}
     return data
 
@@ -175,7 +180,8 @@ def simulate(resolved: dict, quantile: float = 0.99) -> dict:
     try:
         # Step records only when the plan asks for energy (tokens_per_joule).
         wants = bool(resolved.get("output", {}).get("steps", False))
-        result = run(load_scenario(resolved), keep_steps=wants, energy=wants)
+        sc = load_scenario(resolved)
+        result = run(sc, keep_steps=wants, energy=wants)
     except ScenarioError as exc:
         return {"status": "error", "error": exc.render().replace("\n", "; ")}
     s, req = result.summary, result.requests
@@ -211,23 +217,41 @@ def simulate(resolved: dict, quantile: float = 0.99) -> dict:
            "placement": placement_text(result.plan),
            "wall_time_s": s["wall_time_s"]}
     row.update(sim_values(row, s))
+    row.update(intervals(req, ttft, tpot, quantile, sc.slo.ttft_s, sc.slo.tpot_s,
+                         row["goodput_req_per_s_per_gpu"], s["slo_attainment"]))
     return row
 
 
-def _one(job: tuple[str, dict, float]) -> tuple[str, dict]:
-    key, resolved, quantile = job
-    return key, simulate(resolved, quantile)
+def intervals(req: pd.DataFrame, ttft: np.ndarray, tpot: np.ndarray, q: float,
+              ttft_s: float, tpot_s: float, goodput_per_gpu: float,
+              attainment: float) -> dict:
+    """95% intervals of a run's TTFT and TPOT q-quantiles and the half-width of its
+    goodput per GPU and per dollar (the attainment's, scaled), by sectioning in arrival
+    order (:mod:`simulator.planner.noise`)."""
+    order = np.argsort(req["arrival_s"].to_numpy(dtype=float), kind="stable")
+    out = {}
+    for name, v in (("ttft", ttft), ("tpot", tpot)):
+        out[f"{name}_slo_q_lo_s"], out[f"{name}_slo_q_hi_s"] = quantile_ci(v[order], q)
+    meets = (ttft <= ttft_s) & (tpot <= tpot_s)
+    half = attainment_half(meets[order])
+    scale = goodput_per_gpu / attainment if attainment > 0 else math.nan
+    out["goodput_req_per_s_per_gpu_ci_half"] = half * scale
+    return out
 
 
-def simulate_many(jobs: dict[str, dict], quantile: float = 0.99,
-                  workers: int | None = None) -> Iterator[tuple[str, dict]]:
-    """Simulate ``{key: resolved scenario}`` with ``workers`` processes (default: the CPUs;
-    1 runs in this process); yields ``(key, row)`` as runs finish."""
-    items = [(k, v, quantile) for k, v in jobs.items()]
+def _one(job: tuple[dict, float]) -> dict:
+    resolved, quantile = job
+    return simulate(resolved, quantile)
+
+
+def simulate_many(jobs: dict, quantile: float = 0.99, workers: int | None = None,
+                  backend: str = "local", address: str | None = None) -> Iterator[tuple]:
+    """Simulate ``{key: resolved scenario}`` on a sweep backend
+    (:func:`simulator.sweep.run_many`: ``local`` with ``workers`` processes, default the
+    CPUs, 1 in this process; or ``ray``); yields ``(key, row)`` as runs finish. A row
+    depends only on its scenario, so the backend and the order do not change it."""
+    items = [(k, (v, quantile)) for k, v in jobs.items()]
+    if not items:
+        return iter(())
     workers = max(1, min(workers or os.cpu_count() or 1, len(items)))
-    if workers == 1:
-        for item in items:
-            yield _one(item)
-        return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        yield from pool.map(_one, items)
+    return run_many(_one, items, backend, workers, address)

@@ -40,7 +40,7 @@ class Layout:
     tp: int
     pp: int
     dp: int
-    ep: int = 1  # MoE models: 1 (experts sliced by TP) or tp
+    ep: int = 1  # MoE models: divides tp (each expert sliced over tp / ep GPUs)
     attention_dp: bool = False
 
     @property
@@ -199,14 +199,18 @@ def legal_tps(model: ModelSpec, gpus: int) -> list[int]:
 def layouts(model: ModelSpec, gpus: int) -> list[Layout]:
     """Every (tp, pp, dp) with tp dividing the heads, pp <= layers and tp*pp*dp <= gpus,
     in a stable order (GPUs, then tp, pp, dp). For a MoE model each layout with tp > 1
-    also comes with expert parallelism (ep = tp), with TP and with DP attention."""
+    also comes with expert parallelism (ep = tp) under TP and under DP attention, and with
+    MoE-TP under DP attention (ep = 1: all-gather / reduce-scatter around the experts);
+    with tp >= 4 also with EP x MoE-TP2 (ep = tp / 2) under TP attention."""
     out = [Layout(tp, pp, dp)
            for tp in legal_tps(model, gpus)
            for pp in range(1, min(model.layers, gpus // tp) + 1)
            for dp in range(1, gpus // (tp * pp) + 1)]
     if model.moe is not None:
-        out += [Layout(lay.tp, lay.pp, lay.dp, lay.tp, adp) for lay in out if lay.tp > 1
-                for adp in (False, True)]
+        out += [Layout(lay.tp, lay.pp, lay.dp, ep, adp) for lay in out if lay.tp > 1
+                for ep, adp in ((lay.tp, False), (lay.tp, True), (1, True),
+                                (lay.tp // 2, False))
+                if ep > 1 or adp]  # tp = 2: ep = tp / 2 is MoE-TP under TP attention
     return sorted(out, key=lambda lay: (lay.gpus, lay.tp, lay.pp, lay.dp, lay.ep,
                                         lay.attention_dp))
 
@@ -251,7 +255,7 @@ def rule_of_thumb(s: Scenario, model: ModelSpec, gpu_memory_bytes: float, node_g
     short = ""
     for pp in range(1, min(model.layers, gpus // tp) + 1):
         try:
-            if model.moe is not None or model.mla is not None:  # vLLM's default: MoE-TP
+            if model.layer_plan:  # vLLM's default: MoE-TP
                 expert = (model.moe.expert_dtype if model.moe and model.moe.expert_dtype
                           else s.model.weight_dtype)
                 mem = plan_moe_memory(model, gpu_memory_bytes, tp, pp,

@@ -3,11 +3,12 @@
 :func:`build_graph` joins copies of one node preset on one switch or a leaf-spine;
 :func:`leaf_spine_graph` builds every leaf-spine, over one preset's nodes or several.
 
-Nodes carry ``kind`` (gpu, nvswitch, host, nic, switch) and, for GPUs, ``node`` and
-``index`` (global GPU number, as faults and placements name them). Every physical link is two
-directed edges, each with ``bandwidth_Bps`` (per direction), ``latency_s`` and ``kind``
-(nvlink, pcie, network). Times of transfers come from paths in this graph, never from
-constants in the engine.
+Nodes carry ``kind`` (gpu, nvswitch, pcie_switch, host, nic, switch) and, for GPUs,
+``node`` and ``index`` (global GPU number, as faults and placements name them). Every
+physical link is two directed edges, each with ``bandwidth_Bps`` (per direction),
+``latency_s`` and ``kind`` (nvlink, xgmi, pcie, network); scale-up links (the GPU-to-GPU
+fabric of a node) carry ``scale_up = True``. Times of transfers come from paths in this
+graph, never from constants in the engine.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from itertools import groupby
 
 import networkx as nx
 
+from simulator.hardware.schema import FABRIC_KINDS
 from simulator.hardware.specs import NodeSpec
 
 
@@ -32,23 +34,44 @@ def gpu_name(index: int) -> str:
     return f"gpu{index}"
 
 
+#: Edge kinds of a node's GPU-to-GPU fabric that the engines' NVLink-class features (custom
+#: all-reduce, DeepEP's intra-node path) run over: NVLink through a switch, or AMD's
+#: direct Infinity Fabric (xGMI) links.
+PEER_LINKS = ("nvlink", "xgmi")
+
+
+def full_mesh(g: nx.DiGraph, group: tuple[str, ...] | list[str]) -> bool:
+    """Whether every pair of the group's GPUs has its own direct xGMI link (an AMD node's
+    fully connected Infinity Fabric; no switch between them)."""
+    return len(group) > 1 and all(
+        g.has_edge(a, b) and g.edges[a, b]["kind"] == "xgmi"
+        for a in group for b in group if a != b)
+
+
 def add_server(g: nx.DiGraph, node: NodeSpec, n: int, first: int,
                edge: Callable[[int], str] | None) -> None:
     """Add node ``n`` of preset ``node`` to ``g``: its scale-up switch (NVSwitch, or a PCIe
-    switch for a PCIe node), its host, and its GPUs ``first``, ``first + 1``, ... each with
-    its NIC; NIC ``local`` is wired to the fabric switch ``edge(local)`` (None: no fabric).
+    switch for a PCIe node) or, for an ``xgmi_mesh`` node, a direct link between every
+    pair of its GPUs; its host, and its GPUs ``first``, ``first + 1``, ... each with its
+    NIC; NIC ``local`` is wired to the fabric switch ``edge(local)`` (None: no fabric).
     """
-    pcie = node.scale_up.kind == "pcie_switch"
+    pcie, mesh = node.scale_up.kind == "pcie_switch", node.scale_up.kind == "xgmi_mesh"
     nvsw, host = (f"pcieswitch{n}" if pcie else f"nvswitch{n}"), f"host{n}"
-    g.add_node(nvsw, kind="pcie_switch" if pcie else "nvswitch", node=n)
+    if not mesh:
+        g.add_node(nvsw, kind="pcie_switch" if pcie else "nvswitch", node=n)
     g.add_node(host, kind="host", node=n)
     for local in range(node.gpus_per_node):
         i = first + local
         gpu, nic = gpu_name(i), f"nic{i}"
         g.add_node(gpu, kind="gpu", node=n, index=i)
         g.add_node(nic, kind="nic", node=n)
-        _link(g, gpu, nvsw, node.scale_up.bandwidth_Bps, node.scale_up.latency_s,
-              "pcie" if pcie else "nvlink", scale_up=True)
+        if mesh:  # one xGMI link to each GPU added before this one
+            for peer in range(first, i):
+                _link(g, gpu, gpu_name(peer), node.scale_up.bandwidth_Bps,
+                      node.scale_up.latency_s, "xgmi", scale_up=True)
+        else:
+            _link(g, gpu, nvsw, node.scale_up.bandwidth_Bps, node.scale_up.latency_s,
+                  "pcie" if pcie else "nvlink", scale_up=True)
         _link(g, gpu, host, node.host.bandwidth_Bps, node.host.latency_s, "pcie")
         # GPUDirect RDMA: the GPU reaches its NIC through the PCIe switch.
         _link(g, gpu, nic, node.host.bandwidth_Bps, node.host.latency_s / 2, "pcie")
@@ -57,7 +80,8 @@ def add_server(g: nx.DiGraph, node: NodeSpec, n: int, first: int,
                   node.nic.latency_s + node.switch_latency_s / 2, "network")
 
 
-FABRICS = ("single_switch", "leaf_spine")
+#: Fabrics joining nodes (their one home is the node-file schema).
+FABRICS = FABRIC_KINDS
 
 
 def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
@@ -106,8 +130,8 @@ def build_graph(node: NodeSpec, nodes: int, fabric: str | None = None,
     per = node.gpus_per_node
     if nodes > 1 and fabric == "single_switch":
         g.add_node("switch", kind="switch")
-    # The leaf names below serve only a preset whose [fabric] kind is neither of FABRICS
-    # (node files do not validate it): its NICs stay wired to leaves no spine joins.
+    # The leaf names below serve only a caller passing a fabric outside FABRICS (node files
+    # are checked against them, hardware/schema.py): its NICs stay on leaves no spine joins.
     for n in range(nodes):
         add_server(g, node, n, n * per, None if nodes == 1 else
                    (lambda local, n=n: "switch" if fabric == "single_switch" else

@@ -40,7 +40,8 @@ def summary(g: nx.DiGraph) -> dict:
     return {"name": g.graph.get("name", ""), "fabric": g.graph.get("fabric", ""),
             "gpus": len(gpus(g)), "switches": kinds.get("switch", 0),
             "nvlink_domains": dict(domains), "links": dict(links),
-            "scale_up": "PCIe" if kinds.get("pcie_switch") else "NVLink",
+            "scale_up": ("PCIe" if kinds.get("pcie_switch") else
+                         "xGMI" if any(k == "xgmi" for k, _ in links) else "NVLink"),
             "bisection_Bps": bisection_bandwidth(g)}
 
 
@@ -99,14 +100,19 @@ def draw(g: nx.DiGraph, path: str) -> None:
 
     u = nx.Graph(g)
     pos = layout(g)
-    colors = {"nvlink": "tab:green", "pcie": "tab:gray", "network": "tab:blue"}
+    colors = {"nvlink": "tab:green", "xgmi": "tab:red", "pcie": "tab:gray",
+              "network": "tab:blue"}
     nodes = len({d["node"] for _, d in g.nodes(data=True) if "node" in d})
     fig = Figure(figsize=(max(8.0, len(gpus(g)) * 0.45 + nodes), 6))
     ax = fig.add_subplot()
-    for kind, style in (("nvlink", "solid"), ("pcie", "solid"), ("network", "dashed")):
+    for kind, style in (("nvlink", "solid"), ("xgmi", "solid"), ("pcie", "solid"),
+                        ("network", "dashed")):
         edges = [(a, b) for a, b, d in u.edges(data=True) if d["kind"] == kind]
+        # A mesh's links join GPUs of one row: drawn as arcs, or they would overlap.
+        arcs = {"arrows": True, "arrowstyle": "-", "connectionstyle": "arc3,rad=0.35"}
         nx.draw_networkx_edges(u, pos, edgelist=edges, ax=ax, width=0.6, alpha=0.6,
-                               edge_color=colors[kind], style=style)
+                               edge_color=colors[kind], style=style,
+                               **(arcs if kind == "xgmi" and edges else {}))
     marks = {"gpu": ("o", "tab:green"), "nic": ("s", "tab:blue"),
              "nvswitch": ("D", "tab:olive"), "pcie_switch": ("D", "tab:gray"),
              "host": ("^", "tab:brown"), "switch": ("h", "tab:purple")}
@@ -117,7 +123,9 @@ def draw(g: nx.DiGraph, path: str) -> None:
     if len(u) <= 80:
         nx.draw_networkx_labels(u, pos, ax=ax, font_size=5,
                                 labels={v: v for v in u if g.nodes[v].get("kind") == "gpu"})
-    legend = [Line2D([], [], color=colors["nvlink"], label="NVLink"),
+    mesh = [Line2D([], [], color=colors["xgmi"], label="xGMI")
+            if any(k == "xgmi" for _, _, k in u.edges(data="kind")) else None]
+    legend = [Line2D([], [], color=colors["nvlink"], label="NVLink"), *filter(None, mesh),
               Line2D([], [], color=colors["pcie"], label="PCIe"),
               Line2D([], [], color=colors["network"], linestyle="--", label="network"),
               *[Line2D([], [], marker=m, color=c, linestyle="", label=k.replace("_", " "))

@@ -1,5 +1,11 @@
 """Replay of request traces: Azure LLM inference traces (TIMESTAMP) or offsets in ns.
 
+Formats read: the Azure LLM inference traces of 2023 and of the 2024 week-long release
+(``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``; the same columns), BurstGPT
+(``Timestamp`` in seconds, ``Request tokens``, ``Response tokens``; its rows with 0
+response tokens log failed requests and are skipped), and plain ``start_offset_ns`` or
+``arrival_s`` with ``prompt_tokens`` / ``output_tokens``.
+
 A trace is data from outside: every error names the file, the CSV row (1 = the header) and
 the column, and shows at most a short, sanitized excerpt of one cell, never more of the
 file (a path like ``/proc/self/environ`` must not end up on a terminal or in a sweep CSV).
@@ -17,7 +23,10 @@ from simulator.errors import ScenarioError
 from simulator.io.schema import MAX_TIME_S, MAX_TOKENS
 
 KEY = "workload.trace"
-TIME_COLUMNS = ("TIMESTAMP", "start_offset_ns", "arrival_s")
+TIME_COLUMNS = ("TIMESTAMP", "Timestamp", "start_offset_ns", "arrival_s")
+#: Prompt and output token columns, by format: Azure, BurstGPT, plain.
+TOKEN_COLUMNS = (("ContextTokens", "GeneratedTokens"), ("Request tokens", "Response tokens"),
+                 ("prompt_tokens", "output_tokens"))
 #: Longest excerpt of a cell or a column name an error shows (characters).
 EXCERPT = 24
 
@@ -82,17 +91,20 @@ def load_trace(path: Path) -> pd.DataFrame:
         raise _fail(path, f"cannot be read ({exc.strerror})") from None
     cols = set(df.columns)
     time_col = next((c for c in TIME_COLUMNS if c in cols), None)
-    p_col = "ContextTokens" if "ContextTokens" in cols else "prompt_tokens"
-    o_col = "GeneratedTokens" if "GeneratedTokens" in cols else "output_tokens"
+    p_col, o_col = next((pair for pair in TOKEN_COLUMNS if set(pair) <= cols),
+                        TOKEN_COLUMNS[-1])
     if time_col is None or p_col not in cols or o_col not in cols:
         # Only names that look like column names: a file that is no CSV shows nothing of it.
         plain = [str(c) for c in df.columns if re.fullmatch(r"[\w .-]{1,32}", str(c))]
         shown = ", ".join(plain[:6]) or "no plain column names"
         more = len(df.columns) - min(len(plain), 6)
         more = f" and {more} more" if more else ""
-        raise _fail(path, f"needs a TIMESTAMP, start_offset_ns or arrival_s column and "
-                          f"ContextTokens/GeneratedTokens (or prompt_tokens/output_tokens) "
-                          f"columns (has: {shown}{more})")
+        raise _fail(path, f"needs a TIMESTAMP, Timestamp, start_offset_ns or arrival_s "
+                          f"column and ContextTokens/GeneratedTokens (or Request tokens/"
+                          f"Response tokens, or prompt_tokens/output_tokens) columns (has: "
+                          f"{shown}{more})")
+    if o_col == "Response tokens":  # BurstGPT: failed requests logged with 0 tokens
+        df = df[pd.to_numeric(df[o_col], errors="coerce") != 0].reset_index(drop=True)
     if len(df) == 0:
         raise _fail(path, "has no requests")
     if time_col == "TIMESTAMP":

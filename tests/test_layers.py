@@ -1,0 +1,77 @@
+"""The import layering of the package: no module imports another that (through any chain)
+imports it back, and packages import only their own layer or the layers below.
+
+Data flow one way (docs/architecture.md): hardware and cost models at the bottom, then the
+scenario and the engine, then the cluster and its metrics, then the searches over runs,
+then what draws and prints them, and the command line on top.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+PACKAGE = Path(__file__).resolve().parent.parent / "simulator"
+#: Bottom to top; a package may import its own layer and the ones below.
+LAYERS = (
+    ("errors", "paths"),
+    ("hardware", "calibration", "topology", "parallel", "model"),
+    ("io", "engine", "workload", "default_scenario"),
+    ("cluster", "metrics"),
+    ("sweep", "planner"),
+    ("plotting", "report", "printout"),
+    ("cli", "__init__", "__main__"),
+)
+LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m == "simulator" or m.startswith("simulator.")}
+
+
+def _graph() -> nx.DiGraph:
+    g = nx.DiGraph()
+    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    for name, path in modules.items():
+        g.add_node(name)
+        for target in _imports(path):
+            # `from simulator.x import y` may name a module y or a name in x.
+            while target not in modules and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target != name and target in modules and target != "simulator":
+                g.add_edge(name, target)
+    return g
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_no_module_imports_itself_back():
+    cycles = list(nx.simple_cycles(_graph()))
+    assert not cycles, f"import cycles: {cycles[:3]}"
+
+
+def test_every_package_has_a_layer():
+    missing = {_package(m) for m in _graph()} - set(LAYER)
+    assert not missing, f"packages without a layer in tests/test_layers.py: {missing}"
+
+
+def test_packages_import_only_their_layer_or_below():
+    bad = [(a, b) for a, b in _graph().edges
+           if LAYER[_package(b)] > LAYER[_package(a)]]
+    assert not bad, f"imports that climb a layer: {bad[:5]}"
