@@ -104,6 +104,8 @@ def engine_gpu(gpu: GPUSpec, profile: str | None) -> GPUSpec:
     if engine is None:
         return gpu
     hit = _SELECTED.get((id(gpu), engine))
+    if hit is None and any(out is gpu and src is not gpu for src, out in _SELECTED.values()):
+        return gpu  # already a selection (describe() of a built plan's GPU)
     if hit is None or hit[0] is not gpu:
         if len(_SELECTED) >= 256:
             _SELECTED.clear()
