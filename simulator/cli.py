@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from simulator import arguments
-from simulator.cluster.build import expert_setup
+from simulator.calibration.engines import describe as describe_kernels
+from simulator.cluster.build import cluster_node, expert_setup
 from simulator.cluster.pools import describe_pools
 from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
@@ -58,6 +59,7 @@ def cmd_run(args) -> int:
     line = verdict(result.summary, result.requests, scenario.workload.arrival == "closed_loop",
                    scenario.slo.ttft_s, scenario.slo.tpot_s)
     print(format_summary(scenario.name, result.summary, result.requests, result.alerts, line))
+    print(f"  kernels    {describe_kernels(cluster_node(scenario).gpu, scenario.engine.profile)}")
     for note in notes:
         if not note.startswith("warning"):
             print(f"  {note}")
@@ -87,6 +89,8 @@ def cmd_validate(args) -> int:
           f"({plan.graph.graph['gpu'].name}), {gpus} used")
     if transfer_note(plan.graph.graph["gpu"]):  # docs/hardware.md
         print(f"  kernels    {transfer_note(plan.graph.graph['gpu'])}")
+    else:  # the engine's own fit, or one carried from another GPU's (docs/cost-model.md)
+        print(f"  kernels    {describe_kernels(plan.node.gpu, scenario.engine.profile)}")
     print(f"  layout     tp={p.tp} pp={p.pp} dp={p.dp}, "
           f"{plan.streams_per_replica} micro-batch stream(s) per replica")
     for rp in plan.replicas:
@@ -292,7 +296,6 @@ def cmd_compare_measured(args) -> int:
 
 
 def cmd_topology(args) -> int:
-    from simulator.cluster.build import cluster_node  # noqa: PLC0415
     from simulator.hardware.specs import load_node  # noqa: PLC0415 - light, on use
     from simulator.paths import TOPOLOGIES  # noqa: PLC0415
     from simulator.topology.graph import build_graph  # noqa: PLC0415
@@ -466,8 +469,8 @@ def cmd_calibrate(args) -> int:
 
     if args.data is None:
         raise ScenarioError(f"calibrate {args.action}: --data is required (a folder of "
-                            "measured CSVs)")
-    return calibrate.main(args.action, args.gpu, args.data, args.out)
+                            "measured CSVs, or with --engine AIConfigurator's database)")
+    return calibrate.main(args.action, args.gpu, args.data, args.out, args.engine)
 
 
 def cmd_collect(args) -> int:
@@ -662,7 +665,11 @@ def parser() -> argparse.ArgumentParser:
                    help="collect: time the kernels the fit needs on this machine's GPU; "
                         "check: predict the CSVs and report errors; fit: refit the GPU")
     c.add_argument("--gpu", required=True, help="GPU preset name or GPU TOML file")
-    c.add_argument("--data", help="check, fit: folder with gemm.csv, attention_*.csv, ...")
+    c.add_argument("--data", help="check, fit: folder with gemm.csv, attention_*.csv, ...; "
+                                  "with --engine, AIConfigurator's database")
+    c.add_argument("--engine", choices=("vllm", "sglang", "trtllm"),
+                   help="check, fit: that engine's tables of AIConfigurator's database "
+                        "(fit: half 0; check: the held-back half 1)")
     c.add_argument("--out", help="collect: folder to write the CSVs into; check: report CSV; "
                                  "fit: GPU TOML to write (default runs/calibration/<gpu>.toml)")
     c.add_argument("--families", help="collect: comma-separated families (default: gemm, "

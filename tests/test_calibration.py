@@ -11,6 +11,7 @@ import pytest
 
 import simulator
 from simulator.calibration import check, forms
+from simulator.calibration.engines import engine_gpu
 from simulator.calibration.params import GemmParams
 from simulator.cli import main
 from simulator.hardware.specs import load_gpu, load_node
@@ -84,12 +85,16 @@ def test_calibration_parameters_are_physical():
                     assert v <= 1, (gpu, name)
 
 
-@pytest.mark.parametrize("gpu,dtype", [("h100_sxm", "bf16"), ("h100_sxm", "fp8"),
-                                       ("a100_sxm", "int4"), ("b200", "fp4")])
+@pytest.mark.parametrize("gpu,dtype,profile", [
+    ("h100_sxm", "bf16", "none"), ("h100_sxm", "fp8", "none"), ("a100_sxm", "int4", "none"),
+    ("b200", "fp4", "none"), ("h100_sxm", "bf16", "sglang"), ("h100_sxm", "fp8", "trtllm"),
+    *(("b200", dt, p) for dt in ("bf16", "fp8", "fp4") for p in ("vllm-v1", "sglang",
+                                                                 "trtllm"))])
 @pytest.mark.parametrize("tp", [1, 8])
-def test_a_step_never_beats_the_roofline(gpu, dtype, tp):
+def test_a_step_never_beats_the_roofline(gpu, dtype, profile, tp):
+    """Every engine's fit too (calibration/engines.py)."""
     m = load_model("llama-3.1-70b" if tp == 8 else "llama-3.1-8b")
-    g = load_gpu(gpu)
+    g = engine_gpu(load_gpu(gpu), profile)
     cost = StageCost(m, g, tp, m.layers, True, True, dtype, "fp8", _ring(tp))
     rng = np.random.default_rng(0)
     for _ in range(200):

@@ -17,7 +17,12 @@ import pandas as pd
 
 from simulator import files
 from simulator.calibration import forms, moe_check
-from simulator.calibration.params import ACTIVATION_QUANTIZED, CSV_DTYPES
+from simulator.calibration.params import (
+    ACTIVATION_QUANTIZED,
+    CSV_DTYPES,
+    GEMM_BYTES,
+    PEAK_DTYPE,
+)
 from simulator.errors import ScenarioError
 from simulator.files import excerpt
 from simulator.hardware.specs import GPUSpec, load_node
@@ -108,18 +113,28 @@ def _dtype(path: str, col: str, values) -> np.ndarray:
     return out.to_numpy()
 
 
+def gemm_args(gpu: GPUSpec, dt: str) -> tuple:
+    """``(peak, bandwidth, SMs, weight bytes, input bytes, quantize)`` of a GEMM dtype on a
+    GPU, the trailing arguments of :func:`forms.gemm_time`. FP4 needs FP4 tensor cores."""
+    peak_dt = PEAK_DTYPE.get(dt, dt)
+    if peak_dt == "fp4" and "fp4" not in gpu.peak_flops:
+        raise ScenarioError(f"gemm.csv: dtype nvfp4 needs FP4 tensor cores; {gpu.name} has "
+                            f"none (peak_flops: {', '.join(gpu.peak_flops)})")
+    quant = dt in ACTIVATION_QUANTIZED
+    w = GEMM_BYTES.get(dt) or BYTES_PER_DTYPE[dt]
+    return (gpu.peak(peak_dt), gpu.hbm_bandwidth_Bps, gpu.sm_count, w,
+            w if quant else forms.ACT_BYTES, quant)
+
+
 def predict_gemm(gpu: GPUSpec, df: pd.DataFrame) -> np.ndarray:
     """Seconds of each GEMM row."""
     out = np.empty(len(df))
     dtypes = _dtype("gemm.csv", "dtype", df["dtype"])
     for dt in np.unique(dtypes):
         rows = dtypes == dt
-        quant = dt in ACTIVATION_QUANTIZED
-        w = BYTES_PER_DTYPE[dt]
         out[rows] = forms.gemm_time(
             df["m"].to_numpy()[rows], df["n"].to_numpy()[rows], df["k"].to_numpy()[rows],
-            gpu.calibration.gemm_for(dt), gpu.peak(dt), gpu.hbm_bandwidth_Bps, gpu.sm_count,
-            w, w if quant else forms.ACT_BYTES, quant)
+            gpu.calibration.gemm_for(dt), *gemm_args(gpu, dt))
     return out
 
 

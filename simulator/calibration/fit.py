@@ -19,7 +19,6 @@ from scipy.optimize import least_squares
 
 from simulator.calibration import check, forms
 from simulator.calibration.params import (
-    ACTIVATION_QUANTIZED,
     Calibration,
     GemmParams,
     with_family,
@@ -105,10 +104,8 @@ def fit_gemm(gpu: GPUSpec, df: pd.DataFrame) -> dict[str, GemmParams]:
     dtypes = check._dtype("gemm.csv", "dtype", df["dtype"])
     for dt in np.unique(dtypes):
         sub = df[dtypes == dt]
-        quant = dt in ACTIVATION_QUANTIZED
-        w = check.BYTES_PER_DTYPE[dt]
-        args = (gpu.peak(dt), gpu.hbm_bandwidth_Bps, gpu.sm_count, w,
-                w if quant else forms.ACT_BYTES, quant)
+        args = check.gemm_args(gpu, dt)
+        quant = args[-1]
 
         def predictor(rows, args=args):
             m, n, k = (rows[c].to_numpy(float) for c in ("m", "n", "k"))

@@ -144,7 +144,7 @@ def predict_moe_rows(gpu: GPUSpec, df: pd.DataFrame, inp: pd.DataFrame, p=None):
     if pad is None:
         raise ValueError(f"moe tile_m {p.tile_m} (the check knows {(1, *TILES_M)})")
     inter = df["inter_size"].to_numpy(float) / df["moe_tp_size"].to_numpy(float)
-    peak = gpu.peak(inp["peak"].iloc[0])
+    peak = moe_forms.moe_peak(gpu, key, inp["peak"].iloc[0])
     shape = zip(*(df[c].to_numpy() for c in ("hidden_size", "inter_size", "num_experts",
                                              "topk")), strict=True)
     gated = np.array([tuple(int(v) for v in s) not in NON_GATED for s in shape])
@@ -172,12 +172,12 @@ def mla_aggregates(df: pd.DataFrame, family: str):
     kv = df["kv_cache_dtype"].map(KV).to_numpy()
     gemm = df["gemm_dtype"].to_numpy().astype(str)
     bad_kv = pd.isna(kv)
-    bad_gemm = ~np.isin(gemm, ("bfloat16", "bf16", "fp8", "fp8_block"))
+    bad_gemm = ~np.isin(gemm, ("bfloat16", "bf16", "fp8", "fp8_block", "nvfp4"))
     if bad_kv.any() or bad_gemm.any():
         col, v = (("kv_cache_dtype", df["kv_cache_dtype"].to_numpy()[bad_kv][0]) if bad_kv.any()
                   else ("gemm_dtype", gemm[bad_gemm][0]))
         raise ValueError(f"column {col} has unknown dtype {excerpt(v)} (known: bfloat16, fp8"
-                         f"{', fp8_block' if col == 'gemm_dtype' else ''})")
+                         f"{', fp8_block, nvfp4' if col == 'gemm_dtype' else ''})")
     n, b = df["num_heads"].to_numpy(float), df["batch_size"].to_numpy(float)
     if family == "mla_context":
         q = df["q_len"].to_numpy(float)

@@ -32,7 +32,15 @@ MOE_DTYPES = {
     "mxfp4": ("w4a16_mxfp4", 0.5 + 1 / 32, 2, "bf16"),
     # The same weights through vLLM's Marlin kernel (compressed-tensors checkpoints).
     "w4a16_mxfp4_marlin": ("w4a16_mxfp4_marlin", 0.5 + 1 / 32, 2, "bf16"),
+    # Blackwell's native FP4 tensor cores (tcgen05 block-scaled MMA): NVFP4 weights and
+    # activations (e2m1, one e4m3 scale per 16 values) at the FP4 peak; MXFP4 weights with
+    # MXFP8 activations (one e8m0 scale per 32) at the FP8 peak, the rate of the mixed
+    # f8f6f4 MMA kind.
+    "nvfp4": ("nvfp4", 0.5 + 1 / 16, 0.5 + 1 / 16, "fp4"),
+    "w4a8_mxfp4_mxfp8": ("w4a8_mxfp4_mxfp8", 0.5 + 1 / 32, 1 + 1 / 32, "fp8"),
 }
+#: MoE kernels that need FP4 tensor cores (Blackwell): refused on a GPU without them.
+NATIVE_FP4 = ("nvfp4", "w4a8_mxfp4_mxfp8")
 #: DeepEP modes: scenario name -> parameter prefix (``<prefix>_<phase>``).
 A2A_MODES = {"normal": "normal", "low_latency": "low_latency", "deepep_ht": "normal",
              "deepep_ll": "low_latency", "v2_normal": "v2_normal",
@@ -51,6 +59,16 @@ def moe_dtype(dtype: str, ep: int = 1) -> tuple[str, float, float, str]:
     if key == "fp8_block" and ep == 1:
         key = "fp8_block_ep1"
     return key, w, a, peak
+
+
+def moe_peak(gpu: GPUSpec, key: str, peak: str) -> float:
+    """Tensor peak (FLOP/s) a MoE kernel runs at on ``gpu``; the native FP4 kernels need
+    FP4 tensor cores (Blackwell) and are refused elsewhere."""
+    if key in NATIVE_FP4 and "fp4" not in gpu.peak_flops:
+        raise ValueError(f"MoE kernel {key} needs FP4 tensor cores; {gpu.name} has none "
+                         f"(peak_flops: {', '.join(gpu.peak_flops)}); on it 4-bit experts "
+                         f"run as w4a16_mxfp4 (16-bit math)")
+    return gpu.peak(peak)
 
 
 # ----------------------------------------------------------------------------- experts
@@ -142,7 +160,8 @@ def expert_time(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
     p = gpu.calibration.moe_for(key)
     counts = np.asarray(tokens_per_expert, dtype=float)
     rows, active, padded = expert_aggregates(counts, p.tile_m)
-    t = expert_time_agg(rows, active, padded, hidden, inter_per_gpu, p, gpu.peak(peak),
+    t = expert_time_agg(rows, active, padded, hidden, inter_per_gpu, p,
+                        moe_peak(gpu, key, peak),
                         gpu.hbm_bandwidth_Bps, gpu.sm_count, w, a, gated, counts.shape[-1],
                         rows_in)
     return float(t) if counts.ndim == 1 else t
@@ -151,26 +170,32 @@ def expert_time(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
 def expert_roofline(tokens_per_expert, hidden: int, inter_per_gpu: int, dtype: str,
                     gpu: GPUSpec, gated: bool = True):
     """Roofline of :func:`expert_time`: ``max(FLOPs / P, bytes / BW)`` (seconds)."""
-    _, w, a, peak = moe_dtype(dtype)
+    key, w, a, peak = moe_dtype(dtype)
     rows, active, _ = expert_aggregates(tokens_per_expert)
     n1 = (2 if gated else 1) * inter_per_gpu
     flops = 2.0 * rows * (n1 + inter_per_gpu) * hidden
     nbytes = (active * (n1 + inter_per_gpu) * hidden * w
               + rows * _row_bytes(hidden, inter_per_gpu, n1, a))
-    return np.maximum(flops / gpu.peak(peak), nbytes / gpu.hbm_bandwidth_Bps)
+    return np.maximum(flops / moe_peak(gpu, key, peak), nbytes / gpu.hbm_bandwidth_Bps)
 
 
 # ----------------------------------------------------------------------------- MLA
 
+#: Projection weight dtypes of the MLA module -> (GEMM family, bytes per weight, peak).
+MLA_GEMMS = {"fp8": ("fp8", 1, "fp8"), "fp8_block": ("fp8_block", 1, "fp8"),
+             "nvfp4": ("fp4", 0.5, "fp4"), "fp4": ("fp4", 0.5, "fp4")}
+
+
 def _gemm(gpu: GPUSpec, gemm_dtype: str, m, n, k):
-    """One projection GEMM with the GPU's calibrated GEMM family (block-scaled FP8 as FP8)."""
-    dt = "fp8" if gemm_dtype in ("fp8", "fp8_block") else "bf16"
-    if dt == "fp8" and "fp8" not in gpu.peak_flops:
-        dt = "bf16"
-    w = 1 if dt == "fp8" else 2
-    return forms.gemm_time(m, n, k, gpu.calibration.gemm_for(dt), gpu.peak(dt),
-                           gpu.hbm_bandwidth_Bps, gpu.sm_count, w, w if dt == "fp8" else ACT,
-                           dt == "fp8")
+    """One projection GEMM with the GPU's calibrated GEMM family of its dtype (block-scaled
+    FP8 by its own fit where the GPU has one, else as FP8; a low-precision dtype the GPU
+    has no tensor cores for runs as 16-bit)."""
+    fam, w, peak = MLA_GEMMS.get(gemm_dtype, ("bf16", 2, "bf16"))
+    if peak not in gpu.peak_flops:
+        fam, w, peak = "bf16", 2, "bf16"
+    low = fam != "bf16"
+    return forms.gemm_time(m, n, k, gpu.calibration.gemm_for(fam), gpu.peak(peak),
+                           gpu.hbm_bandwidth_Bps, gpu.sm_count, w, w if low else ACT, low)
 
 
 def _mla_core(gpu, p: MLAParams, heads, tokens, pairs, seqs, kv_read_bytes, flops_per_pair):
@@ -310,8 +335,9 @@ def mla_roofline(gpu: GPUSpec, heads_per_gpu, tokens, pairs, ctx, kv_dtype: str,
     projection weights and the latent cache at HBM bandwidth, whichever is longer."""
     n, T, pairs, ctx = (np.asarray(x, float) for x in (heads_per_gpu, tokens, pairs, ctx))
     c, r = kv_lora_rank, qk_rope
-    lo = gemm_dtype in ("fp8", "fp8_block") and "fp8" in gpu.peak_flops
-    w = 1.0 if lo else 2.0
+    fam, w, peak_dt = MLA_GEMMS.get(gemm_dtype, ("bf16", 2.0, "bf16"))
+    lo = fam != "bf16" and peak_dt in gpu.peak_flops
+    w = w if lo else 2.0
     big = [(q_lora_rank + c + r) * hidden, n * (qk_nope + r) * q_lora_rank,
            hidden * n * v_head]
     absorbed = np.asarray(absorbed, bool)
@@ -321,7 +347,7 @@ def mla_roofline(gpu: GPUSpec, heads_per_gpu, tokens, pairs, ctx, kv_dtype: str,
     flops_lo = 2.0 * (T * sum(big) + np.where(absorbed, 0.0, (T + ctx) * kvb))
     score = np.where(absorbed, 2.0 * (c + r) + 2.0 * c, 2.0 * (qk_nope + r) + 2.0 * v_head)
     flops_hi = 2.0 * T * small + pairs * n * score
-    peak_lo = gpu.peak("fp8" if lo else "bf16")
+    peak_lo = gpu.peak(peak_dt if lo else "bf16")
     t_c = flops_lo / peak_lo + flops_hi / gpu.peak("bf16")
     t_m = (weights + (ctx + T) * (c + r) * _kv_bytes(kv_dtype)) / gpu.hbm_bandwidth_Bps
     return np.maximum(t_c, t_m)

@@ -28,18 +28,27 @@ RING_BANDWIDTH_EFF = 0.75
 
 #: Weight dtypes whose GEMMs quantize their activations and run at the low-precision peak
 #: (W8A8, W4A4); ``int4`` is weight-only: dequantized in the kernel, 16-bit math.
-ACTIVATION_QUANTIZED = ("fp8", "int8", "fp4")
+ACTIVATION_QUANTIZED = ("fp8", "int8", "fp4", "fp8_block")
 #: Which fitted family prices a dtype that has no parameters of its own, in order.
 FALLBACK = {"fp16": ("bf16",), "int4": ("bf16",), "int8": ("fp8", "bf16"),
-            "fp4": ("fp8", "bf16"), "fp8": ("bf16",),
+            "fp4": ("fp8", "bf16"), "fp8": ("bf16",), "fp8_block": ("fp8", "bf16"),
             # MoE kernels (moe_forms.MOE_DTYPES): block-scaled FP8 prices as per-tensor FP8,
             # the 4-bit weight-only kernels as each other, then as 16-bit.
-            "fp8_block": ("fp8", "bf16"), "fp8_block_ep1": ("fp8_block", "fp8", "bf16"),
+            "fp8_block_ep1": ("fp8_block", "fp8", "bf16"),
             "int4_wo": ("w4a16_mxfp4", "bf16"), "w4a16_mxfp4": ("int4_wo", "bf16"),
-            "w4a16_mxfp4_marlin": ("int4_wo", "w4a16_mxfp4", "bf16")}
+            "w4a16_mxfp4_marlin": ("int4_wo", "w4a16_mxfp4", "bf16"),
+            # Blackwell's native 4-bit MoE kernels: NVFP4 (W4A4), MXFP4 x MXFP8 (W4A8).
+            "nvfp4": ("w4a8_mxfp4_mxfp8", "fp8_block", "fp8", "bf16"),
+            "w4a8_mxfp4_mxfp8": ("nvfp4", "fp8_block", "fp8", "bf16")}
 #: Dtype names of the measured CSVs and the scenario names they mean.
 CSV_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8",
-              "int8": "int8"}
+              "int8": "int8", "fp8_block": "fp8_block", "nvfp4": "fp4"}
+#: GEMM dtypes whose tensor peak is another dtype's: 128 x 128 block-scaled FP8 runs on the
+#: FP8 tensor cores (its scales are applied per K block in the epilogue of each block).
+PEAK_DTYPE = {"fp8_block": "fp8"}
+#: Bytes per weight of the GEMM dtypes the model's table lacks (scales ignored, as the
+#: model's table does: 4 / 128^2 bytes per weight).
+GEMM_BYTES = {"fp8_block": 1.0}
 
 
 @dataclass(frozen=True)

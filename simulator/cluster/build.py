@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
+from simulator.calibration.engines import engine_gpu
 from simulator.engine.host import host_keys
 from simulator.engine.profiles import capture_sizes
 from simulator.engine.schedulers import SCHEDULERS
@@ -267,8 +268,13 @@ def _nvlink_ring(paths: Paths, group: tuple[str, ...]) -> bool:
 
 def cluster_node(s: Scenario) -> NodeSpec:
     """The scenario's node preset with its cluster overrides: NIC line rate
-    (``nic_gbps * 1e9 / 8`` bytes/s per direction) and fabric switch latency."""
+    (``nic_gbps * 1e9 / 8`` bytes/s per direction) and fabric switch latency, and the
+    kernel calibration of the engine profile's engine on its GPU
+    (:func:`~simulator.calibration.engines.engine_gpu`)."""
     node = load_node(s.cluster.topology, s.base_dir)
+    gpu = engine_gpu(node.gpu, s.engine.profile)
+    if gpu is not node.gpu:
+        node = replace(node, gpu=gpu)
     c = s.cluster
     if c.nic_gbps is not None:
         node = replace(node, nic=replace(node.nic, bandwidth_Bps=c.nic_gbps * 1e9 / 8))

@@ -25,14 +25,19 @@ from simulator.model.spec import ModelSpec, kv_heads_per_gpu
 A2A_MODES = ("auto", "normal", "low_latency")
 
 
-def kernel_dtype(model: ModelSpec, dtype: str) -> str:
+def kernel_dtype(model: ModelSpec, dtype: str, gpu: GPUSpec | None = None) -> str:
     """The calibrated MoE kernel (a key of ``moe_forms.MOE_DTYPES``) of experts stored in
     ``dtype``: a release's native block-scaled FP8 (DeepSeek, Kimi) -> ``fp8_block``, other
-    FP8 -> per-tensor ``fp8``, gpt-oss MXFP4 (and any 4-bit float) -> ``w4a16_mxfp4``,
-    int4 -> ``int4_wo`` (Marlin), 16-bit -> ``bf16``; int8 is priced as per-tensor FP8 (same
-    bytes, 8-bit tensor cores; no int8 MoE kernel was measured)."""
+    FP8 -> per-tensor ``fp8``, int4 -> ``int4_wo`` (Marlin), 16-bit -> ``bf16``; int8 is
+    priced as per-tensor FP8 (same bytes, 8-bit tensor cores; no int8 MoE kernel was
+    measured). 4-bit floats run as the GPU runs them: on a GPU with FP4 tensor cores
+    (Blackwell) the native ``nvfp4`` kernel at the FP4 peak; elsewhere (Hopper) the
+    weight-only ``w4a16_mxfp4`` kernel the engines fall back to (Marlin / Triton: 4-bit
+    weights dequantized to 16-bit math), or without ``gpu`` that one."""
     if dtype == "fp8":
         return "fp8_block" if model.native_dtype == "fp8" else "fp8"
+    if dtype == "fp4" and gpu is not None and "fp4" in gpu.peak_flops:
+        return "nvfp4"
     return {"fp4": "w4a16_mxfp4", "int4": "int4_wo", "int8": "fp8", "fp16": "bf16",
             "bf16": "bf16"}[dtype]
 
@@ -48,12 +53,12 @@ def expert_time(local_rows, model: ModelSpec, inter_per_gpu: int, gpu: GPUSpec,
     bits whichever other states are priced with it (fast-forward = stepping), and handed
     to ``moe_forms.expert_time_agg``, the form's own vectorised core.
     """
-    key, w, a, peak = moe_forms.moe_dtype(kernel_dtype(model, dtype), ep)
+    key, w, a, peak = moe_forms.moe_dtype(kernel_dtype(model, dtype, gpu), ep)
     p = gpu.calibration.moe_for(key)
     counts = np.asarray(local_rows, dtype=float)
     return moe_forms.expert_time_agg(
         row_sum(counts), row_sum(counts > 0), row_sum(np.ceil(counts / p.tile_m)),
-        model.hidden, inter_per_gpu, p, gpu.peak(peak), gpu.hbm_bandwidth_Bps,
+        model.hidden, inter_per_gpu, p, moe_forms.moe_peak(gpu, key, peak), gpu.hbm_bandwidth_Bps,
         gpu.sm_count, w, a, model.gated_mlp, counts.shape[-1])
 
 
