@@ -45,6 +45,9 @@ MODE_KEYS = [
     ("cost_per_million_output_tokens_usd", "USD per million output tokens"),
     ("energy_j", "energy (J)"), ("energy_per_output_token_j", "energy per output token (J)"),
     ("power_mean_w", "mean power (W)"),
+    ("autoscale_replicas_mean", "replicas (time mean)"),
+    ("autoscale_gpu_hours", "GPU-hours paid"), ("autoscale_cost_usd", "cost of the run (USD)"),
+    ("autoscale_scale_ups", "scale-ups"), ("fairness_jain", "fairness (Jain)"),
 ]
 
 
@@ -145,6 +148,25 @@ def mode_lines(summary: dict, alerts: pd.DataFrame | None = None) -> list[str]:
         row("MoE imbalance, all-to-all", f"{g('moe_imbalance_mean'):.2f} (busiest rank / "
                                          f"mean), all-to-all {g('moe_a2a_share'):.0%} of "
                                          f"step time")
+    if g("autoscale_policy") is not None:  # docs/autoscaling.md
+        cold = (f", cold start {g('autoscale_cold_start_mean_s'):.0f} s mean"
+                if _num(g("autoscale_cold_start_mean_s")) else "")
+        row("autoscaling", f"{g('autoscale_policy')}: replicas {g('autoscale_replicas_mean'):.1f}"
+                           f" mean ({g('autoscale_replicas_min')} to "
+                           f"{g('autoscale_replicas_max')}), {g('autoscale_scale_ups')} "
+                           f"scale-ups{cold}")
+        row("GPU-hours paid", f"{g('autoscale_gpu_hours'):,.1f} (${g('autoscale_cost_usd'):,.0f})"
+            if _num(g("autoscale_cost_usd")) else f"{g('autoscale_gpu_hours'):,.1f}")
+    classes = [k.removeprefix("class_").removesuffix("_slo_attainment") for k in summary
+               if k.startswith("class_") and k.endswith("_slo_attainment")]
+    if classes:  # the gateway's request classes (docs/gateway.md)
+        row("classes: SLO attainment", ", ".join(
+            f"{c} {g(f'class_{c}_slo_attainment'):.1%}"
+            + (f" (shed {g(f'class_{c}_shed'):,}, expired {g(f'class_{c}_expired'):,})"
+               if g(f"class_{c}_shed") or g(f"class_{c}_expired") else "")
+            for c in classes))
+        if _num(g("fairness_jain")):
+            row("fairness (Jain, tenants)", f"{g('fairness_jain'):.3f}")
     cost = g("cost_per_million_tokens_usd", g("cost_per_million_output_tokens_usd"))
     if _num(cost):
         price = (f" at ${g('gpu_hour_usd'):.2f} per GPU-hour" if _num(g("gpu_hour_usd"))

@@ -193,3 +193,15 @@ def test_without_autoscale_nothing_changes():
     assert not any(k.startswith("autoscale_") for k in result.summary)
     assert math.isfinite(result.summary["cost_per_million_output_tokens_usd"])
     assert np.isfinite(result.requests["ttft_s"]).all()
+
+
+def test_the_printout_says_what_scaling_did():
+    from simulator.printout import format_summary
+
+    r = run(load_scenario(_scenario(LOAD)))
+    s = r.summary
+    text = format_summary("as", s, r.requests)
+    assert (f"load: replicas {s['autoscale_replicas_mean']:.1f} mean "
+            f"({s['autoscale_replicas_min']} to {s['autoscale_replicas_max']}), "
+            f"{s['autoscale_scale_ups']} scale-ups") in text
+    assert f"GPU-hours paid                 {s['autoscale_gpu_hours']:,.1f}" in text

@@ -101,3 +101,14 @@ def test_without_a_gateway_requests_have_no_class():
     del sc["gateway"]
     r = run(load_scenario(sc))
     assert "class" not in r.requests and "fairness_jain" not in r.summary
+
+
+def test_the_printout_gives_each_class_its_attainment():
+    from simulator.printout import format_summary
+
+    r = run(load_scenario(_scenario(TWO)))
+    s = r.summary
+    text = format_summary("gw", s, r.requests)
+    assert (f"critical {s['class_critical_slo_attainment']:.1%}, batch "
+            f"{s['class_batch_slo_attainment']:.1%} (shed {s['class_batch_shed']:,}, expired "
+            f"{s['class_batch_expired']:,})") in text
