@@ -171,7 +171,7 @@ def test_cli_compare_measured_bad_arguments(tmp_path, capsys):
     cases = [(["compare", "--measured", str(DATA / "vllm_bench_serve.json"), str(scenario),
                str(scenario)], "one scenario"),
              (["compare", "--measured", str(tmp_path / "none.json"), str(scenario)],
-              "file not found"),
+              "none.json' not found"),
              (["compare", "--measured", str(DATA / "genai_perf_profile_export.csv"),
                str(scenario), "--concurrency", "0"], "--concurrency"),
              (["compare", "--measured", str(DATA / "genai_perf_profile_export.csv"),
@@ -181,3 +181,10 @@ def test_cli_compare_measured_bad_arguments(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1, (argv, err)
+
+
+def test_a_link_to_a_device_is_refused_before_reading(tmp_path):
+    link = tmp_path / "result.json"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(ScenarioError, match="not a regular file"):
+        read_measured(link)

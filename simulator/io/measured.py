@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simulator import files
 from simulator.errors import ScenarioError
 
 #: A result file is a few MB even with per-request details; refuse what cannot be one.
@@ -77,7 +78,7 @@ class Measured:
 
 
 def _fail(path: Path, what: str) -> ScenarioError:
-    return ScenarioError(f"--measured {str(path)[:80]!r}: {what}")
+    return ScenarioError(f"--measured {files.excerpt(str(path), 80)}: {what}")
 
 
 def _number(path: Path, key: str, value, positive: bool = False) -> float:
@@ -89,27 +90,20 @@ def _number(path: Path, key: str, value, positive: bool = False) -> float:
 
 
 def _read_text(path: Path) -> str:
-    if not path.exists():
-        raise _fail(path, "file not found")
-    if not path.is_file():
-        raise _fail(path, "not a regular file")
-    if path.stat().st_size > MAX_BYTES:
-        raise _fail(path, f"larger than {MAX_BYTES // 2**20} MiB; not a benchmark result")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise _fail(path, "not UTF-8 text") from None
-    except OSError as exc:
-        raise _fail(path, f"cannot read ({exc.strerror})") from None
+    """Through the input layer: a regular file of at most :data:`MAX_BYTES`, UTF-8."""
+    return files.read_text(path, "--measured", MAX_BYTES)
 
 
 def _json(path: Path, text: str, line: int | None):
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except RecursionError:
         raise _fail(path, "nested too deeply to be a benchmark result") from None
     except json.JSONDecodeError:
         pass
+    else:
+        files.check_depth(data, f"--measured {files.excerpt(str(path), 80)}")
+        return data
     rows = [r for r in text.splitlines() if r.strip()]
     try:
         runs = [json.loads(r) for r in rows]
