@@ -13,7 +13,7 @@ Run: python benchmarks/bench_vidur.py [--repeat N] [--phases] [--profile none]
 
 ``--phases`` also times, in fresh processes (best of N), the CPU seconds of the imports,
 ``simulator.run`` with and without step records and ``write_result``: figures that a busy
-shared box disturbs less than wall time (docs/performance.md, "Issue 21").
+shared box disturbs less than wall time (docs/performance.md, "Where the time goes").
 """
 
 from __future__ import annotations
