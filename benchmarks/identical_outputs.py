@@ -1,4 +1,4 @@
-"""Check that a speed change leaves every output file byte-identical (issue 21).
+"""Check that a speed change leaves every output file byte-identical between two checkouts.
 
 Runs a fixed set of cases through the CLI of one source tree and writes their outputs under
 one folder; a second call compares two such folders file by file: the CSVs, scenario.toml,
