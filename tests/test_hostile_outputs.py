@@ -137,3 +137,16 @@ def test_every_cap_the_docs_quote_is_the_codes():
     ]
     missing = [e for e in expected if e not in caps]
     assert not missing, missing
+
+
+def test_a_fractional_gpu_count_is_refused(tmp_path):
+    import pytest  # noqa: PLC0415
+
+    from simulator.errors import ScenarioError as Error  # noqa: PLC0415
+    from simulator.hardware.specs import load_node  # noqa: PLC0415
+
+    text = (Path(__file__).resolve().parent.parent / "topologies" / "dgx-h100.toml").read_text()
+    node = tmp_path / "n.toml"
+    node.write_text(text.replace("gpus_per_node = 8", "gpus_per_node = 8.5"))
+    with pytest.raises(Error, match="gpus_per_node = '8.5' is not a whole number"):
+        load_node(str(node))

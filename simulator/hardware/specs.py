@@ -264,8 +264,12 @@ def load_node(name: str, base_dir: str | Path = ".", key: str = "cluster.topolog
         gpu = load_gpu(data["gpu"], path.parent, key=f"{key} (gpu)")
         fabric = data.get("fabric", {})
         _check_nvls(data, gpu, path, key)
+        per_node = _number(data, "gpus_per_node")
+        if not per_node.is_integer():
+            raise _BadField(f"gpus_per_node = {files.excerpt(data['gpus_per_node'])} is not a "
+                            f"whole number of GPUs")
         node = NodeSpec(name=_text(data, "name"), gpu=gpu,
-                        gpus_per_node=int(_number(data, "gpus_per_node")),
+                        gpus_per_node=int(per_node),
                         scale_up=_link(data, "scale_up"), host=_link(data, "host"),
                         nic=_link(data, "nic"),
                         fabric_kind=fabric.get("kind", "single_switch"),
