@@ -248,6 +248,27 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 @plain_text
+def autoscaling(ts: pd.DataFrame, ax=None):
+    """The offered load (arrivals per second, per window) and the replicas paid for
+    (starting, serving or draining: the ``replicas`` column) on one time axis."""
+    ax = _ax(ax)
+    t = ts["window_end_s"].to_numpy(dtype=float)
+    width = np.diff(np.concatenate(([0.0], t)))
+    rate = ts["arrivals"].to_numpy(dtype=float) / np.where(width > 0, width, 1.0)
+    ax.plot(t, rate, color="0.45", linewidth=0.8, label="arrivals per second")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("arrivals per second")
+    right = ax.twinx()
+    right.step(t, ts["replicas"].to_numpy(), where="post", color="C0", linewidth=1.6,
+               label="replicas paid for")
+    right.set_ylabel("replicas")
+    right.set_ylim(0, max(1, ts["replicas"].max()) * 1.15)
+    lines = ax.get_lines() + right.get_lines()
+    ax.legend(lines, [line.get_label() for line in lines], loc="upper left",
+              bbox_to_anchor=(0.0, -0.18), ncol=2, frameon=False)
+    return ax
+
+
 def run_figures(run_dir: str | Path) -> dict[str, Figure]:
     """Every figure of a run directory, by file stem, on bare Figures."""
     run = Path(run_dir)
@@ -280,6 +301,11 @@ def run_figures(run_dir: str | Path) -> dict[str, Figure]:
         fig.suptitle(f"{name}: over time (red: alert fired, named at the top; orange: a "
                      f"replica down)" + ("" if kv else "; no KV panel: no per-step records"))
         figs["timeseries"] = fig
+        if "replicas" in ts:  # autoscaling (docs/autoscaling.md)
+            fig = Figure(figsize=(11, 4))
+            autoscaling(ts, fig.add_subplot())
+            fig.suptitle(f"{name}: load and replicas (autoscaling)")
+            figs["autoscaling"] = fig
         if "prefix_hit_rate" in ts and ts["prefix_hit_rate"].fillna(0).gt(0).any():
             fig = Figure(figsize=(10, 3))  # prefix caching (docs/prefix-caching.md)
             over_time(ts, ["prefix_hit_rate"], al, fig.add_subplot(), "prefix hit rate (tokens)")

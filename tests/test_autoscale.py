@@ -205,3 +205,17 @@ def test_the_printout_says_what_scaling_did():
             f"({s['autoscale_replicas_min']} to {s['autoscale_replicas_max']}), "
             f"{s['autoscale_scale_ups']} scale-ups") in text
     assert f"GPU-hours paid                 {s['autoscale_gpu_hours']:,.1f}" in text
+
+
+def test_an_autoscaled_run_draws_load_and_replicas_on_one_time_axis(tmp_path):
+    from simulator.io.writers import write_result
+    from simulator.plotting import run_figures
+
+    r = run(load_scenario(_scenario(LOAD | {"max_replicas": 3})))
+    write_result(r, tmp_path / "run")
+    fig = run_figures(tmp_path / "run")["autoscaling"]
+    load, replicas = fig.axes
+    assert load.get_xlabel() == "time (s)" and replicas.get_ylabel() == "replicas"
+    steps = replicas.get_lines()[0].get_ydata()
+    np.testing.assert_array_equal(steps, r.timeseries["replicas"].to_numpy())
+    assert {t.get_text() for t in load.get_xticklabels()} - {""}  # a real time axis
