@@ -247,7 +247,6 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-@plain_text
 def autoscaling(ts: pd.DataFrame, ax=None):
     """The offered load (arrivals per second, per window) and the replicas paid for
     (starting, serving or draining: the ``replicas`` column) on one time axis."""
@@ -269,6 +268,7 @@ def autoscaling(ts: pd.DataFrame, ax=None):
     return ax
 
 
+@plain_text
 def run_figures(run_dir: str | Path) -> dict[str, Figure]:
     """Every figure of a run directory, by file stem, on bare Figures."""
     run = Path(run_dir)
