@@ -1,4 +1,4 @@
-"""Issue #21, heterogeneous disaggregated pools in ``plan --disagg --nodes``: a prefill pool
+"""Heterogeneous disaggregated pools in ``plan --disagg --nodes``: a prefill pool
 on one node kind and a decode pool on another, estimated by hand, priced per kind, ranked
 and simulated; plans without cross-kind pairs keep main's plan.csv."""
 

@@ -1,4 +1,4 @@
-"""Issue #21, colocated DP over two node kinds in ``plan --nodes A,B``
+"""Colocated DP over two node kinds in ``plan --nodes A,B``
 (simulator/planner/mixdp.py): the mixes searched, one mixed candidate's estimate by hand
 (load split by capacity, each kind at its share), its price and power per kind, and the
 plan simulating mixes behind one least_outstanding router."""

@@ -1,4 +1,4 @@
-"""Issue #21, the proof rounds learn in both directions (simulator.planner.nearmiss): the
+"""The proof rounds learn in both directions (simulator.planner.nearmiss): the
 estimate's measured optimism marks candidates that meet a target by less than it as "may
 miss", per simulation group, and once the error is measured the next round takes first the
 candidates more likely to meet the SLOs than not (nearmiss.chance); and the disaggregated

@@ -1,4 +1,4 @@
-"""Issue #21, the disaggregated pools' search axes: the prefill pool's token budget, the
+"""The disaggregated pools' search axes: the prefill pool's token budget, the
 decode pool's speculation, and KV transfers contending on the links, each estimated by
 hand here; plans without these axes keep their plan.csv (golden files written by the
 code before the axes, tests/data/poolaxes)."""

@@ -1,4 +1,4 @@
-"""Issue #21, the search space: disaggregated layouts priced by the estimate and ranked with
+"""The search space: disaggregated layouts priced by the estimate and ranked with
 the colocated ones, speculative decoding as a search axis, and near misses simulated."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #21 for runs with pools: energy per request and per output token, power per pool,
+"""Runs with pools: energy per request and per output token, power per pool,
 node overhead counted once per node, cost with per-pool prices, MoE metrics (issue #18)."""
 
 from __future__ import annotations

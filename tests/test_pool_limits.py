@@ -1,4 +1,4 @@
-"""Issue #21, the pools' engine limits: the prefill pool's ``max_num_seqs`` searched
+"""The pools' engine limits: the prefill pool's ``max_num_seqs`` searched
 (poolaxes.prefill_limits, pareto_limits), estimated by hand here, and carried by plan.csv
 and recommended.toml; the wait for a decode slot (poolaxes.decode_wait), by hand and
 against the simulation."""

@@ -1,4 +1,5 @@
-"""Issue #21: the power model, energy and cost metrics, and the planner's objectives."""
+"""The power model, energy and cost metrics, and the planner's objectives (per GPU, per
+dollar, per joule)."""
 
 import math
 
