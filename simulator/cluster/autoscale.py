@@ -244,13 +244,11 @@ class Autoscaler:
         self.max = a.max_replicas or n
         start = a.initial_replicas or a.min_replicas
         self.state = ["serving" if i < start else "parked" for i in range(n)]
-        self.index = {id(r): i for i, r in enumerate(cluster.replicas)}
         self.log = ScaleLog()
         for i in range(start):
             self.log.changes.append((0.0, i, "serving"))
-        self.policy = {"none": NonePolicy, "load": LoadPolicy}.get(a.policy)
         self.policy = (SlaPolicy(a, slo.ttft_s, slo.tpot_s) if a.policy == "sla"
-                       else self.policy(a))
+                       else LoadPolicy(a) if a.policy == "load" else NonePolicy(a))
         self.arrivals = 0
         self.ttfts: list[float] = []
         self.tpots: list[float] = []
@@ -258,7 +256,7 @@ class Autoscaler:
 
     # -- what the cluster asks
     def routable(self, replica) -> bool:
-        return self.state[self.index[id(replica)]] == "serving"
+        return self.state[replica.index] == "serving"
 
     def serving(self) -> list:
         return [r for r, st in zip(self.cluster.replicas, self.state, strict=True)
@@ -341,7 +339,7 @@ class Autoscaler:
         yield self.env.timeout(delay)
         if self.state[i] == "starting":
             self._set(i, "serving")
-            self.cluster._serve_pending(self.serving())
+            self.cluster._serve_pending()
 
     def _drain_one(self) -> None:
         serving = [i for i, st in enumerate(self.state) if st == "serving"]
@@ -374,17 +372,12 @@ class Autoscaler:
 
     def replicas_over_time(self, edges: np.ndarray) -> np.ndarray:
         """Replicas paid for (starting, serving or draining) at each of ``edges``."""
-        count, steps = 0, []
-        paid = set()
+        paid, times, counts = set(), [0.0], [0]
         for t, i, st in self.log.changes:
-            if st == "parked":
-                paid.discard(i)
-            else:
-                paid.add(i)
-            count = len(paid)
-            steps.append((t, count))
-        times = np.array([t for t, _ in steps] or [0.0])
-        counts = np.array([c for _, c in steps] or [0])
+            (paid.discard if st == "parked" else paid.add)(i)
+            times.append(t)
+            counts.append(len(paid))
+        times, counts = np.array(times), np.array(counts)
         idx = np.searchsorted(times, edges, side="right") - 1
         return np.where(idx >= 0, counts[np.clip(idx, 0, None)], 0)
 

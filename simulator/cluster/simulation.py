@@ -332,9 +332,9 @@ class Cluster:
 
     def _serve_pending(self, entry: list[Replica] | None = None) -> None:
         """Requests that waited for an up replica go to the router again, while one of
-        ``entry`` (the replicas that take new requests; default all) is up."""
-        if entry is None:
-            entry = self.replicas if self.scaling is None else self.scaling.serving()
+        ``entry`` (the replicas that take new requests; default :meth:`serving_replicas`)
+        is up."""
+        entry = self.serving_replicas() if entry is None else entry
         while self.pending and any(r.up for r in entry):
             req = self.pending.popleft()
             self._waiting.pop(req.id, None)
