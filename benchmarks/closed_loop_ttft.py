@@ -1,4 +1,4 @@
-"""Steady-state TTFT of a fixed-length closed loop (issue 17): what the simulator predicts at
+"""Steady-state TTFT of a fixed-length closed loop: what the simulator predicts at
 concurrency 1 / 8 / 32 and which engine settings break the clients' lockstep.
 
 The held-out vLLM V1 case: Llama-3.1-70B fp8, TP4 on one DGX H100, 1,000-token prompts,

@@ -1,4 +1,4 @@
-"""Fixed-length closed loops (issue 17): the clients' lockstep and what breaks it.
+"""Fixed-length closed loops: the clients' lockstep and what breaks it.
 
 C clients with equal lengths that start together prefill in one step, decode together,
 finish in the same step and come back together, so every TTFT is the time of one step that

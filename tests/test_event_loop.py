@@ -1,4 +1,4 @@
-"""The event loop's shortcuts (issue 21) against their plain definitions: a short decode
+"""The event loop's shortcuts against their plain definitions: a short decode
 run's times priced in chunks (:meth:`DecodeRunPath._decode_times`), the decode-only
 schedule that builds its Batch at once (:meth:`ContinuousBatcher.schedule`), the blocks
 a planned run allocates counted once (:meth:`DecodeRuns.decode_run`,

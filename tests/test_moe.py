@@ -341,7 +341,7 @@ def test_moe_run_fast_forward_equals_stepping():
     assert fast.steps["imbalance"].nunique() > 10  # the draws vary step to step
 
 
-# -- the calibrated forms in the step (issue #14, last part) ------------------------------
+# -- the calibrated forms in the step -------------------------------------------------------
 
 def _dsv3(**parallel):
     par = {"tp": 16, "ep": 16, "attention_dp": True, **parallel}

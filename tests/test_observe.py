@@ -123,7 +123,7 @@ def test_gpu_utilization_counts_the_model_flops_and_bytes(toy):
     assert set(tp2["gpu"]) == {0, 1} and (tp2["nvlink_util"] > 0).any()
 
 
-# -- issue #16 items 6-9 and #17: honest windows and alerts ----------------------------------
+# -- honest windows and alerts ---------------------------------------------------------------
 def test_tokens_count_in_the_window_where_they_are_generated():
     from simulator.metrics.timeseries import generated_by, request_windows
 

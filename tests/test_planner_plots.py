@@ -1,5 +1,5 @@
 """Labels of the planner's Pareto plot: close points get labels whose boxes do not
-intersect (issue #21: "k3 pick" and "k5" of the 70B EAGLE plan once overlapped)."""
+intersect (as "k3 pick" and "k5" of the 70B EAGLE plan would)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Runs with pools: energy per request and per output token, power per pool,
-node overhead counted once per node, cost with per-pool prices, MoE metrics (issue #18)."""
+node overhead counted once per node, cost with per-pool prices, MoE metrics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-pool speculation (issue #21): a ``[[pools]]`` entry's ``speculative = false`` or
+"""Per-pool speculation: a ``[[pools]]`` entry's ``speculative = false`` or
 ``[pools.speculative]`` table over the scenario's ``[speculative]`` section; prefill pools
 never speculate; scenarios without these keys run as before; the planner writes the
 speculation of a disaggregated pick on its decode pool only."""

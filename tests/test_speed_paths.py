@@ -1,4 +1,4 @@
-"""The engine's speed paths (issue 21) give the results of stepping one by one.
+"""The engine's speed paths give the results of stepping one by one.
 
 ``DecodeRuns.run_blocks`` sums residue slices instead of looping over steps, and a decode
 run's aggregates and records are applied inline on a one-stage replica: checked against the
@@ -157,7 +157,7 @@ def test_step_table_order_equals_pandas_stable_sort():
 
 def test_a_dense_run_imports_neither_scipy_nor_parquet():
     """scipy (MoE routing and calibration) and pyarrow.parquet load on use: importing scipy
-    cost every dense run 0.13 s of CPU (issue 21)."""
+    cost every dense run 0.13 s of CPU."""
     code = ("import sys, simulator, simulator.cli, simulator.io.writers; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy' "
             "or m == 'pyarrow.parquet'))")

@@ -115,7 +115,7 @@ def test_cli_sweep_writes_the_csv(tmp_path, capsys):
     assert "parallel.tpp: unknown key (did you mean 'tp'?)" in capsys.readouterr().err
 
 
-# -- issue #15/#16: refusals, escaping, partial rows, Ctrl-C ---------------------------------
+# -- refusals, escaping, partial rows, Ctrl-C ------------------------------------------------
 def _write(tmp_path, grid_text: str, base: dict = BASE):
     import tomli_w
 

@@ -1,4 +1,4 @@
-"""What a user reads: the run printout, validate's notes, model names (issue #16)."""
+"""What a user reads: the run printout, validate's notes, model names."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Our A100 and H100 kernel models against Microsoft Vidur's public profiles (issue #17).
+"""Our A100 and H100 kernel models against Microsoft Vidur's public profiles.
 
 Vidur (github.com/microsoft/vidur, MIT) profiled the same kernels on A100 80GB and H100
 with its own harness (sarathi-serve, PyTorch, fp16; see ``data/README.md`` for what each

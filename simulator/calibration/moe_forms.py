@@ -407,7 +407,7 @@ def a2a_split_bytes(mode: str, tokens_per_rank, hidden: int, topk: int, experts:
 
 
 def _lbinom(n: int, k: int) -> float:
-    # scipy on use: importing it costs every dense run 0.13 s of CPU (issue 21).
+    # scipy on use: importing it costs every dense run 0.13 s of CPU.
     from scipy.special import gammaln  # noqa: PLC0415
     return float(gammaln(n + 1) - gammaln(k + 1) - gammaln(n - k + 1))
 

@@ -138,7 +138,7 @@ def capture_sizes(rule: str, max_num_seqs: int, max_batch: int | None = None,
     return tuple(sizes_of(top)), mixed
 
 
-#: The profile of a scenario that names none: the newest vLLM (issue 17). ``"none"`` keeps
+#: The profile of a scenario that names none: the newest vLLM. ``"none"`` keeps
 #: the engine keys' own defaults (every result before the flip; see docs/cost-model.md).
 DEFAULT_PROFILE: str | None = "vllm-v1"
 

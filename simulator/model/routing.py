@@ -188,7 +188,7 @@ class Routing:
     @cached_property
     def u(self) -> np.ndarray:
         """``Phi(z)``: the draws as uniform quantiles, ``(DRAWS, E)``."""
-        # scipy on use: importing it costs every dense run 0.13 s of CPU (issue 21).
+        # scipy on use: importing it costs every dense run 0.13 s of CPU.
         from scipy.special import ndtr  # noqa: PLC0415
         return ndtr(self.z)
 

@@ -1,4 +1,4 @@
-"""Follow-ups of #16, #18 and #19: MoE layouts per pool and the MLA KV transfer, pool keys
+"""Where two features meet: MoE layouts per pool and the MLA KV transfer, pool keys
 in sweeps, the DeepSeek-V3 prefix-caching example, rerouted requests counted as queued
 during an outage, and batch efficiency as the binding-resource fill."""
 
