@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-MASK = (1 << 64) - 1
+from simulator.hashing import splitmix64
 
 
 class Router(Protocol):
@@ -143,15 +143,6 @@ class Scraped:
         return self.replica.cached_tokens(request)
 
 
-def _mix(x: int) -> int:
-    """splitmix64: a fixed, well-spread 64-bit hash of an integer (stable across runs,
-    unlike Python's salted ``hash`` of strings)."""
-    x = (x + 0x9E3779B97F4A7C15) & MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
-    return x ^ (x >> 31)
-
-
 class SessionAffinity:
     """Consistent hashing of the session (Karger et al. 1997): each replica owns
     ``VNODES`` points on a 64-bit ring; a request goes to the first point clockwise of its
@@ -168,8 +159,8 @@ class SessionAffinity:
         if ring is None:
             # Points hash inputs >= 2**63, keys < 2**63: splitmix64 is a bijection, so a key
             # never lands exactly on a point.
-            points = sorted((_mix((1 << 63) | (i << 16) | v), k) for k, i in enumerate(indices)
-                            for v in range(self.VNODES))
+            points = sorted((splitmix64((1 << 63) | (i << 16) | v), k)
+                            for k, i in enumerate(indices) for v in range(self.VNODES))
             ring = self._rings[indices] = ([p for p, _ in points], [k for _, k in points])
         return ring
 
@@ -177,7 +168,7 @@ class SessionAffinity:
         indices = tuple(getattr(r, "index", k) for k, r in enumerate(replicas))
         points, owners = self._ring(indices)
         key = request.session if request.session >= 0 else (1 << 40) + request.id
-        j = bisect.bisect_left(points, _mix(key))
+        j = bisect.bisect_left(points, splitmix64(key))
         return owners[j % len(points)]
 
 

@@ -32,26 +32,15 @@ import numpy as np
 
 from simulator.engine.batching import Batch, ContinuousBatcher
 from simulator.engine.request import DECODE, Request
+from simulator.hashing import finalize, golden_multiple
 from simulator.model.speculative import DraftCost
-
-_M1, _M2, _GOLD = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB),
-                   np.uint64(0x9E3779B97F4A7C15))
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finalizer (uint64 arithmetic wraps modulo 2**64)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
 
 
 def uniforms(key: int, ids: np.ndarray, counters: np.ndarray) -> np.ndarray:
     """One uniform in [0, 1) per (id, counter) pair, a pure function of ``key`` and the pair
     (counter-based: SplitMix64 over the mixed inputs, 53 bits)."""
-    x = _mix(np.uint64(key) ^ (ids.astype(np.uint64) * _GOLD))
-    x = _mix(x + counters.astype(np.uint64) * _GOLD)
+    x = finalize(np.uint64(key) ^ golden_multiple(ids))
+    x = finalize(x + golden_multiple(counters))
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
