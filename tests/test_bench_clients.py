@@ -4,6 +4,8 @@ engine (requests in turn), and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import benchmark_module, toy_scenario
@@ -37,7 +39,10 @@ def _start(res: simulator.Result) -> float:
 
 
 def test_the_names_in_the_schema_are_the_registry():
-    assert schema.CLIENTS == tuple(CLIENTS)
+    meta = {f.name: f.metadata for f in dataclasses.fields(schema.WorkloadKeys)}
+    assert meta["client"]["choices"] is CLIENTS
+    assert tuple(CLIENTS) == ("vllm-bench", "sglang-bench", "aiperf", "genai-perf",
+                              "trtllm-bench")
 
 
 def test_concurrency_4_dispatch_timeline_by_hand():

@@ -16,7 +16,7 @@ import networkx as nx
 PACKAGE = Path(__file__).resolve().parent.parent / "simulator"
 #: Bottom to top; a package may import its own layer and the ones below.
 LAYERS = (
-    ("errors", "paths", "files", "plaintext", "hashing"),
+    ("errors", "paths", "files", "plaintext", "hashing", "registry"),
     ("hardware", "calibration", "topology", "parallel", "model"),
     ("io", "engine", "workload", "default_scenario", "arguments"),
     ("cluster", "metrics"),

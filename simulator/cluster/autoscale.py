@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simulator import registry
 from simulator.io.schema import AutoscaleKeys
 from simulator.topology.graph import Paths
 
@@ -130,8 +131,9 @@ class Kalman:
         return self.x or 0.0
 
 
-FORECASTERS = {"last": Last, "moving_average": MovingAverage, "holt_winters": HoltWinters,
-               "kalman": Kalman}
+#: The forecasters (``[autoscale] forecaster``): the one place a forecaster is added.
+FORECASTERS = registry.FORECASTERS.add({"last": Last, "moving_average": MovingAverage,
+                                        "holt_winters": HoltWinters, "kalman": Kalman})
 
 
 # ----------------------------------------------------------------------------- policies
@@ -224,8 +226,16 @@ def cold_start_s(a: AutoscaleKeys, plan, replica: int, peer: int | None) -> floa
     return a.provision_s + load + a.graph_capture_s
 
 
-# ----------------------------------------------------------------------------- the process
+#: The scaling policies (``[autoscale] policy``), each made from the autoscale keys and the
+#: scenario's SLOs: the one place a policy is added.
+POLICIES = registry.AUTOSCALE_POLICIES.add({
+    "none": lambda a, slo: NonePolicy(a),
+    "load": lambda a, slo: LoadPolicy(a),
+    "sla": lambda a, slo: SlaPolicy(a, slo.ttft_s, slo.tpot_s),
+})
 
+
+# ----------------------------------------------------------------------------- the process
 @dataclass
 class ScaleLog:
     """What scaling did: every state change, the cold starts, GPU-seconds paid."""
@@ -247,8 +257,7 @@ class Autoscaler:
         self.log = ScaleLog()
         for i in range(start):
             self.log.changes.append((0.0, i, "serving"))
-        self.policy = (SlaPolicy(a, slo.ttft_s, slo.tpot_s) if a.policy == "sla"
-                       else LoadPolicy(a) if a.policy == "load" else NonePolicy(a))
+        self.policy = POLICIES[a.policy](a, slo)
         self.arrivals = 0
         self.ttfts: list[float] = []
         self.tpots: list[float] = []

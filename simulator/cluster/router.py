@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from simulator import registry
 from simulator.hashing import splitmix64
 
 
@@ -172,11 +173,11 @@ class SessionAffinity:
         return owners[j % len(points)]
 
 
-ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "random": Random,
-                            "least_outstanding": LeastOutstanding, "least_kv": LeastKV,
-                            "least_tokens": LeastTokens, "power_of_two": PowerOfTwo,
-                            "prefix_aware": PrefixAware, "kv_aware": KVAware,
-                            "session_affinity": SessionAffinity}
+#: The routers a scenario may name (``[router] policy``): the one place a router is added.
+ROUTERS = registry.ROUTERS.add({
+    "round_robin": RoundRobin, "random": Random, "least_outstanding": LeastOutstanding,
+    "least_kv": LeastKV, "least_tokens": LeastTokens, "power_of_two": PowerOfTwo,
+    "prefix_aware": PrefixAware, "kv_aware": KVAware, "session_affinity": SessionAffinity})
 
 
 def make_router(policy: str | Router, rng: np.random.Generator | None = None,

@@ -15,7 +15,7 @@ graph padding, 256 sequences).
 
 from __future__ import annotations
 
-from typing import Any
+from simulator import registry
 
 #: vLLM 0.6 (vllm/worker/model_runner.py): graphs for batch sizes 1, 2, 4 and multiples of
 #: 8 up to 256 (``_BATCH_SIZES_TO_CAPTURE``), decode-only batches, padded up
@@ -75,7 +75,7 @@ HOST: dict[str, dict[str, float]] = {
 #: The profiles: the ``[engine]`` keys each sets. ``cuda_graph_sizes`` names a capture rule
 #: (:data:`CAPTURE_RULES`), evaluated with the scenario's ``max_num_seqs`` when the cluster
 #: is built; ``cuda_graph_max_batch`` bounds it (None: the rule's own bound).
-PROFILES: dict[str, dict[str, Any]] = {
+PROFILES = registry.PROFILES.add({
     # vLLM 0.6.x (Sep-Dec 2024) with the defaults of `vllm serve` for max_model_len <= 32k:
     # chunked prefill off (prefill-first), max_num_seqs 256, graphs on decode batches only,
     # custom all-reduce on, CPU scheduling in line with the GPU step, prefix caching off
@@ -109,17 +109,18 @@ PROFILES: dict[str, dict[str, Any]] = {
                "prefix_caching": True, **HOST["trtllm"]},
     # No profile: the [engine] keys' own defaults (the results before profiles existed).
     "none": {},
-}
+})
 
 #: Capture rules: name -> (sizes from the bound, whether graphs cover mixed steps, the
 #: rule's own bound from max_num_seqs, and for SGLang the TP degree).
-CAPTURE_RULES = {
+CAPTURE_RULES = registry.CAPTURE_RULES.add({
+    "none": (lambda top: (), False, lambda seqs, tp: 0),  # graphs not modelled
     "vllm-v0.6": (lambda top: tuple(s for s in VLLM_V06_SIZES if s <= top), False,
                   lambda seqs, tp: min(256, -(-seqs // 8) * 8)),
     "vllm-v1": (vllm_v1_ladder, True, lambda seqs, tp: min(2 * seqs, 512)),
     "sglang": (sglang_sizes, False, lambda seqs, tp: 256 if tp < 4 else 512),
     "trtllm": (trtllm_sizes, False, lambda seqs, tp: 128),
-}
+})
 
 
 def capture_sizes(rule: str, max_num_seqs: int, max_batch: int | None = None,

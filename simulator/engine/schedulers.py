@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from simulator import registry
 from simulator.engine.batching import Batch, ContinuousBatcher
 from simulator.engine.kvcache import blocks_for
 from simulator.engine.request import Request
@@ -104,14 +105,15 @@ class Static(Reserving):
         return not self.decoding and not self.prefilling and not self.waiting
 
 
-#: Registered schedulers: name -> class (its PARAMS are the accepted scheduler_args).
-SCHEDULERS: dict[str, type[ContinuousBatcher]] = {
+#: Registered schedulers (``[engine] scheduler``): name -> class, whose PARAMS are the
+#: ``scheduler_args`` it accepts; the one place a scheduler is added.
+SCHEDULERS = registry.SCHEDULERS.add({
     "vllm": ContinuousBatcher,
     "vllm_v0": PrefillFirst,
     "sarathi": Sarathi,
     "orca": Reserving,
     "static": Static,
-}
+})
 
 
 def sarathi_chunk(engine: EngineKeys) -> int:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from simulator import files
+from simulator import files, registry
 from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
 from simulator.io.gateway import parse_gateway
@@ -29,7 +29,6 @@ from simulator.io.schema import (
     MAX_TIME_S,
     MAX_TOKENS,
     NAME_PATTERN,
-    SCHEDULER_PARAMS,
     SECTIONS,
     TOP_LEVEL,
     AutoscaleKeys,
@@ -522,7 +521,8 @@ def _engine_problems(eng: EngineKeys, key: str) -> list[str]:
     """The engine keys that depend on each other, for ``[engine]`` and for each pool's
     engine (``[engine]`` with the pool's ``engine`` table over it)."""
     p = []
-    accepted = SCHEDULER_PARAMS.get(eng.scheduler, ())
+    known = eng.scheduler in registry.SCHEDULERS  # an unknown name is reported already
+    accepted = tuple(registry.SCHEDULERS[eng.scheduler].PARAMS) if known else ()
     args = eng.scheduler_args or {}
     if not isinstance(args, dict):
         return [f"{key}.scheduler_args: expected a table of scheduler parameters, got "

@@ -10,23 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from simulator import registry
+
 #: Weight dtypes (int4: weight-only; fp8, int8, fp4: weights and activations) and KV dtypes
 #: (bf16, fp16, fp8). What a GPU supports is checked when the cluster is built.
 DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
 ARRIVALS = ("poisson", "gamma", "constant", "closed_loop", "trace", "sessions")
-ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv", "least_tokens",
-           "power_of_two", "prefix_aware", "kv_aware", "session_affinity")
-SCHEDULERS = ("vllm", "vllm_v0", "sarathi", "orca", "static")
-#: Keyword parameters each scheduler takes in ``[engine] scheduler_args`` (all integers >= 1).
-SCHEDULER_PARAMS = {"vllm": (), "vllm_v0": (), "sarathi": ("chunk_size",),
-                    "orca": ("reserve_tokens",), "static": ("reserve_tokens",)}
 PREEMPTION = ("recompute", "swap")
 LENGTH_DISTS = ("constant", "uniform", "normal", "lognormal", "exponential")
-#: Engine profiles (simulator/engine/profiles.py) and CUDA-graph capture rules.
-PROFILES = ("vllm-v0.6", "vllm-v1", "sglang", "trtllm", "none")
-#: Named benchmark clients (simulator/workload/clients.py).
-CLIENTS = ("vllm-bench", "sglang-bench", "aiperf", "genai-perf", "trtllm-bench")
-CUDA_GRAPHS = ("none", "vllm-v0.6", "vllm-v1", "sglang", "trtllm")
 SPEC_METHODS = ("draft_model", "eagle", "mtp", "ngram")
 #: Engines whose parallel flags ``[parallel] convention`` reads (simulator/io/layout.py).
 CONVENTIONS = ("vllm", "sglang", "trtllm")
@@ -103,7 +94,7 @@ class ParallelKeys:
 
 @dataclass(frozen=True)
 class EngineKeys:
-    scheduler: str = _f("vllm", choices=SCHEDULERS)
+    scheduler: str = _f("vllm", choices=registry.SCHEDULERS)
     scheduler_args: dict | None = _f(None, kind="table", optional=True)
     # What a request that loses its KV blocks does: re-prefill, or copy them to CPU and back.
     preemption: str = _f("recompute", choices=PREEMPTION)
@@ -134,11 +125,11 @@ class EngineKeys:
     layer_launch_s: float = _f(0.0, min=0.0)
     # A named bundle of the keys below and above (docs/cost-model.md, "Engine profiles");
     # keys set here override it. "none": the defaults above; unset: vllm-v1.
-    profile: str | None = _f(None, choices=PROFILES, optional=True)
+    profile: str | None = _f(None, choices=registry.PROFILES, optional=True)
     # CUDA graphs: the capture-size rule of an engine ("none": not modelled) and its largest
     # captured batch (None: the rule's default). Covered steps run padded to a captured
     # size; larger ones run eagerly (layer_launch_s applies).
-    cuda_graphs: str = _f("none", choices=CUDA_GRAPHS)
+    cuda_graphs: str = _f("none", choices=registry.CAPTURE_RULES)
     cuda_graph_max_batch: int | None = _f(None, min=1, optional=True)
     # The CPU's per-step work overlaps the GPU step (async scheduling): a step takes
     # max(step_overhead_s, GPU compute) + communication instead of their sum.
@@ -160,7 +151,7 @@ class EngineKeys:
 
 @dataclass(frozen=True)
 class RouterKeys:
-    policy: str = _f("round_robin", choices=ROUTERS)
+    policy: str = _f("round_robin", choices=registry.ROUTERS)
     # kv_aware: score = cached prompt tokens - load_weight x load tokens.
     load_weight: float = _f(1.0, min=0.0)
     # The replicas' load as of the router's last metrics scrape, every refresh_s (None:
@@ -176,7 +167,7 @@ class WorkloadKeys:
     concurrency: int | None = _f(None, min=1, optional=True)
     # closed_loop: a named benchmark client's warm-up and front end (docs/scenario.md,
     # "Benchmark clients"); warmup_requests overrides its warm-up count.
-    client: str | None = _f(None, choices=CLIENTS, optional=True)
+    client: str | None = _f(None, choices=registry.CLIENTS, optional=True)
     warmup_requests: int | None = _f(None, min=0, optional=True)
     think_time_s: float = _f(0.0, min=0.0)  # closed_loop: pause between a reply and the next
     num_requests: int | None = _f(None, min=1, optional=True)
@@ -290,8 +281,6 @@ POOL_ROLES = ("prefill", "decode", "mixed")
 KV_TRANSFER_MODES = ("after_prefill", "layerwise")
 
 
-AUTOSCALE_POLICIES = ("none", "load", "sla")
-FORECASTERS = ("last", "moving_average", "holt_winters", "kalman")
 SCALE_METRICS = ("outstanding_per_replica", "queued_per_replica", "kv_util")
 WEIGHT_SOURCES = ("nvme", "nfs", "object_store", "peer")
 
@@ -300,7 +289,7 @@ WEIGHT_SOURCES = ("nvme", "nfs", "object_store", "peer")
 class AutoscaleKeys:
     """``[autoscale]``: replicas added and removed while the run goes (docs/autoscaling.md)."""
 
-    policy: str = _f("none", choices=AUTOSCALE_POLICIES)
+    policy: str = _f("none", choices=registry.AUTOSCALE_POLICIES)
     min_replicas: int = _f(1, min=1)
     max_replicas: int | None = _f(None, min=1, optional=True)  # None: parallel.dp
     initial_replicas: int | None = _f(None, min=1, optional=True)  # None: min_replicas
@@ -320,7 +309,7 @@ class AutoscaleKeys:
     up_intervals: int = _f(1, min=1)  # consecutive intervals wanting more before adding
     down_intervals: int = _f(3, min=1)  # ... wanting fewer before removing
     # policy = "sla": forecast the next interval's arrival rate, size for it.
-    forecaster: str = _f("moving_average", choices=FORECASTERS)
+    forecaster: str = _f("moving_average", choices=registry.FORECASTERS)
     window: int = _f(5, min=1)  # moving_average: intervals averaged
     smoothing: float = _f(0.5, gt=0.0, max=1.0)  # holt_winters: level weight (alpha)
     trend_smoothing: float = _f(0.1, min=0.0, max=1.0)  # holt_winters: trend weight (beta)
@@ -346,7 +335,7 @@ class PoolKeys:
     pp: int = _f(1, min=1, max=1024)
     dp: int = _f(1, min=1, max=65536)
     placement: str = _f("spread", choices=("spread", "packed"))
-    router: str | None = _f(None, choices=ROUTERS, optional=True)  # None: [router]'s
+    router: str | None = _f(None, choices=registry.ROUTERS, optional=True)  # None: [router]'s
     kv_dtype: str | None = _f(None, choices=DTYPES, optional=True)  # None: [model]'s
     # Price of one GPU of this pool per hour, USD (None: no cost figures).
     gpu_hour_usd: float | None = _f(None, min=0.0, max=10000.0, optional=True)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator import registry
+
 
 @dataclass(frozen=True)
 class BenchClient:
@@ -46,7 +48,7 @@ class BenchClient:
 
 
 #: The named clients (``[workload] client``).
-CLIENTS: dict[str, BenchClient] = {
+CLIENTS = registry.CLIENTS.add({
     # vllm/benchmarks/serve.py `benchmark`: "Starting initial single prompt test run..."
     # sends input_requests[0] with its own output length and waits for it; --num-warmups
     # (default 0) more of the same; then every request at once behind the semaphore.
@@ -66,4 +68,4 @@ CLIENTS: dict[str, BenchClient] = {
     # an asyncio.Semaphore(concurrency); throughput.py --warmup (default 2) requests
     # first.
     "trtllm-bench": BenchClient(2, None, True, 0.0, False),
-}
+})
