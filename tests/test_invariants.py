@@ -26,9 +26,12 @@ def _check_invariants(res: simulator.Result, n: int) -> None:
     assert (done["first_scheduled_s"] >= done["arrival_s"]).all()
     assert (done["first_token_s"] > done["first_scheduled_s"]).all()
     assert (done["finish_s"] >= done["first_token_s"]).all()
-    # Steps of one stage never overlap and never run backwards.
+    # Steps of one stage never run backwards, and one stage runs one step at a time: sorted
+    # by start, each step begins no earlier than the previous one ended.
     for _, g in steps.groupby(["replica", "stage"]):
         assert (g["end_s"] >= g["start_s"]).all()
+        g = g.sort_values(["start_s", "end_s"])
+        assert (g["start_s"].to_numpy()[1:] >= g["end_s"].to_numpy()[:-1] - 1e-9).all()
     # KV blocks never exceed a stream's capacity, never go negative.
     cap = res.summary["kv_blocks_per_replica"] // res.plan.streams_per_replica
     assert steps["kv_blocks"].between(0, cap).all()
