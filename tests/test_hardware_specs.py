@@ -93,3 +93,13 @@ def test_a_relative_path_from_another_folder_is_another_file(tmp_path, monkeypat
         monkeypatch.chdir(tmp_path / sub)
         names.append(load_gpu("g.toml").name)
     assert names == ["GPU A", "GPU B"]
+
+
+def test_a_flat_efficiency_table_is_refused_naming_the_key(tmp_path):
+    """The older flat ``[efficiency]`` table is not read as a calibration: one error names it
+    and the keys a GPU file allows, so a file that used it is never priced by a silent
+    default."""
+    node, gpu = _files(tmp_path)
+    gpu.write_text(gpu.read_text() + "\n[efficiency]\ngemm_compute = 0.5\n")
+    with pytest.raises(ScenarioError, match=r"efficiency.*calibration|calibration.*efficiency"):
+        load_node(str(node))

@@ -274,25 +274,6 @@ def from_toml(raw: dict, key: str = "gpu.calibration") -> Calibration:
     return Calibration(**out)
 
 
-def from_legacy(eff: dict, key: str = "gpu.efficiency") -> Calibration:
-    """Map the old ``[efficiency]`` table (flat fractions and a decode floor) onto the forms."""
-    known = {"gemm_compute", "gemm_bandwidth", "attention_compute", "attention_bandwidth",
-             "elementwise_bandwidth", "attention_decode_floor_s"}
-    for k in eff:
-        if k not in known:
-            raise ScenarioError(f"{key}.{k}: unknown key (allowed: {', '.join(sorted(known))})")
-    g = _params(GemmParams, {"compute_eff": eff.get("gemm_compute", 1.0),
-                             "bandwidth_eff": eff.get("gemm_bandwidth", 1.0)}, key)
-    floor = eff.get("attention_decode_floor_s", 0.0)
-    ac, ab = eff.get("attention_compute", 1.0), eff.get("attention_bandwidth", 1.0)
-    pre = _params(PrefillParams, {"compute_eff": ac, "bandwidth_eff": ab, "floor_s": floor}, key)
-    dec = _params(DecodeParams, {"compute_eff": ac, "bandwidth_eff": ab, "floor_s": floor}, key)
-    ew = _params(ElementwiseParams, {"bandwidth_eff": eff.get("elementwise_bandwidth", 1.0)},
-                 key)
-    return Calibration(gemm={"bf16": g}, prefill={"bf16": pre}, decode={"bf16": dec},
-                       elementwise=ew, source="legacy [efficiency] table")
-
-
 def _fmt(v: float) -> str:
     if v == INF:
         return "inf"

@@ -18,7 +18,7 @@ from simulator.errors import ScenarioError
 #: Top-level keys of a GPU file (``topologies/gpus/<name>.toml``).
 GPU_KEYS = ("name", "description", "source", "memory_bytes", "hbm_bandwidth_Bps",
             "sm_count", "generation", "boost_clock_hz", "l2_bytes", "tdp_w", "idle_w",
-            "peak_flops", "calibration", "efficiency")
+            "peak_flops", "calibration")
 #: Dtypes a ``[peak_flops]`` table may give dense tensor FLOP/s for (fp6: OCP MXFP6, which
 #: CDNA4 runs at its FP4 rate and Blackwell at its FP8 rate).
 PEAK_DTYPES = ("bf16", "fp16", "fp8", "fp6", "fp4", "int8")

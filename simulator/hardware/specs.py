@@ -19,7 +19,7 @@ from simulator.calibration.generations import (
     transfer,
     transfer_chain,
 )
-from simulator.calibration.params import Calibration, from_legacy, from_toml
+from simulator.calibration.params import Calibration, from_toml
 from simulator.errors import ScenarioError
 from simulator.hardware.schema import check_gpu_file, check_node_file
 from simulator.paths import GPUS, TOPOLOGIES, catalog
@@ -121,14 +121,12 @@ def _reference_clock(ref: str) -> float | None:
 
 
 def _calibration(data: dict, key: str) -> Calibration:
-    """The file's ``[calibration]``; else its legacy ``[efficiency]`` table; else the
+    """The file's ``[calibration]``; else the
     calibration of the nearest fitted generation's GPU, which carries over by physics
     (docs/cost-model.md, docs/hardware.md; SM-second costs scaled by the clocks,
     :func:`~simulator.calibration.generations.transfer`)."""
     if "calibration" in data:
         return from_toml(data["calibration"], f"{key}: calibration")
-    if "efficiency" in data:
-        return from_legacy(data["efficiency"], f"{key}: efficiency")
     gen = data.get("generation", "")
     ref, clock = fitted_reference(gen), data.get("boost_clock_hz")
     return transfer(_reference_calibration(ref), _reference_clock(ref),
