@@ -232,6 +232,11 @@ def test_refusals_name_the_key_and_value(edit, needle):
     ("deepseek-ai--DeepSeek-V4-Flash_config.json", "compress_ratios"),
     ("moonshotai--Kimi-K3_config.json", "linear_attn_config"),
     ("nvidia--Nemotron-H-56B-Base-8K_config.json", "hybrid_override_pattern"),
+    ("nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16_config.json", "layers_block_type"),
+    ("nvidia--Llama-3_3-Nemotron-Super-49B-v1_config.json", "block_configs"),
+    ("XiaomiMiMo--MiMo-V2-Flash_config.json", "hybrid_layer_pattern"),
+    ("google--gemma-4-26B-A4B_config.json", "global_head_dim"),
+    ("nvidia--Qwen3.6-27B-NVFP4_config.json", "MIXED_PRECISION"),
 ])
 def test_unpriced_architectures_refused(source, needle):
     path = SHARED / "models" / "aic" / source
@@ -239,6 +244,17 @@ def test_unpriced_architectures_refused(source, needle):
         pytest.skip("shared/models/aic not present")
     with pytest.raises(ScenarioError, match=needle):
         load_model(str(path))
+
+
+def test_qwen_moe_without_mlp_only_layers_is_all_moe():
+    """A Qwen3.5/3.6 MoE text config that leaves out mlp_only_layers (Qwen3.6-35B-A3B)
+    has every layer MoE with its shared expert, as one that lists none."""
+    c = _config("qwen3.5-35b-a3b")
+    want = from_config(c, "x").moe
+    del c["text_config"]["mlp_only_layers"]
+    got = from_config(c, "x").moe
+    assert got == want and got.layers == tuple(range(c["text_config"]["num_hidden_layers"]))
+    assert got.shared_intermediate == c["text_config"]["shared_expert_intermediate_size"]
 
 
 def _scenario(tmp_path, model, topology="hgx-h200", tp=8, extra="", dtype="bf16"):
