@@ -246,6 +246,20 @@ def test_unpriced_architectures_refused(source, needle):
         load_model(str(path))
 
 
+@pytest.mark.parametrize("model, want", [
+    ("deepseek-v3", "fp8"),       # block FP8: attention ships FP8
+    ("glm-5-nvfp4", "bf16"),      # NVFP4 experts, 16-bit attention
+    ("llama-3.1-70b", "bf16"),    # no quantization_config
+])
+def test_unset_weight_dtype_is_the_release_precision(model, want):
+    s = load_scenario({"model": {"name": model}, "workload": {"rate_per_s": 1.0,
+                                                               "num_requests": 4}})
+    assert s.model.weight_dtype == want
+    set_ = load_scenario({"model": {"name": model, "weight_dtype": "bf16"},
+                          "workload": {"rate_per_s": 1.0, "num_requests": 4}})
+    assert set_.model.weight_dtype == "bf16"  # a value the user sets is kept
+
+
 def test_qwen_moe_without_mlp_only_layers_is_all_moe():
     """A Qwen3.5/3.6 MoE text config that leaves out mlp_only_layers (Qwen3.6-35B-A3B)
     has every layer MoE with its shared expert, as one that lists none."""
