@@ -391,13 +391,30 @@ def test_docs_refusal_and_figures(capsys):
     assert "at most 514 " in capsys.readouterr().err
 
 
-def test_disaggregated_hand_off_of_a_hybrid_is_refused(capsys):
+def test_disaggregated_hand_off_of_a_hybrid_moves_its_kv_and_its_state(tmp_path):
+    """Qwen3.5-27B, prefill TP8 -> decode TP8: each request moves the KV of the 16
+    full-attention layers (4 KV heads of 256 in bf16, replicated so that each of the 8
+    decode ranks reads one head) per prompt token, plus the recurrent state of the 48
+    Gated DeltaNet layers once: 48 value heads x 128 x 128 float32 and the convolution
+    state, 3 x 10240 bf16, per layer."""
     f = ROOT / "workloads" / "disagg-70b-1p1d-short.toml"
-    code = main(["validate", str(f), "--set", "model.name=qwen3.5-27b",
-                 "--set", "engine.max_num_seqs=64"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and "pools[0] (prefill).role" in err and "allowed: mixed" in err
-    assert len(err.splitlines()) == 1
+    s = load_scenario(str(f), overrides=["model.name=qwen3.5-27b", "engine.max_num_seqs=64",
+                                         "workload.num_requests=30"])
+    df = run(s).requests
+    assert (df.status == "completed").all() and len(df) == 30
+    per_token = 16 * 8 * (2 * 256 * 2)
+    state = 48 * (48 * 128 * 128 * 4 + 3 * 10240 * 2)
+    assert (df.kv_bytes == df.prompt_tokens * per_token + state).all()
+
+
+def test_dsa_kv_flows_carry_the_indexer_keys():
+    """GLM-5 (MLA + DeepSeek sparse attention, 78 layers, each with its indexer): one
+    token moves its 576-wide latent and its indexer key (128 FP8 + one fp32 scale) per
+    layer."""
+    from simulator.cluster.transfer import kv_flows, state_flows
+    m = load_model("glm-5")
+    assert kv_flows(m, 1, [["p0"]], [["d0"]]) == [("p0", "d0", 78 * (576 + 132))]
+    assert state_flows(m, [["p0"]], [["d0"]]) == []
 
 
 def test_a_release_that_does_not_fit_in_16_bit_names_its_precision(tmp_path, capsys):

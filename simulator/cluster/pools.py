@@ -181,12 +181,6 @@ def _build(s: Scenario) -> PooledPlan:
         plans.append(plan)
     roles = [(i, p, p.kv_dtype or s.model.kv_dtype) for i, p in enumerate(s.pools)
              if p.role != "mixed"]
-    for (i, p, _), plan in ((r, plans[r[0]]) for r in roles):
-        if plan.model.linear is not None or plan.model.dsa is not None:
-            # the hand-off prices KV per layer and head: no recurrent state, no indexer keys
-            raise ScenarioError(f"pools[{i}] ({p.name}).role: {p.role!r} hands KV over, which "
-                                f"is not modelled for {plan.model.name} (hybrid linear "
-                                f"attention or DeepSeek sparse attention); allowed: mixed")
     for i, p, dt in roles:
         if dt != roles[0][2]:
             raise ScenarioError(f"pools[{i}] ({p.name}).kv_dtype: {dt} differs from "
