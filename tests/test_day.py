@@ -10,6 +10,9 @@ import pandas as pd
 import pytest
 
 from simulator import load_scenario, run
+from simulator.cluster import running
+from simulator.cluster.build import build_plan
+from simulator.cluster.sizing import replica_sizing
 from simulator.metrics.day import attainment_by_window, worst_window
 from simulator.printout import format_summary
 from tests.test_autoscale import LOAD, _scenario
@@ -56,3 +59,81 @@ def test_an_autoscaled_run_reports_attainment_per_window_and_its_worst():
     text = format_summary("as", s, req)
     assert (f"SLO attainment, worst window   {s['slo_attainment_worst_window']:.1%} (the 20 s "
             f"from t = {start:,.0f} s; {s['slo_attainment']:.1%} over the run)") in text
+
+
+def _70b(workload: dict, dp: int, autoscale: dict | None = None) -> dict:
+    out = {"name": "flat", "seed": 1, "model": {"name": "llama-3.1-70b"},
+           "cluster": {"topology": "dgx-h100", "nodes": max(1, dp // 2)},
+           "parallel": {"tp": 4, "dp": dp}, "router": {"policy": "least_outstanding"},
+           "workload": {"duration_s": 300.0, "prompt_tokens": 1024, "output_tokens": 256}
+           | workload, "output": {"steps": False}}
+    return out | ({"autoscale": autoscale} if autoscale else {})
+
+
+def test_the_cost_models_capacity_is_what_one_replica_serves_within_the_slos():
+    # Llama-3.1-70B TP4 on H100, 1024 + 256 tokens, TTFT <= 2 s, TPOT <= 0.1 s: a
+    # one-replica run keeps its SLOs at 90% of the estimate and misses them at 110%.
+    s = load_scenario(_70b({"arrival": "poisson", "rate_per_s": 1.0}, dp=1))
+    est = replica_sizing(build_plan(s), 1024, 256, s.slo.ttft_s, s.slo.tpot_s)
+    assert est.slo_met and 0.9 * est.bound_per_s < est.capacity_per_s < est.bound_per_s
+    # docs/autoscaling.md quotes them: 10.1 req/s within the SLOs, 10.7 the bound.
+    assert round(est.capacity_per_s, 1) == 10.1 and round(est.bound_per_s, 1) == 10.7
+    for factor, keeps in ((0.9, True), (1.1, False)):
+        got = run(load_scenario(_70b({"arrival": "poisson",
+                                      "rate_per_s": factor * est.capacity_per_s}, dp=1)))
+        attained = got.summary["slo_attainment"]
+        assert (attained >= 0.99) if keeps else (attained < 0.5), (factor, attained)
+
+
+SLA = {"policy": "sla", "min_replicas": 1, "max_replicas": 4, "interval_s": 30.0,
+       "forecaster": "moving_average", "window": 3, "cooldown_down_s": 0.0,
+       "provision_s": 5.0, "graph_capture_s": 5.0}
+
+
+def test_a_flat_load_with_sla_sized_by_the_cost_model_settles():
+    # 20 req/s, constant: the policy sizes for ceil(20 / (capacity x 0.8)) replicas, the
+    # capacity the cost model's (no replica_capacity_per_s), and then stops scaling. The
+    # backlog the single first replica gathers before the others are warm misses the TTFT
+    # SLO, so the latency correction asks for a fourth replica for a while; once the
+    # backlog is served the count goes back to 3 and stays there.
+    s = load_scenario(_70b({"arrival": "constant", "rate_per_s": 20.0, "duration_s": 600.0},
+                           dp=4, autoscale=SLA))
+    cap = replica_sizing(build_plan(s), 1024, 256, s.slo.ttft_s, s.slo.tpot_s).capacity_per_s
+    want = math.ceil(20.0 / (cap * 0.8))
+    assert want == 3
+    scaler = _autoscaler_of(s)
+    assert scaler.policy.capacity_per_s == pytest.approx(cap)
+    decisions = [n for t, n, _ in scaler.log.decisions if t >= 150.0]
+    assert len(decisions) == 16 and set(decisions) == {want}  # after the warm-up: constant
+    assert max(t for t, _, _ in scaler.log.changes) < 160.0  # no scaling after it
+    assert scaler.state.count("serving") == want
+    assert max(n for _, n, _ in scaler.log.decisions) == want + 1
+
+
+def _autoscaler_of(s):
+    captured = {}
+    real = running.Autoscaler
+
+    class Spy(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            captured["scaler"] = self
+
+    running.Autoscaler = Spy
+    try:
+        captured["result"] = run(s)
+    finally:
+        running.Autoscaler = real
+    return captured["scaler"]
+
+
+def test_an_explicit_capacity_overrides_the_cost_model():
+    # 6 req/s: one replica by the cost model (about 10 req/s each), three by a stated
+    # capacity of 3 req/s: ceil(6 / (3 x 0.8)).
+    for capacity, want in ((None, 1), (3.0, 3)):
+        keys = SLA | ({"replica_capacity_per_s": capacity} if capacity else {})
+        s = load_scenario(_70b({"arrival": "constant", "rate_per_s": 6.0}, dp=4,
+                               autoscale=keys))
+        scaler = _autoscaler_of(s)
+        assert (scaler.sizing is None) == (capacity is not None)
+        assert {n for _, n, _ in scaler.log.decisions} == {want}

@@ -156,7 +156,8 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
     cluster.expected = total
     start_faults(env, cluster, s, rngs["faults"])
     if s.autoscale is not None:
-        cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo)
+        cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo,
+                                     None if w.arrival == "closed_loop" else df)
         env.process(cluster.scaling.run())
     if s.gateway is not None:
         cluster.gateway = Gateway(env, cluster, check_gateway(s.gateway), s.seed)
