@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator import load_scenario, run
+from simulator import load_scenario, run, write_result
+from simulator.cli import main
 from simulator.cluster import running
 from simulator.cluster.build import build_plan
 from simulator.cluster.sizing import replica_sizing
@@ -137,3 +138,44 @@ def test_an_explicit_capacity_overrides_the_cost_model():
         scaler = _autoscaler_of(s)
         assert (scaler.sizing is None) == (capacity is not None)
         assert {n for _, n, _ in scaler.log.decisions} == {want}
+
+
+def test_compare_day_puts_static_and_autoscaled_days_side_by_side(tmp_path, capsys):
+    # The step day of the tests three ways: a static fleet for the peak (4 replicas), one
+    # for less (2 replicas) and the load policy between 1 and 4.
+    base = _scenario(LOAD, rates=(4.0, 300.0, 4.0), at=(0, 120, 200), duration=300.0)
+    static = {k: v for k, v in base.items() if k != "autoscale"}
+    runs = {"peak": static, "mean": static | {"parallel": {"tp": 2, "dp": 2}},
+            "scaled": base}
+    results = {}
+    for name, sc in runs.items():
+        results[name] = run(load_scenario(sc))
+        write_result(results[name], tmp_path / name)
+    folders = [str(tmp_path / n) for n in runs]
+    assert main(["compare", "--day", *folders, "--out", str(tmp_path / "cmp")]) == 0
+    table = pd.read_csv(tmp_path / "cmp" / "compare_day.csv").set_index("metric")
+    peak, scaled = results["peak"].summary, results["scaled"].summary
+    hours = peak["simulated_time_s"] / 3600
+    assert table.loc["day_gpu_hours", "peak"] == pytest.approx(8 * hours)
+    assert table.loc["day_cost_usd", "peak"] == pytest.approx(8 * hours * peak["gpu_hour_usd"])
+    assert table.loc["day_gpu_hours", "scaled"] == pytest.approx(scaled["autoscale_gpu_hours"])
+    assert table.loc["day_gpu_hours", "scaled"] < table.loc["day_gpu_hours", "peak"]
+    assert table.loc["day_cold_starts", "peak"] == 0
+    assert table.loc["day_cold_starts", "scaled"] == scaled["autoscale_scale_ups"] > 0
+    assert table.loc["day_replicas_mean", "mean"] == 2
+    # Every run's worst window over the autoscaled run's 20 s windows.
+    for name in ("peak", "mean"):
+        r = results[name]
+        want = worst_window(r.requests, 20.0, r.scenario.slo.ttft_s, r.scenario.slo.tpot_s)
+        assert table.loc["slo_attainment_worst_window", name] == pytest.approx(
+            want["slo_attainment_worst_window"])
+    assert table.loc["slo_attainment_worst_window", "scaled"] == pytest.approx(
+        scaled["slo_attainment_worst_window"])
+    text = capsys.readouterr().out
+    assert "GPU-hours paid" in text and "cold starts" in text and "compare_day.csv" in text
+
+
+def test_compare_day_needs_two_runs(tmp_path, capsys):
+    assert main(["compare", "--day", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "compare --day: give at least two run folders" in err[0]
