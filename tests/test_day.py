@@ -1,22 +1,30 @@
-"""A day in production: SLO attainment per window and the worst window, by hand and on an
-autoscaled run."""
+"""A day in production: SLO attainment per window and the worst window, the sla policy's
+capacity from the cost model, compare --day, and sweeps of autoscaling and gateway keys."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from simulator import load_scenario, run, write_result
+from simulator import load_scenario, run, sweep, write_result
 from simulator.cli import main
 from simulator.cluster import running
 from simulator.cluster.build import build_plan
 from simulator.cluster.sizing import replica_sizing
-from simulator.metrics.day import attainment_by_window, worst_window
+from simulator.errors import ScenarioError
+from simulator.io.scenario import read_toml
+from simulator.metrics.day import AUTOSCALE_SUMMARY_KEYS, attainment_by_window, worst_window
 from simulator.printout import format_summary
+from simulator.sweep import parse_grid
 from tests.test_autoscale import LOAD, _scenario
+from tests.test_gateway import TWO
+from tests.test_gateway import _scenario as gateway_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _table(rows):
@@ -179,3 +187,37 @@ def test_compare_day_needs_two_runs(tmp_path, capsys):
     assert main(["compare", "--day", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "compare --day: give at least two run folders" in err[0]
+
+
+def test_the_day_grid_sweeps_policies_and_intervals():
+    # workloads/day-70b-grid.toml over the first 20 minutes of the day: 4 deployments x 2
+    # intervals, each row with what the day cost.
+    base = read_toml(ROOT / "workloads" / "day-70b-diurnal.toml")
+    base["workload"]["duration_s"] = 1200.0
+    df = sweep(base, ROOT / "workloads" / "day-70b-grid.toml", jobs=1)
+    assert len(df) == 8 and (df["status"] == "ok").all()
+    assert set(AUTOSCALE_SUMMARY_KEYS) <= set(df.columns)
+    hours = df["simulated_time_s"] / 3600
+    static = df[df["autoscale.policy"] == "none"]
+    # A static fleet pays all its GPUs (TP4: 4 per replica) for the whole run.
+    np.testing.assert_allclose(static["autoscale_gpu_hours"],
+                               4 * static["autoscale.initial_replicas"] * hours[static.index])
+    assert (static["autoscale_scale_ups"] == 0).all()
+    scaled = df[df["autoscale.policy"] != "none"]
+    assert (scaled["autoscale_gpu_hours"] < static["autoscale_gpu_hours"].min()).all()
+    sla = df[df["autoscale.policy"] == "sla"]
+    assert sla["autoscale_replica_capacity_per_s"].notna().all()
+
+
+def test_sweep_keys_of_autoscale_and_gateway():
+    with pytest.raises(ScenarioError, match=r"autoscale\.polcy: unknown key \(did you mean "
+                                            r"'policy'"):
+        parse_grid({"autoscale.polcy": ["load"]})
+    with pytest.raises(ScenarioError, match=r"gateway\.classes: not a key a sweep may vary"):
+        parse_grid({"gateway.classes": [[]]})
+    df = sweep(gateway_scenario(TWO, n=200), {"gateway.order": ["fcfs", "sjf"]}, jobs=1)
+    assert (df["status"] == "ok").all()
+    for c in ("critical", "batch"):
+        assert (df[f"class_{c}_requests"] > 0).all()
+    assert df["fairness_jain"].notna().all()
+    assert (df["class_critical_requests"] + df["class_batch_requests"] == 200).all()

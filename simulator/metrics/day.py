@@ -75,3 +75,16 @@ def with_attainment(ts: pd.DataFrame, requests: pd.DataFrame, ttft_slo_s: float,
     edges = np.append(ts["window_start_s"].to_numpy(float), float(ts["window_end_s"].iloc[-1]))
     return ts.assign(slo_attainment=attainment_by_window(requests, edges, ttft_slo_s,
                                                          tpot_slo_s)[1])
+
+
+#: Summary keys of an autoscaled run (docs/autoscaling.md), the columns a sweep adds when
+#: its runs autoscale.
+AUTOSCALE_SUMMARY_KEYS = [
+    "autoscale_policy", "autoscale_replica_capacity_per_s", "autoscale_replicas_mean",
+    "autoscale_replicas_min", "autoscale_replicas_max", "autoscale_scale_ups",
+    "autoscale_scale_downs", "autoscale_cold_start_mean_s", "autoscale_gpu_hours",
+    "autoscale_cost_usd", "slo_window_s", "slo_attainment_worst_window",
+    "slo_attainment_worst_window_start_s"]
+#: Per-class summary keys of a run with a gateway (``class_<name>_<key>``), and its own.
+GATEWAY_CLASS_KEYS = ["requests", "goodput_req_per_s", "slo_attainment", "shed", "expired"]
+GATEWAY_SUMMARY_KEYS = ["fairness_jain"]
