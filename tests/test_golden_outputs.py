@@ -32,7 +32,7 @@ GOLDEN = Path(__file__).parent / "data" / "golden"
 SCENARIOS = Path(__file__).parent / "data" / "golden_scenarios"
 BLESS = os.environ.get("GOLDEN_BLESS") == "1"
 #: Workload files that are not single runs (sweep grids, planner questions).
-NOT_RUNS = {"grid-70b", "mooncake-70b-grid", "plan-405b-2xdgx", "plan-70b-1xdgx",
+NOT_RUNS = {"grid-70b", "mooncake-70b-grid", "day-70b-grid", "plan-405b-2xdgx", "plan-70b-1xdgx",
             "plan-70b-hetero", "plan-8b-8gpu"}
 REQUESTS = 100
 TRACE_S = 30

@@ -45,6 +45,7 @@ from simulator.errors import ScenarioError
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
+from simulator.metrics.day import with_attainment, worst_window
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
 from simulator.metrics.pools import pool_summary
@@ -155,7 +156,8 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
     cluster.expected = total
     start_faults(env, cluster, s, rngs["faults"])
     if s.autoscale is not None:
-        cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo)
+        cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo,
+                                     None if w.arrival == "closed_loop" else df)
         env.process(cluster.scaling.run())
     if s.gateway is not None:
         cluster.gateway = Gateway(env, cluster, check_gateway(s.gateway), s.seed)
@@ -233,8 +235,10 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
         summary.update(cluster.scaling.summary(
             summary["simulated_time_s"], plan.gpus_used // s.parallel.dp,
             summary["gpu_hour_usd"], float(done["output_tokens"].sum())))
-        ts = ts.assign(replicas=cluster.scaling.replicas_over_time(
-            ts["window_end_s"].to_numpy()))
+        ts = with_attainment(ts.assign(replicas=cluster.scaling.replicas_over_time(
+            ts["window_end_s"].to_numpy())), requests, s.slo.ttft_s, s.slo.tpot_s)
+        summary.update(worst_window(requests, s.autoscale.interval_s, s.slo.ttft_s,
+                                    s.slo.tpot_s))
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts,
                   warnings, stopped)

@@ -608,10 +608,6 @@ def _autoscale_problems(s: Scenario) -> list[str]:
     if a.scale_down_below >= 1:
         p.append(f"autoscale.scale_down_below: must be < 1 (a fraction of target), got "
                  f"{a.scale_down_below:g}")
-    if a.policy == "sla" and a.replica_capacity_per_s is None:
-        p.append("autoscale.replica_capacity_per_s: required for policy = \"sla\" (requests "
-                 "per second one replica serves within the SLOs: `python -m simulator "
-                 "capacity` on a one-replica scenario finds it)")
     if a.policy == "sla" and a.forecaster == "holt_winters" and a.season_intervals == 1:
         p.append("autoscale.season_intervals: a season of 1 interval is no season (0: "
                  "none, or >= 2)")
