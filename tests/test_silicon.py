@@ -108,8 +108,9 @@ def test_a_disaggregated_row_is_a_prefill_and_a_decode_pool():
     assert why == ""
     assert s["name"] == "deepseek-v3-h200_sxm-trtllm-disagg-8192x1024-c96"
     prefill, decode = s["pools"]
+    # Dynamo streams from the decode worker: the client's first token comes with the KV
     assert prefill == {"name": "prefill", "role": "prefill", "tp": 8, "pp": 1, "dp": 2,
-                       "ep": 8, "nodes": 2,
+                       "ep": 8, "nodes": 2, "first_token": "decode",
                        "engine": {"max_num_seqs": 1, "max_num_batched_tokens": 8192}}
     # 4 sequences on each of the 8 attention groups of each of the 3 engines: 96
     assert decode == {"name": "decode", "role": "decode", "tp": 8, "pp": 1, "dp": 3,

@@ -8,7 +8,9 @@ two modes:
   row's layout;
 - ``disagg``: ``prefill_num_workers`` prefill engines and ``decode_num_workers`` decode
   engines, each with its own layout (the ``prefill_`` and ``decode_`` columns); the
-  scenario has a ``prefill`` and a ``decode`` ``[[pools]]`` entry (docs/disaggregation.md).
+  scenario has a ``prefill`` and a ``decode`` ``[[pools]]`` entry (docs/disaggregation.md)
+  behind Dynamo's front end, which streams every token from the decode worker: the
+  client's first token arrives with the KV (``first_token = "decode"``).
 
 Layouts, as the rows spell them (AIConfigurator's columns, the same for every engine):
 ``tp_size`` is the attention TP of one attention group, ``attention_dp_size`` the number of
@@ -180,9 +182,12 @@ def disagg_scenario(row: Row) -> Refusable:
         per_group = _int(row, f"{role}_batch_size")
         groups = par["tp"] // par.get("attention_tp", 1) if par.get("attention_dp") else 1
         engine = {"max_num_seqs": per_group * groups}
+        pool = {"name": role, "role": role, **par, "dp": workers, "engine": engine}
         if role == "prefill":
             engine["max_num_batched_tokens"] = max(per_group * groups * int(row["isl"]), 1)
-        pools.append({"name": role, "role": role, **par, "dp": workers, "engine": engine})
+            # Dynamo's front end streams every token from the decode worker.
+            pool["first_token"] = "decode"
+        pools.append(pool)
         gpus[role] = par["tp"] * par["pp"] * workers
     per_node = load_node(topology).gpus_per_node
     if per_node > 8 and sum(gpus.values()) <= per_node:
