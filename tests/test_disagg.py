@@ -269,6 +269,8 @@ def test_one_mixed_pool_is_the_scenario_without_pools():
     (lambda s: s["pools"][1].update(name="p"), "pools.name: 'p' names more than one pool"),
     (lambda s: s["pools"][1].update(engine={"max_num_seqz": 4}),
      "pools[1].engine.max_num_seqz: unknown key (did you mean 'max_num_seqs'?)"),
+    (lambda s: s["pools"][0].update(first_token="client"),
+     "pools[0].first_token: 'client' is not allowed (allowed: prefill, decode)"),
 ])
 def test_invalid_pool_combinations(change, message):
     s = pools_scenario({"nodes": 1, "tp": 8}, {"nodes": 1, "tp": 8})
@@ -510,3 +512,24 @@ def test_invalid_pools_exit_2_with_one_line(tmp_path, capsys):
     assert main(["validate", str(_toml(tmp_path, s))]) == 0
     out = capsys.readouterr().out
     assert "pool p (prefill)" in out and "pool d (decode)" in out
+
+
+def test_a_front_end_streaming_from_the_decode_side_sees_the_first_token_with_the_kv():
+    # Across the fabric, TP8 -> TP8 (440.5 us transfer), 4 requests of 4 tokens, one at a
+    # time: with first_token = "decode" the first token reaches the client when the KV has
+    # reached the decode instance (TTFT grows by the admission wait and the transfer), the
+    # later tokens and the finish do not move, and TPOT loses that gap.
+    kw = {"workload": {"num_requests": 4}, "engine": {"profile": "none"}}
+    base = run(pools_scenario({"nodes": 1, "tp": 8}, {"nodes": 1, "tp": 8}, **kw))
+    streamed = run(pools_scenario({"nodes": 1, "tp": 8, "first_token": "decode"},
+                                  {"nodes": 1, "tp": 8}, **kw))
+    a, b = base.requests, streamed.requests
+    assert (a["finish_s"] == b["finish_s"]).all()
+    assert (a["kv_transfer_s"] == b["kv_transfer_s"]).all()
+    gap = a["decode_wait_s"] + a["kv_transfer_s"]
+    assert gap.min() == pytest.approx(1000 * KV_8B / 8 / (50e9 * EFF) + 3.6e-6, abs=3 * TICK)
+    assert np.allclose(b["ttft_s"], a["ttft_s"] + gap, atol=1e-12)
+    assert (b["first_token_s"] == b["kv_transfer_start_s"] + b["kv_transfer_s"]).all()
+    assert np.allclose(b["tpot_s"] * 3, a["tpot_s"] * 3 - gap, atol=1e-12)
+    # the ITL of the second token starts at the KV's arrival, not at the prefill's end
+    assert streamed.summary["itl_mean_s"] < base.summary["itl_mean_s"]

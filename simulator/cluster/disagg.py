@@ -2,7 +2,9 @@
 prefill and decode (docs/disaggregation.md).
 
 A disaggregated request goes to a prefill instance (the prefill pools' router), which runs
-its prefill as a one-token request: the first token (TTFT) comes from there. Its KV blocks
+its prefill as a one-token request: the first token (TTFT) comes from there, or, with the
+prefill pool's ``first_token = "decode"``, reaches the client when its KV reaches the
+decode instance. Its KV blocks
 then stay held on the prefill instance while it waits, first come first served, for a
 decode instance (the decode pools' router, among those with a free sequence slot and the
 KV blocks its prompt needs: admission, whose wait is backpressure); the decode instance
@@ -203,6 +205,10 @@ class PoolCluster:
         src.wake()
         self.extra[req.id][1:] = [dst.index, sp.spec.name, dp_.spec.name, t0 - ready, t0,
                                   now - t0, nbytes]
+        if sp.spec.first_token == "decode":
+            # The front end streams every token from the decode instance: the client's
+            # first token arrives with the KV, and the next gap starts there.
+            req.first_token_s = ready = now
         dst.submit_prefilled(req, s, ready)
 
     def _decoded(self, req) -> None:

@@ -279,6 +279,8 @@ class SpeculativeKeys:
 #: Roles of a ``[[pools]]`` entry and the two ways a prefill pool hands KV to decode.
 POOL_ROLES = ("prefill", "decode", "mixed")
 KV_TRANSFER_MODES = ("after_prefill", "layerwise")
+#: Where the client's stream gets a disaggregated request's first token from.
+FIRST_TOKEN_SOURCES = ("prefill", "decode")
 
 
 SCALE_METRICS = ("outstanding_per_replica", "queued_per_replica", "kv_util")
@@ -341,6 +343,10 @@ class PoolKeys:
     gpu_hour_usd: float | None = _f(None, min=0.0, max=10000.0, optional=True)
     # prefill pools: move the KV after the prefill ends, or layer by layer during it.
     kv_transfer: str = _f("after_prefill", choices=KV_TRANSFER_MODES)
+    # prefill pools: the client sees the first token when the prefill instance computes it
+    # (None: "prefill"), or when the decode instance has its KV ("decode": the front end
+    # streams every token from the decode side).
+    first_token: str | None = _f(None, choices=FIRST_TOKEN_SOURCES, optional=True)
     engine: dict | None = _f(None, kind="table", optional=True)  # [engine] keys overridden
     # MoE models, as in [parallel] (the simulator's spelling): expert parallelism over a
     # stage's tp GPUs (divides tp), attention data parallel over groups of attention_tp

@@ -1,0 +1,162 @@
+"""Measured rows as scenarios (simulator/io/silicon.py), on hand-written rows: each layout
+spelling, worker counts, the closed loop, lengths, KV precision and every refusal."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import simulator
+from simulator.io.silicon import agg_scenario, disagg_scenario, layout, scenario
+
+NAN = math.nan
+
+
+def _moe(**kw) -> dict:
+    row = {"model_path": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "trtllm",
+           "mode": "agg", "gemm_quant_mode": "fp8", "moe_quant_mode": "fp8", "isl": 1024,
+           "osl": 256, "batch_size": NAN, "concurrency": 16.0, "tp_size": 8.0,
+           "pp_size": 1.0, "attention_dp_size": 1.0, "moe_tp_size": 1.0, "moe_ep_size": 8.0}
+    row.update(kw)
+    return row
+
+
+def _disagg(**kw) -> dict:
+    row = _moe(mode="disagg", tp_size=NAN, pp_size=NAN, attention_dp_size=NAN,
+               moe_tp_size=NAN, moe_ep_size=NAN, isl=8192, osl=1024, concurrency=96.0,
+               prefill_batch_size=1.0, prefill_num_workers=2.0, prefill_tp_size=8.0,
+               prefill_pp_size=1.0, prefill_attention_dp_size=1.0, prefill_moe_tp_size=1.0,
+               prefill_moe_ep_size=8.0, decode_batch_size=4.0, decode_num_workers=3.0,
+               decode_tp_size=1.0, decode_pp_size=1.0, decode_attention_dp_size=8.0,
+               decode_moe_tp_size=1.0, decode_moe_ep_size=8.0)
+    row.update(kw)
+    return row
+
+
+@pytest.mark.parametrize("cols, want", [
+    # attention TP8, EP8
+    ((8, 1, 1, 8), {"tp": 8, "pp": 1, "dp": 1, "ep": 8}),
+    # attention TP8, MoE-TP8
+    ((8, 1, 8, 1), {"tp": 8, "pp": 1, "dp": 1, "ep": 1}),
+    # attention DP8, EP8 (one engine of 8 GPUs)
+    ((1, 8, 1, 8), {"tp": 8, "pp": 1, "dp": 1, "ep": 8, "attention_dp": True}),
+    # attention DP8 over TP-sliced experts
+    ((1, 8, 8, 1), {"tp": 8, "pp": 1, "dp": 1, "ep": 1, "attention_dp": True}),
+    # attention TP2 in each of 4 DP groups, EP8
+    ((2, 4, 1, 8), {"tp": 8, "pp": 1, "dp": 1, "ep": 8, "attention_dp": True,
+                    "attention_tp": 2}),
+    # attention TP16 with MoE-TP4 x EP4
+    ((16, 1, 4, 4), {"tp": 16, "pp": 1, "dp": 1, "ep": 4}),
+])
+def test_the_layout_columns_in_the_simulators_spelling(cols, want):
+    tp, dp, etp, ep = cols
+    row = _moe(tp_size=float(tp), attention_dp_size=float(dp), moe_tp_size=float(etp),
+               moe_ep_size=float(ep))
+    assert layout(row, moe=True) == (want, "")
+
+
+def test_a_moe_group_that_does_not_cover_the_engine_is_refused_with_the_columns():
+    par, why = layout(_moe(tp_size=1.0, attention_dp_size=8.0, moe_tp_size=2.0,
+                           moe_ep_size=2.0), moe=True)
+    assert par is None
+    assert why == ("moe_tp_size x moe_ep_size = 2 x 2 is not the engine's 1 x 8 GPUs "
+                   "(tp_size x attention_dp_size)")
+
+
+def test_attention_dp_on_a_dense_model_is_refused():
+    row = {"model_path": "Qwen/Qwen3-32B", "system": "h100_sxm", "backend": "vllm",
+           "gemm_quant_mode": "", "isl": 512, "osl": 64, "batch_size": 4.0, "tp_size": 2.0,
+           "pp_size": 1.0, "attention_dp_size": 2.0}
+    assert scenario(row) == (None, "attention_dp_size 2: attention DP on a dense model")
+
+
+def test_an_aggregated_dense_row():
+    row = {"model_path": "Qwen/Qwen3-32B", "system": "h100_sxm", "backend": "vllm",
+           "precision": NAN, "gemm_quant_mode": NAN, "isl": 4096.0, "osl": 128.0,
+           "batch_size": 32.0, "tp_size": 4.0, "pp_size": 1.0}
+    s, why = scenario(row)
+    assert why == ""
+    assert s["name"] == "qwen3-32b-h100_sxm-vllm-4096x128-c32"
+    assert s["model"] == {"name": "qwen3-32b", "weight_dtype": "bf16"}  # 16-bit KV
+    assert s["parallel"] == {"tp": 4, "pp": 1, "dp": 1}
+    assert s["cluster"] == {"topology": "dgx-h100", "nodes": 1}
+    assert s["engine"] == {"profile": "vllm-v1", "max_num_seqs": 32}
+    # no concurrency column: the batch size is the client's concurrency
+    assert s["workload"] == {"arrival": "closed_loop", "concurrency": 32, "num_requests": 64,
+                             "prompt_tokens": 4096, "output_tokens": 128}
+    simulator.load_scenario(s)
+
+
+def test_an_aggregated_moe_row_over_two_nodes_with_fp8_kv_on_trtllm():
+    s, why = agg_scenario(_moe(tp_size=1.0, attention_dp_size=16.0, moe_tp_size=1.0,
+                               moe_ep_size=16.0, concurrency=2.0))
+    assert why == ""
+    assert s["model"] == {"name": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8"}
+    assert s["parallel"] == {"tp": 16, "pp": 1, "dp": 1, "ep": 16, "attention_dp": True}
+    assert s["cluster"] == {"topology": "hgx-h200", "nodes": 2}
+    assert s["workload"]["concurrency"] == 2 and s["workload"]["num_requests"] == 8
+    # SGLang keeps the 16-bit cache; NVFP4 weights are fp4
+    s, _ = agg_scenario(_moe(backend="sglang", system="b200_sxm", gemm_quant_mode="nvfp4"))
+    assert s["model"] == {"name": "deepseek-v3", "weight_dtype": "fp4"}
+    assert s["engine"]["profile"] == "sglang"
+    assert s["cluster"]["topology"] == "hgx-b200"
+
+
+def test_a_disaggregated_row_is_a_prefill_and_a_decode_pool():
+    s, why = scenario(_disagg())
+    assert why == ""
+    assert s["name"] == "deepseek-v3-h200_sxm-trtllm-disagg-8192x1024-c96"
+    prefill, decode = s["pools"]
+    # Dynamo streams from the decode worker: the client's first token comes with the KV
+    assert prefill == {"name": "prefill", "role": "prefill", "tp": 8, "pp": 1, "dp": 2,
+                       "ep": 8, "nodes": 2, "first_token": "decode",
+                       "engine": {"max_num_seqs": 1, "max_num_batched_tokens": 8192}}
+    # 4 sequences on each of the 8 attention groups of each of the 3 engines: 96
+    assert decode == {"name": "decode", "role": "decode", "tp": 8, "pp": 1, "dp": 3,
+                      "ep": 8, "attention_dp": True, "nodes": 3,
+                      "engine": {"max_num_seqs": 32}}
+    assert 4 * 8 * 3 == s["workload"]["concurrency"] == 96
+    assert s["workload"]["prompt_tokens"] == 8192 and s["workload"]["output_tokens"] == 1024
+    assert s["engine"] == {"profile": "trtllm"}
+    assert s["model"]["kv_dtype"] == "fp8"
+    loaded = simulator.load_scenario(s)
+    assert [p.role for p in loaded.pools] == ["prefill", "decode"]
+
+
+def test_a_disaggregated_prefill_with_attention_dp_takes_one_prompt_per_group():
+    s, _ = disagg_scenario(_disagg(prefill_tp_size=1.0, prefill_attention_dp_size=4.0,
+                                   prefill_moe_ep_size=4.0, prefill_num_workers=1.0,
+                                   isl=1024))
+    assert s["pools"][0]["engine"] == {"max_num_seqs": 4, "max_num_batched_tokens": 4096}
+    assert s["pools"][0]["nodes"] == 1
+
+
+def test_both_pools_share_one_nvl72_rack_when_they_fit():
+    s, _ = disagg_scenario(_disagg(system="gb200"))
+    prefill, decode = s["pools"]
+    assert prefill["nodes"] == 1 and "same_nodes_as" not in prefill
+    assert decode["same_nodes_as"] == "prefill" and "nodes" not in decode
+    assert s["cluster"] == {"topology": "gb200-nvl72"}
+    simulator.load_scenario(s)
+    # 16 + 8 x 8 = 80 GPUs do not fit in one 72-GPU rack: a rack each
+    s, _ = disagg_scenario(_disagg(system="gb200", decode_num_workers=8.0))
+    assert [p.get("nodes") for p in s["pools"]] == [1, 1]
+    assert "same_nodes_as" not in s["pools"][1]
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"decode_num_workers": NAN},
+     "decode_num_workers: missing (the run's worker count is unknown)"),
+    ({"prefill_moe_ep_size": 4.0},
+     "prefill_moe_tp_size x prefill_moe_ep_size = 1 x 4 is not the engine's 8 x 1 GPUs "
+     "(prefill_tp_size x prefill_attention_dp_size)"),
+    ({"system": "a100_sxm"}, "system 'a100_sxm': not one of h100_sxm, h200_sxm, b200_sxm, "
+                             "gb200"),
+    ({"backend": "lmdeploy"}, "backend 'lmdeploy': not one of vllm, sglang, trtllm"),
+    ({"model_path": "x/y"}, "model_path 'x/y': not one of deepseek-ai/DeepSeek-V3, "
+                            "Qwen/Qwen3-32B"),
+    ({"mode": "colocated"}, "mode 'colocated': not one of 'agg', 'disagg'"),
+])
+def test_rows_that_cannot_be_expressed_are_refused_with_the_reason(change, why):
+    assert scenario(_disagg(**change)) == (None, why)
