@@ -126,7 +126,7 @@ def test_two_transfers_sharing_a_nic_split_its_bandwidth():
                                                     {"nodes": 1, "tp": 1})))
     env = simpy.Environment()
     kv = KVTransfers(env, plan.graph, plan.model, 0.0)
-    src = [p.plan.replicas for p in plan.pools]
+    src = [p.replicas for p in plan.pools]
     a, b = ([r.placement.stages for r in src[0]])
     d = src[1][0].placement.stages
     alone = kv.time_alone(1000, a, d, 2)

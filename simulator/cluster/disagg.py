@@ -21,7 +21,8 @@ import simpy
 
 from simulator.cluster.build import replica_costs
 from simulator.cluster.contention import shared_sends
-from simulator.cluster.pools import PooledPlan, PoolPlan, kv_element_bytes
+from simulator.cluster.plan import ClusterPlan, PoolPlan
+from simulator.cluster.pools import kv_element_bytes
 from simulator.cluster.router import make_router
 from simulator.cluster.transfer import KVTransfers
 from simulator.engine.clock import TICK, ticks
@@ -45,7 +46,7 @@ class PoolCluster:
     processes (arrivals, closed-loop clients) and completion bookkeeping of ``Cluster``.
     """
 
-    def __init__(self, env: simpy.Environment, plan: PooledPlan, recorder: Recorder,
+    def __init__(self, env: simpy.Environment, plan: ClusterPlan, recorder: Recorder,
                  rngs: dict[str, np.random.Generator]):
         # Cluster.__init__ is not run: it would build single-pool replicas. Its state
         # comes from Cluster._init_state once the pools' replicas exist.
@@ -57,13 +58,13 @@ class PoolCluster:
         self.pool_of: list[PoolPlan] = []
         front, back = [], []
         for pool in plan.pools:
-            eng = pool.plan.scenario.engine
-            sends = shared_sends(env, pool.plan, TICK)
+            eng = pool.scenario.engine
+            sends = shared_sends(env, plan.graph, pool.replicas, pool.model, TICK)
             done = self._decoded if pool.spec.role == "decode" else (
                 self._prefilled if pool.spec.role == "prefill" else self.finish)
-            for k, rp in enumerate(pool.plan.replicas):
-                rep = self._replica(rp, sends[k], [self._scheduler(pool.plan)
-                                                   for _ in range(pool.plan.streams_per_replica)],
+            for k, rp in enumerate(pool.replicas):
+                rep = self._replica(rp, sends[k], [self._scheduler(pool)
+                                                   for _ in range(pool.streams_per_replica)],
                                     eng, done)  # Cluster's
                 self.replicas.append(rep)
                 self.pool_of.append(pool)
@@ -171,8 +172,8 @@ class PoolCluster:
         src_gen, dst_gen = src.generation, dst.generation
         t0 = self.env.now
         sp, dp_ = self.pool_of[src.index], self.pool_of[dst.index]
-        src_stages = sp.plan.replicas[src.index - sp.first_replica].placement.stages
-        dst_stages = dp_.plan.replicas[dst.index - dp_.first_replica].placement.stages
+        src_stages = sp.replicas[src.index - sp.first_replica].placement.stages
+        dst_stages = dp_.replicas[dst.index - dp_.first_replica].placement.stages
         overlap = 0.0
         if sp.spec.kv_transfer == "layerwise" and t0 == ready:  # admitted at once
             overlap = max(0.0, ready - req.first_scheduled_s)
@@ -226,10 +227,9 @@ class PoolCluster:
     def _costs(self, i: int, view) -> tuple[list, list]:
         """Replica i's stage and hand-off costs on the graph as it is now (its pool's
         GPU and settings)."""
-        pool = self.pool_of[i]
-        p = pool.plan
+        p = self.pool_of[i]
         stages, sends = replica_costs(p.scenario, p.model, p.node,
-                                      p.replicas[i - pool.first_replica].placement,
+                                      p.replicas[i - p.first_replica].placement,
                                       Paths(view))
         return list(stages), list(sends)
 
@@ -251,8 +251,8 @@ class PoolCluster:
     def _streams(self, i: int) -> list:
         """Fresh schedulers for replica ``i`` after a restart: its pool's own."""
         pool = self.pool_of[i]
-        return [self._scheduler(pool.plan)
-                for _ in range(pool.plan.streams_per_replica)]
+        return [self._scheduler(pool)
+                for _ in range(pool.streams_per_replica)]
 
     def _serve_pending(self, entry=None) -> None:
         """Waiting requests go to the front (prefill or mixed) replicas; then decode

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from simulator.cluster.autoscale import Autoscaler
 from simulator.cluster.bench import benchmark
-from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.cluster.build import build_plan
 from simulator.cluster.disagg import PoolCluster
 from simulator.cluster.gateway import Gateway, check_gateway
 from simulator.cluster.outcome import (
@@ -30,7 +30,8 @@ from simulator.cluster.outcome import (
     stage_hardware,
     step_fold,
 )
-from simulator.cluster.pools import PooledPlan, build_pools
+from simulator.cluster.plan import ClusterPlan
+from simulator.cluster.pools import build_pools
 from simulator.cluster.router import make_router
 from simulator.cluster.simulation import (
     Cluster,
@@ -240,7 +241,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
                   warnings, stopped)
 
 
-def _recording(s: Scenario, keep_steps: bool, energy: bool, plan: ClusterPlan | PooledPlan,
+def _recording(s: Scenario, keep_steps: bool, energy: bool, plan: ClusterPlan,
                stages: list[StageHardware], spec: bool) -> tuple[Recorder, StepFold | None]:
     """The run's recorder, and the fold that takes its step records when they are not kept
     but energy is asked for (``run(energy=...)``, ``output.energy``). ``spec``: whether the
@@ -317,7 +318,7 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
     rngs = run_rngs(s.seed)
     env = simpy.Environment()
     recorder, fold = _recording(s, keep_steps, energy, plan,
-                                [h for p in plan.pools for h in stage_hardware(p.plan)],
+                                stage_hardware(plan),
                                 plan.speculates)
     cluster = PooledCluster(env, plan, recorder, rngs)
     events, stopped = _drive(env, cluster, _start(env, cluster, s, rngs), progress,
@@ -330,8 +331,8 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
                         max_num_batched_tokens=s.engine.max_num_batched_tokens,
                         steady_end_s=cluster.steady_end_s,
                         pp=len(engine["stage_busy_s"]))
-    summary["kv_blocks_per_replica"] = [p.plan.memory.kv_blocks for p in plan.pools]
-    summary["kv_tokens_per_replica"] = [p.plan.memory.kv_tokens for p in plan.pools]
+    summary["kv_blocks_per_replica"] = [p.memory.kv_blocks for p in plan.pools]
+    summary["kv_tokens_per_replica"] = [p.memory.kv_tokens for p in plan.pools]
     summary["max_model_len"] = plan.max_model_len
     summary["gpus"] = plan.gpus_used
     summary["simpy_events"] = events
@@ -340,9 +341,9 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
     if plan.speculates:
         summary.update(_speculation(requests, cluster, engine))
     kept = steps if not steps.empty else None
-    kv_capacity = {rp.placement.replica: p.plan.memory.kv_blocks
-                   for p in plan.pools for rp in p.plan.replicas}
-    stream_blocks = min(p.plan.memory.kv_blocks // p.plan.streams_per_replica
+    kv_capacity = {rp.placement.replica: p.memory.kv_blocks
+                   for p in plan.pools for rp in p.replicas}
+    stream_blocks = min(p.memory.kv_blocks // p.streams_per_replica
                         for p in plan.pools)
     ts, events_df, window_s, warnings = observe(s, requests, kept, cluster, summary,
                                                  kv_capacity, stream_blocks)
@@ -351,7 +352,7 @@ def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = Tru
         summary.update(moe_summary(steps) if fold is None else fold.moe_summary())
     gpu_ts, ts = pools_power(plan, steps if kept is not None else fold, requests, summary,
                              ts, window_s)
-    usd = sum(p.gpus * gpu_hour_usd(p.plan.node.gpu.name, p.spec.gpu_hour_usd)
+    usd = sum(p.gpus * gpu_hour_usd(p.node.gpu.name, p.spec.gpu_hour_usd)
               for p in plan.pools)  # the GPU-weighted price, each pool's own or its default
     summary.update(cost_summary(requests, plan.gpus_used, usd / max(plan.gpus_used, 1)))
     summary["wall_time_s"] = time.perf_counter() - wall0

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from simulator.cluster.build import ClusterPlan, prefix_unit, replica_costs
+from simulator.cluster.build import prefix_unit, replica_costs
 from simulator.cluster.contention import shared_sends
 from simulator.cluster.faults import (
     FaultState,
@@ -26,6 +26,7 @@ from simulator.cluster.faults import (
     resolve_target,
     scheduled_faults,
 )
+from simulator.cluster.plan import ClusterPlan, PoolPlan
 from simulator.cluster.router import Scraped
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import TICK, ticks, ticks_array
@@ -88,7 +89,8 @@ class Cluster:
         eng = plan.scenario.engine
         self.gaps = GapHistogram()
         self.spec_stats = SpecStats()  # speculative decoding totals (unused without it)
-        sends = shared_sends(env, plan, TICK)  # PP sends sharing fabric links: flow model
+        # PP sends sharing fabric links: flow model
+        sends = shared_sends(env, plan.graph, plan.replicas, plan.model, TICK)
         self.replicas = [
             self._replica(rp, sends[k], [self._scheduler()
                                          for _ in range(plan.streams_per_replica)],
@@ -146,13 +148,13 @@ class Cluster:
         self.permanent_targets: list[str] = []
         self.hopeless: tuple[float, str] | None = None
 
-    def _scheduler(self, plan: ClusterPlan | None = None) -> ContinuousBatcher:
-        """One stream's scheduler, as the scenario names it, with its parameters.
+    def _scheduler(self, pool: PoolPlan | None = None) -> ContinuousBatcher:
+        """One stream's scheduler, as the pool's scenario names it, with its parameters.
 
-        ``plan``: the plan whose replica it serves (default this cluster's; a pooled
-        cluster passes a pool's, and a pool that speculates reports to ``spec_stats``).
+        ``pool``: the pool whose replica it serves (default the one pool of a colocated
+        cluster; a pool that speculates reports to ``spec_stats``).
         """
-        plan = self.plan if plan is None else plan
+        plan = self.plan.pool if pool is None else pool
         eng = plan.scenario.engine
         cls = SCHEDULERS[eng.scheduler]
         kwargs = dict(eng.scheduler_args or {})
