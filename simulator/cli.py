@@ -364,10 +364,10 @@ def _show_pools(sc, args) -> int:
     plan = build_pools(sc)
     print(format_summary(summary(plan.graph)))
     for p in plan.pools:
-        nodes = sorted({plan.graph.nodes[g]["node"] for rp in p.plan.replicas
+        nodes = sorted({plan.graph.nodes[g]["node"] for rp in p.replicas
                         for st in rp.placement.stages for g in st})
-        print(f"  pool {p.spec.name} ({p.spec.role})  {p.plan.node.name} "
-              f"({p.plan.node.gpu.name}), {p.gpus} GPUs on node{'s' if len(nodes) > 1 else ''} "
+        print(f"  pool {p.spec.name} ({p.spec.role})  {p.node.name} "
+              f"({p.node.gpu.name}), {p.gpus} GPUs on node{'s' if len(nodes) > 1 else ''} "
               f"{', '.join(map(str, nodes))}")
     if args.png:
         draw(plan.graph, args.png)
