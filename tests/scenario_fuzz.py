@@ -7,7 +7,7 @@ deep nesting. :func:`check` runs ``validate`` (and ``run`` when the scenario is 
 process and holds the contract of the command line: exit 0 and the run's invariants
 (every request counted once, time never backwards, TTFT <= E2E, tokens conserved), or
 exit 2 with exactly one line on stderr and no traceback. ``tests/test_fuzz_scenarios.py``
-draws a few examples per CI run; ``benchmarks/fuzz_scenarios.py`` draws many.
+draws a few examples per CI run; ``benchmarks/validation/fuzz_scenarios.py`` draws many.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The AIConfigurator comparison's scenario files (benchmarks/aiconfigurator) load,
+"""The AIConfigurator comparison's scenario files (benchmarks/validation/aiconfigurator) load,
 validate, and ask the same question as the AIConfigurator arguments beside them.
 AIConfigurator itself is never imported or run here."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from simulator import build_plan, load_scenario
 
-HERE = Path(__file__).resolve().parents[1] / "benchmarks" / "aiconfigurator"
+HERE = Path(__file__).resolve().parents[1] / "benchmarks" / "validation" / "aiconfigurator"
 spec = importlib.util.spec_from_file_location("aic_compare", HERE / "compare.py")
 compare = importlib.util.module_from_spec(spec)
 sys.modules["aic_compare"] = compare  # dataclasses look their module up

@@ -134,7 +134,7 @@ def test_a_client_needs_a_closed_loop_and_warmups_need_a_client():
 
 
 def _client_ttft():
-    return benchmark_module("client_ttft.py")
+    return benchmark_module("validation/client_ttft.py")
 
 
 def test_the_fixed_concurrency_figures_of_the_cost_model_doc():

@@ -4,7 +4,7 @@ C clients with equal lengths that start together prefill in one step, decode tog
 finish in the same step and come back together, so every TTFT is the time of one step that
 prefills C prompts. A token budget that holds one prompt per step spreads a cycle's
 prefills over C steps, and the clients stay spread (docs/cost-model.md, "Steady-state TTFT
-in fixed-length closed loops"; benchmarks/closed_loop_ttft.py for the 70B figures).
+in fixed-length closed loops"; benchmarks/docs/closed_loop_ttft.py for the 70B figures).
 """
 
 from __future__ import annotations

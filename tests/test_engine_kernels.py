@@ -249,7 +249,7 @@ DOC_FAMILIES = ("gemm", "attention_context", "attention_generation", "nccl",
 @pytest.mark.slow
 @pytest.mark.parametrize("gpu, engine", bias.fitted_pairs())
 def test_fit_on_half_checks_on_the_other_half_every_pair_as_the_docs_say(gpu, engine):
-    """`python benchmarks/kernel_bias.py --rows 300`, the docs' bias-check table."""
+    """`python benchmarks/validation/kernel_bias.py --rows 300`, the docs' bias-check table."""
     table = bias.held_out(gpu, engine, ROOT, rows=300).set_index("family")
     assert (table["median_abs_error_pct"] <= HELD_OUT_TOLERANCE).all(), table
     assert (table["below_floor"] == 0).all(), table
@@ -300,7 +300,8 @@ def test_the_docs_figures_table_is_what_the_calibrations_say():
 @pytest.mark.parametrize("name, ttft_ms, tpot_ms", [("b200-70b", 42, 7.6),
                                                     ("b200-dsv3", 70, 19.5)])
 def test_the_b200_cases_the_docs_quote(name, ttft_ms, tpot_ms):
-    s = simulator.load_scenario(str(REPO / "benchmarks" / "engine_kernels" / f"{name}.toml"))
+    path = REPO / "benchmarks" / "docs" / "engine_kernels" / f"{name}.toml"
+    s = simulator.load_scenario(str(path))
     summary = simulator.run(s).summary
     assert round(summary["ttft_mean_s"] * 1e3) == ttft_ms
     assert round(summary["tpot_mean_s"] * 1e3, 1) == tpot_ms
@@ -321,7 +322,8 @@ def test_a_users_own_calibration_wins_over_the_shipped_fit(tmp_path):
 @pytest.mark.skipif(not (REPO.parent / "shared" / "validation").is_dir(),
                     reason="../shared/validation absent")
 def test_the_end_to_end_table_the_docs_quote():
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "validation_e2e.py"),
+    script = REPO / "benchmarks" / "validation" / "validation_e2e.py"
+    out = subprocess.run([sys.executable, str(script),
                           "--per-group", "4", "--max-concurrency", "64"],
                          capture_output=True, text=True, check=True, timeout=3000).stdout
     # the mode cell is exactly "agg" ("disagg" rows belong to docs/disaggregation.md)

@@ -1,4 +1,4 @@
-"""The scenario fuzzer, briefly (benchmarks/fuzz_scenarios.py runs it long): every drawn
+"""The scenario fuzzer, briefly (benchmarks/validation/fuzz_scenarios.py runs it long): every drawn
 scenario exits 0 with the run's invariants, or 2 with clean lines naming the file."""
 
 from __future__ import annotations

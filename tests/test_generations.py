@@ -92,9 +92,9 @@ def test_a_node_cannot_claim_nvls_on_a_generation_without_it(tmp_path):
 
 
 def _vidur_check():
-    """benchmarks/generations/vidur_check.py as a module (benchmarks/ is not a package)."""
+    """benchmarks/docs/generations/vidur_check.py as a module (benchmarks/ is not a package)."""
     import importlib.util
-    path = ROOT / "benchmarks" / "generations" / "vidur_check.py"
+    path = ROOT / "benchmarks" / "docs" / "generations" / "vidur_check.py"
     spec = importlib.util.spec_from_file_location("vidur_check", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -59,7 +59,7 @@ def _cases() -> dict[str, tuple[str | dict, list[str]]]:
     # The speed paths' own cases: the Vidur workload, a faulted run (a repaired and a
     # permanent GPU fault) and prefix-cached sessions, with the profile unset and
     # "vllm-v1", the decode fast path on and off.
-    speed = {"vidur": (ROOT / "benchmarks" / "vidur.toml", 2000),
+    speed = {"vidur": (ROOT / "benchmarks" / "speed" / "vidur.toml", 2000),
              "faulted": (SCENARIOS / "faulted.toml", 1600),
              "sessions": (SCENARIOS / "sessions.toml", 600)}
     for name, (path, n) in speed.items():

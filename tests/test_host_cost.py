@@ -79,7 +79,7 @@ def test_profiles_declare_their_engines_host_cost_and_none_declares_none():
 
 
 def _tpot_ms(tp: int, **engine) -> float:
-    """TPOT (ms) of benchmarks/host_cost.py's closed loop (the same scenario)."""
+    """TPOT (ms) of benchmarks/docs/host_cost.py's closed loop (the same scenario)."""
     res = simulator.run({
         "name": "host-cost", "seed": 0, "model": {"name": "llama-3.1-8b"},
         "cluster": {"topology": "dgx-h100"}, "parallel": {"tp": tp},

@@ -13,7 +13,7 @@ Where a table exists in several version folders (TensorRT-LLM's MoE: the newest 
 holds only DeepSeek-V4 shapes and declares the rest re-used from the one before), the
 rows of every folder are kept, newest first, one row per shape. :func:`halves` splits
 every table in two by a hash of each row's shape: the shipped fits see half 0 only, and
-``benchmarks/kernel_bias.py`` checks them on half 1.
+``benchmarks/validation/kernel_bias.py`` checks them on half 1.
 """
 
 from __future__ import annotations

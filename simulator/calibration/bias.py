@@ -6,7 +6,7 @@ absolute and signed error per (GPU, engine, family). :func:`floor_violations` co
 priced faster than their roofline: every row priced again with :func:`ideal`, the
 calibration whose forms reduce to the roofline (efficiencies 1, no latencies, no tiles;
 every collective algorithm available at zero launch cost and the full link bandwidth).
-``benchmarks/kernel_bias.py`` prints both.
+``benchmarks/validation/kernel_bias.py`` prints both.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ layers and DeepSeek sparse attention modules.
 One form, :func:`fitted_time`: ``floor + max(F / (e_f P), B / (e_b BW))`` over the FLOPs
 and bytes of :mod:`simulator.model.linear_attention` / :mod:`simulator.model.sparse_attention`,
 with ``P`` the GPU's 16-bit tensor peak and ``BW`` its HBM bandwidth. The parameters below
-come from ``python benchmarks/fit_linear_attention.py``
+come from ``python benchmarks/docs/fit_linear_attention.py``
 (:mod:`simulator.calibration.attention_kinds`: robust least squares on log time over the
 even rows, checked on the odd rows) and carry to other GPUs of a measured generation
 (H200 from H100, B300 from B200) with their own peak and bandwidth.
@@ -17,7 +17,7 @@ import numpy as np
 from simulator.hardware.specs import GPUSpec
 
 #: Fitted (floor_s, eff_flops, eff_bw) per GPU generation and phase, from
-#: ``benchmarks/fit_linear_attention.py`` on AIConfigurator's vLLM 0.24.0 ``gdn_perf``
+#: ``benchmarks/docs/fit_linear_attention.py`` on AIConfigurator's vLLM 0.24.0 ``gdn_perf``
 #: tables (NVIDIA AIConfigurator, Apache-2.0; h100_sxm for hopper, b200_sxm for
 #: blackwell), fitted on the even rows of each table and checked on the odd ones (median
 #: absolute error 6.4% / 10.6% on hopper decode / prefill, 5.5% / 16.0% on blackwell).
@@ -29,7 +29,7 @@ GDN_FIT = {
 }
 
 #: Fitted (floor_s, eff_flops, eff_bw) per GPU generation and phase, from
-#: ``benchmarks/fit_linear_attention.py`` on AIConfigurator's vLLM 0.24.0
+#: ``benchmarks/docs/fit_linear_attention.py`` on AIConfigurator's vLLM 0.24.0
 #: ``dsa_{context,generation}_module_perf`` tables (DeepSeek-V3.2 and GLM-5 rows; NVIDIA
 #: AIConfigurator, Apache-2.0; h100_sxm: hopper, b200_sxm: blackwell), fitted on the even
 #: rows, checked on the odd ones (median absolute error 10.2% decode / 17.7% prefill on
