@@ -409,6 +409,8 @@ def cmd_plan(args) -> int:
     )
 
     _with_unsets(args)
+    if args.autoscale is not None:
+        return cmd_plan_day(args)
     if args.emit is not None and args.emit < 1:
         raise ScenarioError(f"--emit: a rank of plan.csv (1, 2, ...), got {args.emit}")
     # the whole space unless restricted: colocated and disaggregated in one ranking
@@ -460,6 +462,29 @@ def cmd_plan(args) -> int:
         print(NoAnswer(result.error, source=args.scenario).render(), file=sys.stderr)
         return EXIT_NO_ANSWER
     return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+def cmd_plan_day(args) -> int:
+    """``plan --autoscale [ATTAINMENT]``: the layout and replica bounds that serve a day at
+    the lowest cost (docs/autoscaling.md, "Planning a day")."""
+    from simulator.planner.day import format_day_plan, plan_day, write_day_plan  # noqa: PLC0415
+    from simulator.planner.report import write_plan  # noqa: PLC0415
+
+    if args.out:
+        out_folder(args.out, "--out", create=False)
+    result = plan_day(args.scenario, attainment=args.autoscale, top=min(args.top, 3),
+                      requests=args.requests, jobs=args.jobs, overrides=args.set,
+                      progress=True, backend=args.backend, address=args.ray_address)
+    name = result.peak_plan.scenario.name
+    out = Path(args.out) if args.out else Path("runs") / f"{name}-day-plan"
+    files = write_plan(result.peak_plan, out, figure=not args.no_plot)
+    files += write_day_plan(result, out)
+    print(format_day_plan(result))
+    print(f"  outputs in {out}/ ({', '.join(f.name for f in files)})")
+    if result.best is None:
+        return EXIT_NO_ANSWER
+    print(f"  next       python -m simulator run {out / 'recommended-day.toml'}")
+    return 0
 
 
 def cmd_capacity(args) -> int:
@@ -659,6 +684,11 @@ def parser() -> argparse.ArgumentParser:
                    help="override a scenario key, e.g. --set parallel.tp=8")
     _unset_flag(n)
     n.add_argument("--no-plot", action="store_true", help="no pareto.png")
+    n.add_argument("--autoscale", type=arguments.quantile, nargs="?", const=0.99,
+                   metavar="ATTAINMENT",
+                   help="plan a day: the layout and [autoscale] bounds at the lowest cost "
+                        "with at least this SLO attainment over the workload's rate_profile "
+                        "(default 0.99)")
     n.add_argument("--emit", type=int, metavar="RANK",
                    help="also write the launch commands of plan.csv's row RANK "
                         "(launch-rankRANK/launch.sh)")

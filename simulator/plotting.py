@@ -247,14 +247,20 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def autoscaling(ts: pd.DataFrame, ax=None):
+def autoscaling(ts: pd.DataFrame, ax=None, capacity_per_s: float | None = None):
     """The offered load (arrivals per second, per window) and the replicas paid for
-    (starting, serving or draining: the ``replicas`` column) on one time axis."""
+    (starting, serving or draining: the ``replicas`` column) on one time axis; with
+    ``capacity_per_s`` (one replica's within the SLOs, ``autoscale_replica_capacity_per_s``)
+    also the capacity paid for, replicas x capacity, in the load's units."""
     ax = _ax(ax)
     t = ts["window_end_s"].to_numpy(dtype=float)
     width = np.diff(np.concatenate(([0.0], t)))
     rate = ts["arrivals"].to_numpy(dtype=float) / np.where(width > 0, width, 1.0)
     ax.plot(t, rate, color="0.45", linewidth=0.8, label="arrivals per second")
+    if capacity_per_s is not None and np.isfinite(capacity_per_s):
+        ax.step(t, ts["replicas"].to_numpy(dtype=float) * capacity_per_s, where="post",
+                color="C1", linewidth=1.0, linestyle="--",
+                label=f"capacity paid for (replicas x {capacity_per_s:.3g} req/s)")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("arrivals per second")
     right = ax.twinx()
@@ -303,8 +309,10 @@ def run_figures(run_dir: str | Path) -> dict[str, Figure]:
         figs["timeseries"] = fig
         if "replicas" in ts:  # autoscaling (docs/autoscaling.md)
             fig = Figure(figsize=(11, 4))
-            autoscaling(ts, fig.add_subplot())
-            fig.suptitle(f"{name}: load and replicas (autoscaling)")
+            cap = runfolder.read_summary(run).get("autoscale_replica_capacity_per_s")
+            autoscaling(ts, fig.add_subplot(),
+                        cap if isinstance(cap, (int, float)) else None)
+            fig.suptitle(f"{name}: load, capacity and replicas (autoscaling)")
             figs["autoscaling"] = fig
         if "prefix_hit_rate" in ts and ts["prefix_hit_rate"].fillna(0).gt(0).any():
             fig = Figure(figsize=(10, 3))  # prefix caching (docs/prefix-caching.md)

@@ -47,7 +47,9 @@ MODE_KEYS = [
     ("power_mean_w", "mean power (W)"),
     ("autoscale_replicas_mean", "replicas (time mean)"),
     ("autoscale_gpu_hours", "GPU-hours paid"), ("autoscale_cost_usd", "cost of the run (USD)"),
-    ("autoscale_scale_ups", "scale-ups"), ("fairness_jain", "fairness (Jain)"),
+    ("autoscale_scale_ups", "scale-ups"),
+    ("slo_attainment_worst_window", "SLO attainment, worst window"),
+    ("fairness_jain", "fairness (Jain)"),
 ]
 
 

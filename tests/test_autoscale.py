@@ -218,4 +218,9 @@ def test_an_autoscaled_run_draws_load_and_replicas_on_one_time_axis(tmp_path):
     assert load.get_xlabel() == "time (s)" and replicas.get_ylabel() == "replicas"
     steps = replicas.get_lines()[0].get_ydata()
     np.testing.assert_array_equal(steps, r.timeseries["replicas"].to_numpy())
+    # The capacity paid for, in the load's units: replicas x one replica's capacity.
+    cap = r.summary["autoscale_replica_capacity_per_s"]
+    assert cap > 0 and load.get_lines()[1].get_label().startswith("capacity paid for")
+    np.testing.assert_allclose(load.get_lines()[1].get_ydata(),
+                               r.timeseries["replicas"].to_numpy() * cap)
     assert {t.get_text() for t in load.get_xticklabels()} - {""}  # a real time axis

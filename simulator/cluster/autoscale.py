@@ -270,6 +270,7 @@ class Autoscaler:
             return self.sizing.capacity_per_s
 
         self.policy = POLICIES[a.policy](a, slo, capacity)
+        self._capacity = capacity
         self.arrivals = 0
         self.ttfts: list[float] = []
         self.tpots: list[float] = []
@@ -413,9 +414,11 @@ class Autoscaler:
         downs = sum(st == "draining" for _, _, st in self.log.changes)
         cold = self.log.cold_starts_s
         usd = gpu_s / 3600.0 * gpu_hour_usd
-        sized = ({"autoscale_replica_capacity_per_s": self.policy.capacity_per_s}
-                 if isinstance(self.policy, SlaPolicy) else {})
-        return sized | {"autoscale_policy": self.a.policy,
+        # One replica's capacity within the SLOs: the sla policy's, else the cost model's
+        # (for the plot of load against the capacity paid for).
+        cap = (self.policy.capacity_per_s if isinstance(self.policy, SlaPolicy)
+               else self._capacity())
+        return {"autoscale_replica_capacity_per_s": cap, "autoscale_policy": self.a.policy,
                 "autoscale_replicas_mean": float(np.mean(counts)),
                 "autoscale_replicas_max": int(np.max(counts)),
                 "autoscale_replicas_min": int(np.min(counts[1:] if len(counts) > 1

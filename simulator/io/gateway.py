@@ -43,8 +43,9 @@ def _num(v, key: str, problems: list[str], lo: float = 0.0, positive: bool = Fal
           and (not integer or float(v).is_integer()))
     if not ok:
         kind = "an integer" if integer else "a number"
-        problems.append(f"{key}: expected {kind} {'> ' if positive else '>= '}{lo:g} "
-                        f"(at most {hi:g}), got {str(v)[:24]!r}")
+        low = f"> {lo:g}" if positive and lo <= 0 else f">= {lo:g}"  # lo > 0 is allowed
+        problems.append(f"{key}: expected {kind} {low} (at most {hi:g}), got "
+                        f"{repr(v)[:24]}")
         return None
     return int(v) if integer else float(v)
 

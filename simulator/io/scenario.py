@@ -602,7 +602,9 @@ def _autoscale_problems(s: Scenario) -> list[str]:
     if a.min_replicas > top:
         p.append(f"autoscale.min_replicas: {a.min_replicas} is more than max_replicas {top}")
     start = a.initial_replicas if a.initial_replicas is not None else a.min_replicas
-    if not a.min_replicas <= start <= top:
+    # Without initial_replicas it is min_replicas, whose own problem is the one line.
+    if not a.min_replicas <= start <= top and (a.initial_replicas is not None
+                                               or a.min_replicas <= top):
         p.append(f"autoscale.initial_replicas: {start} is not within [min_replicas, "
                  f"max_replicas] = [{a.min_replicas}, {top}]")
     if a.scale_down_below >= 1:
