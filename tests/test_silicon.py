@@ -4,13 +4,18 @@ spelling, worker counts, the closed loop, lengths, KV precision and every refusa
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import simulator
 from simulator.io.silicon import agg_scenario, disagg_scenario, layout, scenario
 
 NAN = math.nan
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _moe(**kw) -> dict:
@@ -160,3 +165,49 @@ def test_both_pools_share_one_nvl72_rack_when_they_fit():
 ])
 def test_rows_that_cannot_be_expressed_are_refused_with_the_reason(change, why):
     assert scenario(_disagg(**change)) == (None, why)
+
+
+def test_a_measured_b200_disaggregated_run_by_hand():
+    # B200 TensorRT-LLM FP8, 8192/1024 at concurrency 1: one prefill engine of attention
+    # DP 8 with EP 8, one decode engine of attention TP 8 with MoE-TP 8 (the data's row
+    # dsr1_b200_trtllm_fp8_disagg_8192x1024_c1). The prompt's FP8 MLA latent (61 layers x
+    # 576 values x 1 byte per token) lives on one prefill rank; each of the 8 TP decode
+    # ranks needs all of it, so 8 copies leave through that rank's 400 Gb/s NIC.
+    row = _disagg(system="b200_sxm", isl=8192, osl=1024, concurrency=1.0,
+                  prefill_num_workers=1.0, prefill_tp_size=1.0,
+                  prefill_attention_dp_size=8.0, decode_batch_size=1.0,
+                  decode_num_workers=1.0, decode_tp_size=8.0, decode_attention_dp_size=1.0,
+                  decode_moe_tp_size=8.0, decode_moe_ep_size=1.0)
+    s, _ = scenario(row)
+    s["output"] = {"steps": True, "trace": False}
+    r = simulator.run(s)
+    q = r.requests
+    assert (q["kv_bytes"] == 8 * 8192 * 61 * 576).all()
+    transfer = 8 * 8192 * 61 * 576 / (50e9 * 0.75) + 3.6e-6
+    assert transfer == pytest.approx(61.41e-3, abs=1e-5)
+    assert np.allclose(q["kv_transfer_s"], transfer, atol=1e-6)
+    # the client's first token arrives with the KV: TTFT = the prefill step + the transfer
+    prefill = r.steps[r.steps["replica"] == 0]
+    assert q["ttft_s"].iloc[0] == pytest.approx(prefill["end_s"].iloc[0] + transfer,
+                                                abs=1e-6)
+    # the decode step at one sequence (docs/disaggregation.md quotes these)
+    decode = r.steps[r.steps["replica"] == 1]
+    assert round(decode["compute_s"].median() * 1e3, 1) == 12.4
+    assert round(decode["comm_s"].median() * 1e3, 2) == 0.65
+    assert round(r.summary["tpot_mean_s"] * 1e3, 1) == 13.1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (REPO.parent / "shared" / "validation").is_dir(),
+                    reason="../shared/validation absent")
+def test_the_disaggregated_table_the_docs_quote():
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "validation_e2e.py"),
+                          "--mode", "disagg", "--per-group", "100", "--max-concurrency",
+                          "1024"], capture_output=True, text=True, check=True,
+                         timeout=3000).stdout
+    rows = [line for line in out.splitlines()
+            if line.startswith("| ") and line.split("|")[3].strip() == "disagg"]
+    doc = (REPO / "docs" / "disaggregation.md").read_text()
+    assert len(rows) >= 5 and all(r in doc for r in rows), rows
+    assert sum(line.startswith("skip ") for line in out.splitlines()) == 3
+    assert sum(" ms vs " in line for line in out.splitlines()) == 140
