@@ -9,10 +9,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import simulator
+from simulator.calibration import engines
+from simulator.hardware.specs import load_gpu
 from simulator.io.silicon import agg_scenario, disagg_scenario, layout, scenario
+from simulator.model.moe_cost import mla_decode
+from simulator.model.spec import load_model
 
 NAN = math.nan
 REPO = Path(__file__).resolve().parent.parent
@@ -211,3 +216,29 @@ def test_the_disaggregated_table_the_docs_quote():
     assert len(rows) >= 5 and all(r in doc for r in rows), rows
     assert sum(line.startswith("skip ") for line in out.splitlines()) == 3
     assert sum(" ms vs " in line for line in out.splitlines()) == 140
+
+
+AIC_B200 = REPO.parent / "shared" / "calibration" / "aic" / "b200_sxm"
+
+
+def test_the_b200_decode_kernels_the_docs_quote():
+    # The simulated MLA module of one decode layer at 16 heads per GPU, one sequence, 8k
+    # context (TensorRT-LLM's B200 fit), and, when the tables are here, what
+    # AIConfigurator's B200 TensorRT-LLM tables measured for it and for the FP8
+    # block-scale MoE-TP8 kernel at one token.
+    gpu = engines.engine_gpu(load_gpu("b200"), "trtllm")
+    mla = float(mla_decode(load_model("deepseek-v3"), gpu, 16, 1, 8192, "fp8", "fp8"))
+    assert round(mla * 1e6, 1) == 52.5
+    if not AIC_B200.is_dir():
+        return
+    df = pd.read_parquet(AIC_B200 / "mla" / "trtllm" / "1.3.0rc20"
+                         / "mla_generation_module_perf.parquet")
+    row = df[(df.batch_size == 1) & (df.step == 8192) & (df.num_heads == 16)
+             & (df.kv_cache_dtype == "fp8") & (df.gemm_type == "fp8_block")]
+    assert row["latency"].round(4).tolist() == [0.0500]  # ms
+    moe = pd.read_parquet(AIC_B200 / "moe" / "trtllm" / "1.3.0rc20" / "moe_perf.parquet")
+    one = moe[(moe.hidden_size == 7168) & (moe.inter_size == 2048) & (moe.topk == 8)
+              & (moe.num_experts == 256) & (moe.num_tokens == 1) & (moe.moe_tp_size == 8)
+              & (moe.moe_ep_size == 1) & (moe.moe_dtype == "fp8_block")]
+    assert set(one["kernel_source"]) == {"deepgemm"}
+    assert round(one["latency"].min() * 1e3) == 98  # us
