@@ -26,8 +26,7 @@ def main() -> None:
     sets = [f"workload.duration_s={args.hours * 3600}", "cluster.nodes=16",
             "parallel.dp=32", "output.steps=false", f"autoscale.policy={args.policy}",
             "autoscale.min_replicas=2", "autoscale.max_replicas=32",
-            "autoscale.interval_s=60", "autoscale.target=16",
-            "autoscale.replica_capacity_per_s=1.2"]
+            "autoscale.interval_s=60", "autoscale.target=16"]  # sla: the cost model's capacity
     s = simulator.load_scenario(ROOT / "workloads" / "day-70b-diurnal.toml", overrides=sets)
     t0 = time.perf_counter()
     r = simulator.run(s, progress=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import simulator
 
-#: The workload (benchmarks/vidur.toml, also read by identical_outputs.py).
+#: The workload (benchmarks/vidur.toml, also a golden-output case).
 SCENARIO = (Path(__file__).resolve().parent / "vidur.toml").read_text()
 
 

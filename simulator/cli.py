@@ -246,6 +246,8 @@ def cmd_compare(args) -> int:
 
     if args.measured:
         return cmd_compare_measured(args)
+    if args.day:
+        return cmd_compare_day(args)
     if len(args.runs) < 2:
         raise ScenarioError("compare: give two or more run folders (or --measured FILE "
                             "SCENARIO)")
@@ -256,6 +258,20 @@ def cmd_compare(args) -> int:
     png = compare_plot(args.runs, png_path)
     print(format_compare(table))
     print(f"  outputs in {out}/ (compare.csv, {png.name})")
+    return 0
+
+
+def cmd_compare_day(args) -> int:
+    """``compare --day RUN ...``: what each run of the same day cost and how well it served
+    (docs/autoscaling.md, "Comparing days")."""
+    from simulator.report import day_table, format_compare  # noqa: PLC0415
+
+    table = day_table(args.runs)
+    out = Path(args.out) if args.out else Path("runs") / "compare"
+    (csv_path,) = out_files(out, ["compare_day.csv"], "compare --out")
+    table.to_csv(csv_path, index=False)
+    print(format_compare(table))
+    print(f"  outputs in {out}/ (compare_day.csv)")
     return 0
 
 
@@ -348,10 +364,10 @@ def _show_pools(sc, args) -> int:
     plan = build_pools(sc)
     print(format_summary(summary(plan.graph)))
     for p in plan.pools:
-        nodes = sorted({plan.graph.nodes[g]["node"] for rp in p.plan.replicas
+        nodes = sorted({plan.graph.nodes[g]["node"] for rp in p.replicas
                         for st in rp.placement.stages for g in st})
-        print(f"  pool {p.spec.name} ({p.spec.role})  {p.plan.node.name} "
-              f"({p.plan.node.gpu.name}), {p.gpus} GPUs on node{'s' if len(nodes) > 1 else ''} "
+        print(f"  pool {p.spec.name} ({p.spec.role})  {p.node.name} "
+              f"({p.node.gpu.name}), {p.gpus} GPUs on node{'s' if len(nodes) > 1 else ''} "
               f"{', '.join(map(str, nodes))}")
     if args.png:
         draw(plan.graph, args.png)
@@ -555,6 +571,9 @@ def parser() -> argparse.ArgumentParser:
                    help="a benchmark result (vllm bench serve, sglang.bench_serving, "
                         "genai-perf, AIPerf, trtllm-bench): simulate the same benchmark on "
                         "the scenario's deployment and compare")
+    m.add_argument("--day", action="store_true",
+                   help="what each run of a day cost: GPU-hours, cost, energy, SLO "
+                        "attainment (overall and worst window), cold starts")
     m.add_argument("--line", type=int, help="--measured JSON Lines file: which run (1-based)")
     m.add_argument("--concurrency", type=int,
                    help="--measured: the clients' concurrency, for files that do not record it")

@@ -157,6 +157,10 @@ def mode_lines(summary: dict, alerts: pd.DataFrame | None = None) -> list[str]:
                            f"scale-ups{cold}")
         row("GPU-hours paid", f"{g('autoscale_gpu_hours'):,.1f} (${g('autoscale_cost_usd'):,.0f})"
             if _num(g("autoscale_cost_usd")) else f"{g('autoscale_gpu_hours'):,.1f}")
+        if _num(g("slo_attainment_worst_window")):
+            row("SLO attainment, worst window", f"{g('slo_attainment_worst_window'):.1%} (the "
+                f"{g('slo_window_s'):g} s from t = {g('slo_attainment_worst_window_start_s'):,.0f}"
+                f" s; {g('slo_attainment'):.1%} over the run)")
     classes = [k.removeprefix("class_").removesuffix("_slo_attainment") for k in summary
                if k.startswith("class_") and k.endswith("_slo_attainment")]
     if classes:  # the gateway's request classes (docs/gateway.md)

@@ -24,6 +24,7 @@ from simulator import files
 from simulator.errors import ScenarioError
 from simulator.files import out_file
 from simulator.io.runfolder import read_summary
+from simulator.metrics.day import worst_window
 from simulator.metrics.pools import flat_pool_metrics
 from simulator.plaintext import plain_text
 from simulator.plotting import cdf, legend_outside, read_table, run_figures
@@ -111,10 +112,8 @@ def _fmt(value) -> str:
     return html.escape(json.dumps(value) if isinstance(value, (list, dict)) else str(value))
 
 
-def run_header(run: Path, summary: dict, requests: pd.DataFrame) -> tuple[str, list[str]]:
-    """A run's title (model on cluster, scenario name) and its header lines: model,
-    cluster, layout, and the verdict (:func:`simulator.printout.verdict`), read from the
-    run's scenario.toml."""
+def run_scenario(run: Path) -> dict:
+    """A run folder's resolved scenario.toml as a dict ({} when it has none)."""
     path = run / "scenario.toml"
     there = path.exists() or path.is_symlink()
     try:  # through the input layer: a run folder may hold anything
@@ -122,8 +121,14 @@ def run_header(run: Path, summary: dict, requests: pd.DataFrame) -> tuple[str, l
     except tomllib.TOMLDecodeError:
         raise ScenarioError(f"run folder: {files.excerpt(str(path), 80)} is not a "
                             f"scenario.toml the simulator wrote (not valid TOML)") from None
-    if not isinstance(sc, dict):
-        sc = {}
+    return sc if isinstance(sc, dict) else {}
+
+
+def run_header(run: Path, summary: dict, requests: pd.DataFrame) -> tuple[str, list[str]]:
+    """A run's title (model on cluster, scenario name) and its header lines: model,
+    cluster, layout, and the verdict (:func:`simulator.printout.verdict`), read from the
+    run's scenario.toml."""
+    sc = run_scenario(run)
     name = sc.get("name") or run.name
     model = sc.get("model", {}).get("name", "?")
     cluster, par, pools = sc.get("cluster", {}), sc.get("parallel", {}), sc.get("pools", [])
@@ -199,11 +204,17 @@ def compare_table(runs: list[str | Path]) -> pd.DataFrame:
     if len(runs) < 2:
         raise ScenarioError("compare: give at least two run folders")
     summaries = [_with_derived(read_run(r)[0]) for r in runs]
-    names = _names(runs)
-    rows = []
     pools = [k for s in summaries for k in s if k.startswith("pool_utilization_")]
-    for key, label in [*HEADLINE, *((k, f"busy share of pool {k[17:]}")
-                                    for k in dict.fromkeys(pools))]:
+    return _table(summaries, _names(runs), [*HEADLINE, *((k, f"busy share of pool {k[17:]}")
+                                                         for k in dict.fromkeys(pools))])
+
+
+def _table(summaries: list[dict], names: list[str], keys: list[tuple[str, str]]
+           ) -> pd.DataFrame:
+    """One row per (key, label) of ``keys`` shown by some run: each run's value, then each
+    later run's difference from the first (absolute and relative)."""
+    rows = []
+    for key, label in keys:
         if not any(_shown(s.get(key)) and (s.get(key) or key not in MODE)
                    for s in summaries):
             continue  # a mode figure that is absent or zero in every run is not a mode
@@ -217,6 +228,59 @@ def compare_table(runs: list[str | Path]) -> pd.DataFrame:
                                                 if ok and base else None)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: The figures ``compare --day`` lines up: what a day cost and how well it was served.
+DAY = [("requests_total", "requests"), ("slo_attainment", "SLO attainment"),
+       ("slo_attainment_worst_window", "SLO attainment, worst window"),
+       ("slo_attainment_worst_window_start_s", "worst window starts at (s)"),
+       ("ttft_p99_s", "TTFT p99 (s)"), ("tpot_p99_s", "TPOT p99 (s)"),
+       ("day_replicas_mean", "replicas (time mean)"), ("day_replicas_max", "replicas (most)"),
+       ("day_gpu_hours", "GPU-hours paid"), ("day_cost_usd", "cost (USD)"),
+       ("cost_per_million_output_tokens_usd", "USD per million output tokens"),
+       ("energy_j", "energy (J, whole fleet)"), ("day_cold_starts", "cold starts"),
+       ("autoscale_cold_start_mean_s", "cold start mean (s)")]
+
+
+def day_figures(run: str | Path, window_s: float | None = None) -> dict:
+    """What a day cost, for an autoscaled run and a static one alike: replicas, GPU-hours
+    and cost paid (a static run pays every GPU for the whole run, ``gpus x simulated
+    time``), cold starts (none for a static run) and the worst window's SLO attainment
+    over windows of ``window_s`` (None: the run's own ``slo_window_s``, which only an
+    autoscaled run has)."""
+    run = Path(run)
+    summary, requests = read_run(run)
+    out = dict(summary)
+    hours = (summary.get("simulated_time_s") or 0.0) / 3600.0
+    gpus = summary.get("gpus") or 0
+    price = summary.get("gpu_hour_usd")
+    if "autoscale_gpu_hours" in summary:
+        out["day_gpu_hours"] = summary["autoscale_gpu_hours"]
+        out["day_cost_usd"] = summary.get("autoscale_cost_usd")
+        out["day_replicas_mean"] = summary.get("autoscale_replicas_mean")
+        out["day_replicas_max"] = summary.get("autoscale_replicas_max")
+        out["day_cold_starts"] = summary.get("autoscale_scale_ups")
+    else:
+        replicas = run_scenario(run).get("parallel", {}).get("dp")
+        out["day_gpu_hours"] = gpus * hours
+        out["day_cost_usd"] = gpus * hours * price if isinstance(price, (int, float)) else None
+        out["day_replicas_mean"] = out["day_replicas_max"] = replicas
+        out["day_cold_starts"] = 0
+    window = window_s or summary.get("slo_window_s")
+    if window and (window_s or "slo_attainment_worst_window" not in summary):
+        slo = run_scenario(run).get("slo", {})
+        out.update(worst_window(requests, float(window), float(slo.get("ttft_s", 2.0)),
+                                float(slo.get("tpot_s", 0.1))))
+    return out
+
+
+def day_table(runs: list[str | Path]) -> pd.DataFrame:
+    """:func:`compare_table` of :data:`DAY`'s figures (:func:`day_figures`), every run's
+    worst window over the first autoscaled run's window (the same windows for all)."""
+    if len(runs) < 2:
+        raise ScenarioError("compare --day: give at least two run folders")
+    window = next((w for w in (read_run(r)[0].get("slo_window_s") for r in runs) if w), None)
+    return _table([day_figures(r, window) for r in runs], _names(runs), DAY)
 
 
 def _shown(value) -> bool:

@@ -46,9 +46,15 @@ from simulator import files
 from simulator.arguments import MAX_JOBS
 from simulator.cluster.running import run
 from simulator.errors import ScenarioError
+from simulator.io.gateway import GATEWAY_KEYS
 from simulator.io.overrides import set_key
 from simulator.io.scenario import _did_you_mean, load_scenario, read_toml
-from simulator.io.schema import SECTIONS, TOP_LEVEL, EngineKeys, PoolKeys
+from simulator.io.schema import SECTIONS, TOP_LEVEL, AutoscaleKeys, EngineKeys, PoolKeys
+from simulator.metrics.day import (
+    AUTOSCALE_SUMMARY_KEYS,
+    GATEWAY_CLASS_KEYS,
+    GATEWAY_SUMMARY_KEYS,
+)
 from simulator.metrics.pools import POOL_SUMMARY_KEYS, flat_pool_metrics, pool_columns
 from simulator.metrics.summary import SUMMARY_KEYS
 
@@ -86,8 +92,18 @@ def _known_key(key: str) -> str | None:
             return ("unknown key" + _did_you_mean(parts[3], list(EngineKeys.__dataclass_fields__))
                     if len(parts) == 4 else "expected pools.<pool name>.engine.<key>")
         return None
+    if section == "autoscale":  # [autoscale] (docs/autoscaling.md)
+        fields = AutoscaleKeys.__dataclass_fields__
+        return None if parts[1] in fields else "unknown key" + _did_you_mean(parts[1],
+                                                                             list(fields))
+    if section == "gateway":  # [gateway]'s own keys; its classes are a list, not swept
+        if parts[1] == "classes" or parts[1] not in GATEWAY_KEYS:
+            allowed = [k for k in GATEWAY_KEYS if k != "classes"]
+            return "not a key a sweep may vary" + _did_you_mean(parts[1], allowed) + \
+                f" (allowed: {', '.join(allowed)})"
+        return None
     if section not in SECTIONS:
-        return "unknown section" + _did_you_mean(section, list(SECTIONS))
+        return "unknown section" + _did_you_mean(section, [*SECTIONS, "autoscale", "gateway"])
     fields = SECTIONS[section].__dataclass_fields__
     if parts[1] not in fields:
         return "unknown key" + _did_you_mean(parts[1], list(fields))
@@ -180,6 +196,21 @@ def run_id(resolved: dict) -> str:
     text = json.dumps({k: v for k, v in resolved.items() if not k.startswith("_")},
                       sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _day_columns(base: dict, keys: list[str]) -> list[str]:
+    """The autoscaling columns when the base scenario autoscales or the grid sets
+    ``autoscale.*``; the gateway's, per class of the base's gateway, when it has one."""
+    out = []
+    if "autoscale" in base or any(k.startswith("autoscale.") for k in keys):
+        out += AUTOSCALE_SUMMARY_KEYS
+    gateway = base.get("gateway")
+    if isinstance(gateway, dict):
+        names = [c.get("name") for c in gateway.get("classes", [{"name": "default"}])
+                 if isinstance(c, dict)]
+        out += [f"class_{n}_{k}" for n in names for k in GATEWAY_CLASS_KEYS]
+        out += GATEWAY_SUMMARY_KEYS
+    return out
 
 
 def run_point(resolved: dict) -> dict[str, Any]:
@@ -383,6 +414,7 @@ def sweep(scenario: str | Path | dict, grid: dict | str | Path, *, seeds: int | 
     columns = ["run_id", *keys, *STATUS_COLUMNS, *SUMMARY_KEYS]
     if pools:
         columns += [*POOL_SUMMARY_KEYS, *pool_columns(pools)]
+    columns += _day_columns(base, keys)
     runs = []
     for point in grid_points(axes):
         for seed in seed_list:

@@ -232,6 +232,11 @@ def test_refusals_name_the_key_and_value(edit, needle):
     ("deepseek-ai--DeepSeek-V4-Flash_config.json", "compress_ratios"),
     ("moonshotai--Kimi-K3_config.json", "linear_attn_config"),
     ("nvidia--Nemotron-H-56B-Base-8K_config.json", "hybrid_override_pattern"),
+    ("nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16_config.json", "layers_block_type"),
+    ("nvidia--Llama-3_3-Nemotron-Super-49B-v1_config.json", "block_configs"),
+    ("XiaomiMiMo--MiMo-V2-Flash_config.json", "hybrid_layer_pattern"),
+    ("google--gemma-4-26B-A4B_config.json", "global_head_dim"),
+    ("nvidia--Qwen3.6-27B-NVFP4_config.json", "MIXED_PRECISION"),
 ])
 def test_unpriced_architectures_refused(source, needle):
     path = SHARED / "models" / "aic" / source
@@ -239,6 +244,31 @@ def test_unpriced_architectures_refused(source, needle):
         pytest.skip("shared/models/aic not present")
     with pytest.raises(ScenarioError, match=needle):
         load_model(str(path))
+
+
+@pytest.mark.parametrize("model, want", [
+    ("deepseek-v3", "fp8"),       # block FP8: attention ships FP8
+    ("glm-5-nvfp4", "bf16"),      # NVFP4 experts, 16-bit attention
+    ("llama-3.1-70b", "bf16"),    # no quantization_config
+])
+def test_unset_weight_dtype_is_the_release_precision(model, want):
+    s = load_scenario({"model": {"name": model}, "workload": {"rate_per_s": 1.0,
+                                                               "num_requests": 4}})
+    assert s.model.weight_dtype == want
+    set_ = load_scenario({"model": {"name": model, "weight_dtype": "bf16"},
+                          "workload": {"rate_per_s": 1.0, "num_requests": 4}})
+    assert set_.model.weight_dtype == "bf16"  # a value the user sets is kept
+
+
+def test_qwen_moe_without_mlp_only_layers_is_all_moe():
+    """A Qwen3.5/3.6 MoE text config that leaves out mlp_only_layers (Qwen3.6-35B-A3B)
+    has every layer MoE with its shared expert, as one that lists none."""
+    c = _config("qwen3.5-35b-a3b")
+    want = from_config(c, "x").moe
+    del c["text_config"]["mlp_only_layers"]
+    got = from_config(c, "x").moe
+    assert got == want and got.layers == tuple(range(c["text_config"]["num_hidden_layers"]))
+    assert got.shared_intermediate == c["text_config"]["shared_expert_intermediate_size"]
 
 
 def _scenario(tmp_path, model, topology="hgx-h200", tp=8, extra="", dtype="bf16"):
@@ -361,13 +391,30 @@ def test_docs_refusal_and_figures(capsys):
     assert "at most 514 " in capsys.readouterr().err
 
 
-def test_disaggregated_hand_off_of_a_hybrid_is_refused(capsys):
+def test_disaggregated_hand_off_of_a_hybrid_moves_its_kv_and_its_state(tmp_path):
+    """Qwen3.5-27B, prefill TP8 -> decode TP8: each request moves the KV of the 16
+    full-attention layers (4 KV heads of 256 in bf16, replicated so that each of the 8
+    decode ranks reads one head) per prompt token, plus the recurrent state of the 48
+    Gated DeltaNet layers once: 48 value heads x 128 x 128 float32 and the convolution
+    state, 3 x 10240 bf16, per layer."""
     f = ROOT / "workloads" / "disagg-70b-1p1d-short.toml"
-    code = main(["validate", str(f), "--set", "model.name=qwen3.5-27b",
-                 "--set", "engine.max_num_seqs=64"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and "pools[0] (prefill).role" in err and "allowed: mixed" in err
-    assert len(err.splitlines()) == 1
+    s = load_scenario(str(f), overrides=["model.name=qwen3.5-27b", "engine.max_num_seqs=64",
+                                         "workload.num_requests=30"])
+    df = run(s).requests
+    assert (df.status == "completed").all() and len(df) == 30
+    per_token = 16 * 8 * (2 * 256 * 2)
+    state = 48 * (48 * 128 * 128 * 4 + 3 * 10240 * 2)
+    assert (df.kv_bytes == df.prompt_tokens * per_token + state).all()
+
+
+def test_dsa_kv_flows_carry_the_indexer_keys():
+    """GLM-5 (MLA + DeepSeek sparse attention, 78 layers, each with its indexer): one
+    token moves its 576-wide latent and its indexer key (128 FP8 + one fp32 scale) per
+    layer."""
+    from simulator.cluster.transfer import kv_flows, state_flows
+    m = load_model("glm-5")
+    assert kv_flows(m, 1, [["p0"]], [["d0"]]) == [("p0", "d0", 78 * (576 + 132))]
+    assert state_flows(m, [["p0"]], [["d0"]]) == []
 
 
 def test_a_release_that_does_not_fit_in_16_bit_names_its_precision(tmp_path, capsys):

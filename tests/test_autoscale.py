@@ -167,7 +167,7 @@ def test_forecasters_by_hand():
     ({"max_replicas": 8}, "autoscale.max_replicas: 8 is more than the parallel.dp"),
     ({"min_replicas": 5}, "autoscale.min_replicas: 5 is more than max_replicas 4"),
     ({"initial_replicas": 9}, "autoscale.initial_replicas"),
-    ({"policy": "sla"}, "autoscale.replica_capacity_per_s: required"),
+    ({"policy": "sla", "replica_capacity_per_s": 0}, "autoscale.replica_capacity_per_s"),
     ({"policy": "bursty"}, "autoscale.policy"),
     ({"interval_s": 0}, "autoscale.interval_s"),
     ({"forecaster": "arima"}, "autoscale.forecaster"),

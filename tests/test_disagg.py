@@ -19,8 +19,8 @@ from simulator import DEFAULT_SCENARIO, ScenarioError, load_scenario, run, write
 from simulator.cli import main
 from simulator.cluster.disagg import POOL_COLUMNS
 from simulator.cluster.pools import build_pools
-from simulator.cluster.running import PooledCluster, check
-from simulator.cluster.simulation import open_loop_workload, run_rngs
+from simulator.cluster.running import check
+from simulator.cluster.simulation import Cluster, open_loop_workload, run_rngs
 from simulator.cluster.transfer import KVTransfers, kv_flows
 from simulator.engine.clock import TICK
 from simulator.io.chrome_trace import TRANSFER_PID
@@ -126,7 +126,7 @@ def test_two_transfers_sharing_a_nic_split_its_bandwidth():
                                                     {"nodes": 1, "tp": 1})))
     env = simpy.Environment()
     kv = KVTransfers(env, plan.graph, plan.model, 0.0)
-    src = [p.plan.replicas for p in plan.pools]
+    src = [p.replicas for p in plan.pools]
     a, b = ([r.placement.stages for r in src[0]])
     d = src[1][0].placement.stages
     alone = kv.time_alone(1000, a, d, 2)
@@ -337,18 +337,18 @@ def test_waiting_requests_hold_their_blocks_on_the_prefill_side():
                                                "output_tokens": 200}))
     env = simpy.Environment()
     rngs = run_rngs(s.seed)
-    cluster = PooledCluster(env, build_pools(s), Recorder(), rngs)
+    cluster = Cluster(env, build_pools(s), Recorder(), rngs)
     cluster.expected = 6
     env.process(cluster.arrive(open_loop_workload(s, rngs)))
     prefill, decode = cluster.replicas
     per = -(-1000 // 16)  # blocks of one prompt
     env.run(until=0.5)  # every prefill is done (~0.1 s); the first decode (~1.3 s) is not
-    assert len(cluster.queue) == 5
+    assert len(cluster.handoff.queue) == 5
     assert prefill.streams[0].kv.used == 5 * per  # held for the five waiting requests
     assert decode.streams[0].kv.used >= per  # the one admitted
     assert prefill.outstanding == 0 and decode.outstanding == 1
     env.run()
-    assert cluster.completed == 6 and not cluster.queue and not cluster._held
+    assert cluster.completed == 6 and not cluster.handoff.queue and not cluster.handoff._held
     assert prefill.streams[0].kv.used == 0 and decode.streams[0].kv.used == 0
 
 

@@ -1,5 +1,6 @@
 """Golden outputs: every shipped workload (capped) and the engine variants of the speed
-work give byte-identical files to the ones recorded in ``tests/data/golden/``.
+work (the Vidur workload, a faulted run, prefix-cached sessions, each with the fast path
+on and off) give byte-identical files to the ones recorded in ``tests/data/golden/``.
 
 Each case records the SHA-256 of every file a run writes (requests.csv, steps.csv,
 timeseries.csv, gpu_timeseries.csv, alerts.csv, the decompressed trace, scenario.toml,
@@ -27,9 +28,11 @@ from simulator.io.writers import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "data" / "golden"
+#: Scenarios written for the golden cases alone.
+SCENARIOS = Path(__file__).parent / "data" / "golden_scenarios"
 BLESS = os.environ.get("GOLDEN_BLESS") == "1"
 #: Workload files that are not single runs (sweep grids, planner questions).
-NOT_RUNS = {"grid-70b", "mooncake-70b-grid", "plan-405b-2xdgx", "plan-70b-1xdgx",
+NOT_RUNS = {"grid-70b", "mooncake-70b-grid", "day-70b-grid", "plan-405b-2xdgx", "plan-70b-1xdgx",
             "plan-70b-hetero", "plan-8b-8gpu"}
 REQUESTS = 100
 TRACE_S = 30
@@ -53,6 +56,18 @@ def _cases() -> dict[str, tuple[str | dict, list[str]]]:
             out[f"variant-{prof}-ff{ff}"] = (default, [
                 "workload.num_requests=60", f"engine.profile={prof}",
                 f"engine.fast_forward={ff}", "output.steps=true"])
+    # The speed paths' own cases: the Vidur workload, a faulted run (a repaired and a
+    # permanent GPU fault) and prefix-cached sessions, with the profile unset and
+    # "vllm-v1", the decode fast path on and off.
+    speed = {"vidur": (ROOT / "benchmarks" / "vidur.toml", 2000),
+             "faulted": (SCENARIOS / "faulted.toml", 1600),
+             "sessions": (SCENARIOS / "sessions.toml", 600)}
+    for name, (path, n) in speed.items():
+        for prof in ("none", "vllm-v1"):
+            for ff in ("true", "false"):
+                out[f"speed-{name}-{prof}-ff{ff}"] = (str(path), [
+                    f"workload.num_requests={n}", f"engine.profile={prof}",
+                    f"engine.fast_forward={ff}", "output.steps=true"])
     return out
 
 
@@ -101,11 +116,16 @@ def test_every_case_is_recorded_and_nothing_else():
     assert {p.stem for p in GOLDEN.glob("*.json")} == set(CASES)
 
 
-@pytest.mark.parametrize("prof", ["none", "vllm-v1", "sglang", "trtllm"])
-def test_fast_forward_changes_no_output(prof):
+FAST_FORWARD_PAIRS = [f"variant-{prof}" for prof in ("none", "vllm-v1", "sglang", "trtllm")] + [
+    f"speed-{name}-{prof}" for name in ("vidur", "faulted", "sessions")
+    for prof in ("none", "vllm-v1")]
+
+
+@pytest.mark.parametrize("case", FAST_FORWARD_PAIRS)
+def test_fast_forward_changes_no_output(case):
     """Decode fast-forward is a speed path: with it on and off every file but the
     resolved scenario (which records the switch) is the same."""
-    on, off = (json.loads((GOLDEN / f"variant-{prof}-ff{ff}.json").read_text())["files"]
+    on, off = (json.loads((GOLDEN / f"{case}-ff{ff}.json").read_text())["files"]
                for ff in ("true", "false"))
     on.pop("scenario.toml"), off.pop("scenario.toml")
     assert on == off

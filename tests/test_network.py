@@ -299,7 +299,7 @@ def test_pp_hand_offs_sharing_a_spine_uplink_share_it_max_min_fairly():
     # node 1's leaf from the same spine (ECMP by sender's local index).
     assert [rp.placement.stages[2][0] for rp in plan.replicas] == ["gpu8", "gpu12"]
     env = simpy.Environment()
-    sends = shared_sends(env, plan, TICK)
+    sends = shared_sends(env, plan.graph, plan.replicas, plan.model, TICK)
     a, b = sends[0][1], sends[1][1]
     assert isinstance(a, SharedSend) and set(a.edges) & set(b.edges)
     assert not isinstance(sends[0][0], SharedSend)  # stage 0 -> 1 stays inside node 0

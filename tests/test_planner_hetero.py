@@ -180,7 +180,7 @@ def test_leaf_spine_cross_pairs_priced_on_the_leaf_spine(tmp_path):
     point = {**copy.deepcopy(ls_base), "pools": cross_pools(pd.Series(rows[0]), ls)}
     assert point["cluster"]["fabric"] == "leaf_spine"
     pooled = build_pools(load_scenario(point))
-    assert [p.plan.node.name for p in pooled.pools] == KINDS
+    assert [p.node.name for p in pooled.pools] == KINDS
     assert pooled.graph.graph["name"] == "1 x dgx-h100 + 1 x dgx-a100"
     racks_base = resolve_point(base, {"cluster.fabric": "leaf_spine",
                                       "cluster.rail_optimized": False,
@@ -245,7 +245,7 @@ def test_cross_kind_recommended_toml_runs(cross_plan, tmp_path):
         ("prefill", "dgx-h100", 1), ("decode", "dgx-a100", 1)]
     assert "same_nodes_as" not in pools[1]
     built = build_pools(load_scenario(copy.deepcopy(pick)))
-    assert [p.plan.node.name for p in built.pools] == ["dgx-h100", "dgx-a100"]
+    assert [p.node.name for p in built.pools] == ["dgx-h100", "dgx-a100"]
     path = tmp_path / "recommended.toml"
     path.write_text(tomli_w.dumps(pick))
     out = subprocess.run([sys.executable, "-m", "simulator", "run", str(path), "--out",

@@ -126,7 +126,7 @@ def test_disaggregated_pools_build_where_the_estimate_placed_them():
     data = copy.deepcopy(base)
     data["pools"] = pools_of(row, 1, s)
     p = build_pools(load_scenario(data))
-    gpus = [sorted(g for rp in pool.plan.replicas for g in rp.placement.gpus)
+    gpus = [sorted(g for rp in pool.replicas for g in rp.placement.gpus)
             for pool in p.pools]
     assert gpus == [[f"gpu{i}" for i in range(3)], [f"gpu{i}" for i in range(3, 8)]]
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from simulator import run
-from simulator.cluster.outcome import stage_hardware
+from simulator.cluster.outcome import pool_hardware, stage_hardware
 from simulator.hardware.prices import GPU_HOUR_USD
 from simulator.metrics.power import NODE_OVERHEAD_W, StepFold, gpu_power_w, pool_power
 from simulator.metrics.records import STEP_COLUMNS
@@ -47,7 +47,7 @@ def test_tiny_disaggregated_energy_by_hand():
     expected = {}
     for pool in r.plan.pools:
         gpu_j = 0.0
-        for st in stage_hardware(pool.plan):
+        for st in pool_hardware(r.plan.graph, pool):
             g = steps[(steps["replica"] == st.replica) & (steps["stage"] == st.stage)]
             flops, hbm, _, _ = stage_work(st, g)
             act = gpu_power_w(flops.sum() / (st.peak_flops * w), hbm.sum() / (st.hbm_Bps * w),

@@ -93,7 +93,7 @@ def test_each_pool_pays_for_its_own_drafter(three):
     text = describe_pools(pools)
     assert "pool k1 (decode)" in text and "speculative eagle k=1" in text
     assert "speculative eagle k=3" in text
-    assert [p.plan.speculative is not None for p in pools.pools] == [False, True, True,
+    assert [p.speculative is not None for p in pools.pools] == [False, True, True,
                                                                      False]
 
 

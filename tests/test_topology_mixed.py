@@ -123,7 +123,7 @@ def test_pools_of_two_presets_on_a_leaf_spine():
     flat = run(_pools({})).requests
     rail = run(_pools({"fabric": "leaf_spine"}))
     assert rail.plan.graph.graph["fabric"] == "leaf_spine"
-    assert [p.plan.node.name for p in rail.plan.pools] == ["dgx-h100", "dgx-a100"]
+    assert [p.node.name for p in rail.plan.pools] == ["dgx-h100", "dgx-a100"]
     pd.testing.assert_series_equal(rail.requests["kv_transfer_s"], flat["kv_transfer_s"])
     racks = run(_pools({"fabric": "leaf_spine", "rail_optimized": False,
                         "nodes_per_leaf": 1, "oversubscription": 8.0})).requests

@@ -24,8 +24,10 @@ wants (the states above keep the count within ``[min_replicas, max_replicas]``):
   near the threshold does not flap).
 - ``sla`` (as NVIDIA Dynamo's throughput planner): forecast the next interval's arrival
   rate from the past ones (:data:`FORECASTERS`), and size for it:
-  ``desired = ceil(forecast x c / (replica_capacity_per_s x target_utilization))``, with the
-  correction ``c = clip(max(TTFT p90 / SLO, TPOT p90 / SLO), 1, 2)`` of the interval just
+  ``desired = ceil(forecast x c / (capacity x target_utilization))``, the capacity what
+  one replica serves within the SLOs by the step cost model (:mod:`simulator.cluster.sizing`,
+  once per run) unless ``replica_capacity_per_s`` sets it, with the correction
+  ``c = clip(max(TTFT p90 / SLO, TPOT p90 / SLO), 1, 2)`` of the interval just
   ended: the measured over the wanted latency, which raises the count when the SLOs are
   missed at the forecast load.
 
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulator import registry
+from simulator.cluster.sizing import Sizing, sizing_of_requests
 from simulator.io.schema import AutoscaleKeys
 from simulator.topology.graph import Paths
 
@@ -175,6 +178,7 @@ class SlaPolicy:
     a: AutoscaleKeys
     slo_ttft_s: float
     slo_tpot_s: float
+    capacity_per_s: float  # one replica's, within the SLOs
     forecaster: object = None
 
     def __post_init__(self):
@@ -188,8 +192,7 @@ class SlaPolicy:
     def desired(self, obs: Observation, current: int) -> int:
         self.forecaster.update(obs.arrivals_per_s)
         need = self.forecaster.predict() * self.correction(obs)
-        return math.ceil(need / (self.a.replica_capacity_per_s * self.a.target_utilization)
-                         - 1e-9)
+        return math.ceil(need / (self.capacity_per_s * self.a.target_utilization) - 1e-9)
 
 
 @dataclass
@@ -226,12 +229,13 @@ def cold_start_s(a: AutoscaleKeys, plan, replica: int, peer: int | None) -> floa
     return a.provision_s + load + a.graph_capture_s
 
 
-#: The scaling policies (``[autoscale] policy``), each made from the autoscale keys and the
-#: scenario's SLOs: the one place a policy is added.
+#: The scaling policies (``[autoscale] policy``), each made from the autoscale keys, the
+#: scenario's SLOs and a function that gives one replica's capacity within them (requests/s;
+#: called only by the policies that size from it): the one place a policy is added.
 POLICIES = registry.AUTOSCALE_POLICIES.add({
-    "none": lambda a, slo: NonePolicy(a),
-    "load": lambda a, slo: LoadPolicy(a),
-    "sla": lambda a, slo: SlaPolicy(a, slo.ttft_s, slo.tpot_s),
+    "none": lambda a, slo, capacity: NonePolicy(a),
+    "load": lambda a, slo, capacity: LoadPolicy(a),
+    "sla": lambda a, slo, capacity: SlaPolicy(a, slo.ttft_s, slo.tpot_s, capacity()),
 })
 
 
@@ -248,8 +252,9 @@ class ScaleLog:
 class Autoscaler:
     """Decides every ``interval_s`` and moves replicas between the states above."""
 
-    def __init__(self, env, cluster, a: AutoscaleKeys, slo):
+    def __init__(self, env, cluster, a: AutoscaleKeys, slo, requests=None):
         self.env, self.cluster, self.a = env, cluster, a
+        self.sizing: Sizing | None = None  # the cost model's, when a policy asks for it
         n = len(cluster.replicas)
         self.max = a.max_replicas or n
         start = a.initial_replicas or a.min_replicas
@@ -257,7 +262,14 @@ class Autoscaler:
         self.log = ScaleLog()
         for i in range(start):
             self.log.changes.append((0.0, i, "serving"))
-        self.policy = POLICIES[a.policy](a, slo)
+
+        def capacity() -> float:
+            if a.replica_capacity_per_s is not None:
+                return a.replica_capacity_per_s
+            self.sizing = sizing_of_requests(cluster.plan, requests, slo.ttft_s, slo.tpot_s)
+            return self.sizing.capacity_per_s
+
+        self.policy = POLICIES[a.policy](a, slo, capacity)
         self.arrivals = 0
         self.ttfts: list[float] = []
         self.tpots: list[float] = []
@@ -401,7 +413,9 @@ class Autoscaler:
         downs = sum(st == "draining" for _, _, st in self.log.changes)
         cold = self.log.cold_starts_s
         usd = gpu_s / 3600.0 * gpu_hour_usd
-        return {"autoscale_policy": self.a.policy,
+        sized = ({"autoscale_replica_capacity_per_s": self.policy.capacity_per_s}
+                 if isinstance(self.policy, SlaPolicy) else {})
+        return sized | {"autoscale_policy": self.a.policy,
                 "autoscale_replicas_mean": float(np.mean(counts)),
                 "autoscale_replicas_max": int(np.max(counts)),
                 "autoscale_replicas_min": int(np.min(counts[1:] if len(counts) > 1

@@ -1,14 +1,15 @@
-"""From a validated scenario to a static cluster plan: hardware, graph, placement, memory,
-per-stage costs. Everything here is checked before any simulation starts.
+"""From a validated scenario to a static cluster plan (:mod:`simulator.cluster.plan`):
+hardware, graph, placement, memory, per-stage costs. A colocated scenario builds a cluster of
+one pool here; :mod:`simulator.cluster.pools` builds each ``[[pools]]`` entry with it.
+Everything here is checked before any simulation starts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
-import networkx as nx
+from dataclasses import replace
 
 from simulator.calibration.engines import engine_gpu
+from simulator.cluster.plan import ClusterPlan, PoolPlan, ReplicaPlan
 from simulator.engine.host import host_keys
 from simulator.engine.profiles import capture_sizes
 from simulator.engine.schedulers import SCHEDULERS
@@ -36,36 +37,6 @@ from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce, group
 from simulator.parallel.placement import ReplicaPlacement, place
 from simulator.topology.flows import Flow, finish_times
 from simulator.topology.graph import PEER_LINKS, Paths, build_graph, nvlink_domains
-
-
-@dataclass(frozen=True)
-class ReplicaPlan:
-    placement: ReplicaPlacement
-    stages: tuple[StageCost, ...]
-    sends: tuple[tuple[float, float], ...]  # (latency_s, s_per_token) from stage i to i+1
-    swap_s_per_block: float  # one KV block over PCIe, the slowest stage (GPUs in parallel)
-
-
-@dataclass(frozen=True)
-class ClusterPlan:
-    """Everything static about a run: derived from the scenario, never written back."""
-
-    scenario: Scenario
-    model: ModelSpec
-    node: NodeSpec
-    graph: nx.DiGraph
-    memory: MemoryPlan
-    replicas: tuple[ReplicaPlan, ...]
-    streams_per_replica: int
-    max_model_len: int
-    swap_blocks_per_stream: int  # CPU blocks for swapped KV
-    offload_units_per_stream: int = 0  # prefix-cache hash blocks the host tier holds
-    speculative: SpecConfig | None = None  # [speculative]: drafts, acceptance, draft cost
-
-    @property
-    def gpus_used(self) -> int:
-        p = self.scenario.parallel
-        return p.tp * p.pp * p.dp
 
 
 def _check_heads(model: ModelSpec, tp: int, pp: int, engine: str = "vllm",
@@ -376,8 +347,9 @@ def _build(s: Scenario) -> ClusterPlan:
     swap = int(eng.swap_space_gib * GIB // max(memory.block_bytes_per_gpu)) // streams
     offload = _offload_units(s, memory, streams)
     spec = _spec_config(s, model, node, draft, replicas[0], paths)
-    return ClusterPlan(s, model, node, graph, memory, tuple(replicas), streams, max_len, swap,
-                       offload, spec)
+    pool = PoolPlan(s, model, node, memory, tuple(replicas), streams, max_len, swap, offload,
+                    spec)
+    return ClusterPlan(s, model, graph, (pool,), max_len)
 
 
 def with_draft_kv(memory: MemoryPlan, per_token: float) -> MemoryPlan:

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from simulator.cluster.build import ClusterPlan
+import networkx as nx
+
+from simulator.cluster.plan import ReplicaPlan
 from simulator.model.cost import ACT_BYTES
+from simulator.model.spec import ModelSpec
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, Links
 from simulator.topology.flows import FlowNetwork
 from simulator.topology.graph import Paths
@@ -34,14 +37,15 @@ class SharedSend(tuple):
         return self
 
 
-def shared_sends(env, plan: ClusterPlan, quantum_s: float) -> list[list[tuple]]:
+def shared_sends(env, graph: nx.DiGraph, replicas: tuple[ReplicaPlan, ...], model: ModelSpec,
+                 quantum_s: float) -> list[list[tuple]]:
     """Each replica's hand-off costs, with :class:`SharedSend` where the path shares a
-    network link with another replica's hand-off (``plan.replicas`` order)."""
-    g = plan.graph
+    network link with another of ``replicas``' hand-offs (``replicas`` order)."""
+    g = graph
     links = Links(Paths(g))
     routes = [[links(a[0], b[0]) for a, b in zip(rp.placement.stages, rp.placement.stages[1:],
                                                  strict=False)]
-              for rp in plan.replicas]
+              for rp in replicas]
     users: dict[tuple, set[int]] = defaultdict(set)
     for r, paths in enumerate(routes):
         for edges in paths:
@@ -49,13 +53,13 @@ def shared_sends(env, plan: ClusterPlan, quantum_s: float) -> list[list[tuple]]:
                 if g.edges[e]["kind"] == "network":
                     users[e].add(r)
     shared = {e for e, rs in users.items() if len(rs) > 1}
-    out: list[list[tuple]] = [list(rp.sends) for rp in plan.replicas]
+    out: list[list[tuple]] = [list(rp.sends) for rp in replicas]
     if not shared:
         return out
     capacity = {(a, b): d["bandwidth_Bps"] * BANDWIDTH_EFFICIENCY
                 for a, b, d in g.edges(data=True)}
     network = FlowNetwork(env, capacity, quantum_s)
-    per_token = plan.model.hidden * ACT_BYTES
+    per_token = model.hidden * ACT_BYTES
     for r, paths in enumerate(routes):
         for i, edges in enumerate(paths):
             if shared.intersection(edges):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import networkx as nx
 import numpy as np
 import pandas as pd
 
-from simulator.cluster.build import ClusterPlan
-from simulator.cluster.pools import PooledPlan
+from simulator.cluster.plan import ClusterPlan, PoolPlan
 from simulator.engine.schedulers import sarathi_chunk
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.io.schema import Scenario
@@ -128,12 +128,18 @@ def engine_warnings(s: Scenario) -> list[str]:
 
 
 def stage_hardware(plan: ClusterPlan) -> list[StageHardware]:
-    """Capacities of every replica stage's GPUs, for utilization."""
-    g, node = plan.graph, plan.node
+    """Capacities of every replica stage's GPUs, for utilization (pools in order)."""
+    return [h for pool in plan.pools for h in pool_hardware(plan.graph, pool)]
+
+
+def pool_hardware(g: nx.DiGraph, pool: PoolPlan) -> list[StageHardware]:
+    """Capacities of the stages of ``pool``'s replicas on the cluster graph ``g``: the
+    pool's GPU at the pool's weight dtype."""
+    node = pool.node
     paths = Paths(g)
     gpu = node.gpu
     out = []
-    for rp in plan.replicas:
+    for rp in pool.replicas:
         stages = rp.placement.stages
         for i, group in enumerate(stages):
             last = i == len(stages) - 1
@@ -141,20 +147,20 @@ def stage_hardware(plan: ClusterPlan) -> list[StageHardware]:
             over_nic = any(g.edges[a, b]["kind"] == "network"
                            for a, b in zip(path, path[1:], strict=False))
             out.append(StageHardware(rp.placement.replica, i, group, rp.stages[i],
-                                     gpu.peak(plan.scenario.model.weight_dtype),
+                                     gpu.peak(pool.scenario.model.weight_dtype),
                                      gpu.hbm_bandwidth_Bps, node.scale_up_per_gpu_Bps,
                                      node.nic.bandwidth_Bps, over_nic, last))
     return out
 
 
-def step_fold(plan: ClusterPlan | PooledPlan, stages: list[StageHardware]) -> StepFold:
+def step_fold(plan: ClusterPlan, stages: list[StageHardware]) -> StepFold:
     """The fold of a run that does not keep its step records: the work of ``stages`` per
     ``output.window_s`` window, and the MoE sums of a MoE model."""
     moe = [rp.stages for rp in plan.replicas] if plan.model.moe is not None else None
     return StepFold(stages, plan.scenario.output.window_s, moe)
 
 
-def pools_power(plan: PooledPlan, steps: pd.DataFrame | StepFold | None,
+def pools_power(plan: ClusterPlan, steps: pd.DataFrame | StepFold | None,
                 requests: pd.DataFrame,
                 summary: dict, ts: pd.DataFrame, window_s: float):
     """:func:`simulator.metrics.pools.pool_energy` of a pooled run: per-GPU power, the
@@ -163,7 +169,7 @@ def pools_power(plan: PooledPlan, steps: pd.DataFrame | StepFold | None,
     node_of = {d["index"]: d["node"] for _, d in plan.graph.nodes(data=True)
                if d["kind"] == "gpu"}
     gpu_ts, power, keys = pool_energy(
-        steps, [(p.spec.name, stage_hardware(p.plan), p.plan.node.gpu) for p in plan.pools],
+        steps, [(p.name, pool_hardware(plan.graph, p), p.node.gpu) for p in plan.pools],
         node_of, edges, requests)
     summary.update(keys)
     return gpu_ts, ts.assign(**power) if power else ts

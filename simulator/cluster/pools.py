@@ -14,70 +14,18 @@ it crosses the leaves and spines as without pools (over several presets:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import networkx as nx
 
-from simulator.cluster.build import (
-    ClusterPlan,
-    ReplicaPlan,
-    build_plan,
-    cluster_node,
-    replica_costs,
-)
+from simulator.cluster.build import build_plan, cluster_node, replica_costs
+from simulator.cluster.plan import ClusterPlan, PoolPlan, ReplicaPlan
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, transfer_note
 from simulator.io.schema import ParallelKeys, PoolKeys, Scenario
-from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, load_model
+from simulator.model.spec import BYTES_PER_DTYPE, load_model
 from simulator.parallel.placement import ReplicaPlacement, place
 from simulator.topology.graph import Paths, add_server, leaf_spine_graph, nvlink_domains
-
-
-@dataclass(frozen=True)
-class PoolPlan:
-    """One pool: its spec, its own scenario view and its plan on the joined graph.
-
-    ``plan.replicas[k]`` is the pool's replica k, cluster-wide replica number
-    ``first_replica + k`` (pools numbered in file order).
-    """
-
-    index: int
-    spec: PoolKeys
-    plan: ClusterPlan
-    first_replica: int
-    kv_dtype: str
-
-    @property
-    def gpus(self) -> int:
-        return self.plan.gpus_used
-
-
-@dataclass(frozen=True)
-class PooledPlan:
-    """Everything static about a run with pools."""
-
-    scenario: Scenario
-    model: ModelSpec
-    graph: nx.DiGraph
-    pools: tuple[PoolPlan, ...]
-    max_model_len: int
-
-    @property
-    def disaggregated(self) -> bool:
-        return any(p.spec.role == "prefill" for p in self.pools)
-
-    @property
-    def gpus_used(self) -> int:
-        return sum(p.gpus for p in self.pools)
-
-    @property
-    def speculates(self) -> bool:
-        """Whether any pool speculates (each pool's own ``[speculative]``)."""
-        return any(p.plan.speculative is not None for p in self.pools)
-
-    @property
-    def replicas(self) -> tuple[ReplicaPlan, ...]:
-        return tuple(r for p in self.pools for r in p.plan.replicas)
 
 
 def pool_scenario(s: Scenario, pool: PoolKeys, topology: str, nodes: int) -> Scenario:
@@ -135,7 +83,7 @@ def fabric_graph(s: Scenario, nodes: list[NodeSpec]) -> nx.DiGraph:
                             c.nodes_per_leaf)
 
 
-def build_pools(s: Scenario) -> PooledPlan:
+def build_pools(s: Scenario) -> ClusterPlan:
     """Check every pool and derive the joined cluster.
 
     Raises
@@ -151,7 +99,7 @@ def build_pools(s: Scenario) -> PooledPlan:
         raise exc.with_source(s.source) from None
 
 
-def _build(s: Scenario) -> PooledPlan:
+def _build(s: Scenario) -> ClusterPlan:
     model = load_model(s.model.name, s.base_dir)
     # Node groups: each pool either brings nodes of its own or shares an earlier pool's.
     specs: list[NodeSpec] = []
@@ -171,7 +119,7 @@ def _build(s: Scenario) -> PooledPlan:
             topo, count, start = pool.topology or s.cluster.topology, pool.nodes, len(specs)
         sub = pool_scenario(s, pool, topo, count)
         try:
-            plan = build_plan(sub)
+            plan = build_plan(sub).pool
         except ScenarioError as exc:
             raise ScenarioError([f"{key}: {p}" for p in exc.problems]) from None
         if pool.same_nodes_as is None:
@@ -181,12 +129,6 @@ def _build(s: Scenario) -> PooledPlan:
         plans.append(plan)
     roles = [(i, p, p.kv_dtype or s.model.kv_dtype) for i, p in enumerate(s.pools)
              if p.role != "mixed"]
-    for (i, p, _), plan in ((r, plans[r[0]]) for r in roles):
-        if plan.model.linear is not None or plan.model.dsa is not None:
-            # the hand-off prices KV per layer and head: no recurrent state, no indexer keys
-            raise ScenarioError(f"pools[{i}] ({p.name}).role: {p.role!r} hands KV over, which "
-                                f"is not modelled for {plan.model.name} (hybrid linear "
-                                f"attention or DeepSeek sparse attention); allowed: mixed")
     for i, p, dt in roles:
         if dt != roles[0][2]:
             raise ScenarioError(f"pools[{i}] ({p.name}).kv_dtype: {dt} differs from "
@@ -218,11 +160,11 @@ def _build(s: Scenario) -> PooledPlan:
                                         plan.memory.block_bytes_per_gpu[j])
                     for j, g in enumerate(pl.stages)]
             replicas.append(ReplicaPlan(pl, stages, sends, max(host)))
-        plan = replace(plan, graph=graph, replicas=tuple(replicas))
-        pools.append(PoolPlan(i, pool, plan, first, sub.model.kv_dtype))
+        pools.append(replace(plan, replicas=tuple(replicas), index=i, spec=pool,
+                             first_replica=first))
         first += len(replicas)
-    max_len = min(p.plan.max_model_len for p in pools)
-    return PooledPlan(s, model, graph, tuple(pools), max_len)
+    max_len = min(p.max_model_len for p in pools)
+    return ClusterPlan(s, model, graph, tuple(pools), max_len)
 
 
 def kv_element_bytes(pool: PoolPlan) -> float:
@@ -230,24 +172,24 @@ def kv_element_bytes(pool: PoolPlan) -> float:
     return BYTES_PER_DTYPE[pool.kv_dtype]
 
 
-def describe_pools(plan: PooledPlan) -> str:
+def describe_pools(plan: ClusterPlan) -> str:
     """Text lines of ``validate`` for a cluster of pools: per pool its role, nodes, layout,
     KV cache and replicas' GPUs."""
     lines = [f"  cluster    {plan.graph.graph['name']}, {plan.gpus_used} GPUs used, "
              f"max_model_len {plan.max_model_len}"]
     for pool in plan.pools:
-        sp, mem = pool.spec, pool.plan.memory
+        sp, mem = pool.spec, pool.memory
         moe = (f" ep={sp.ep}" if sp.ep > 1 else "") + (" attention_dp" if sp.attention_dp
                                                          else "")
-        spec = pool.plan.scenario.speculative
+        spec = pool.scenario.speculative
         moe += (f", speculative {spec.method} k={spec.num_speculative_tokens}"
                 if spec is not None else "")
-        lines.append(f"  pool {sp.name} ({sp.role})  {pool.plan.node.name}, tp={sp.tp} "
+        lines.append(f"  pool {sp.name} ({sp.role})  {pool.node.name}, tp={sp.tp} "
                      f"pp={sp.pp} dp={sp.dp}{moe}, KV {pool.kv_dtype} {mem.kv_tokens} tokens per "
                      f"replica, weights {max(mem.weights_per_gpu) / 2**30:.1f} GiB per GPU")
-        if transfer_note(pool.plan.node.gpu):  # docs/hardware.md
-            lines.append(f"    kernels  {transfer_note(pool.plan.node.gpu)}")
-        for rp in pool.plan.replicas:
+        if transfer_note(pool.node.gpu):  # docs/hardware.md
+            lines.append(f"    kernels  {transfer_note(pool.node.gpu)}")
+        for rp in pool.replicas:
             stages = " | ".join(",".join(g.removeprefix("gpu") for g in st)
                                 for st in rp.placement.stages)
             lines.append(f"    replica {rp.placement.replica}  GPUs {stages}")

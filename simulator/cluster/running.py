@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from simulator.cluster.autoscale import Autoscaler
 from simulator.cluster.bench import benchmark
-from simulator.cluster.build import ClusterPlan, build_plan
-from simulator.cluster.disagg import PoolCluster
+from simulator.cluster.build import build_plan
+from simulator.cluster.disagg import pool_table, request_columns
 from simulator.cluster.gateway import Gateway, check_gateway
 from simulator.cluster.outcome import (
     observe,
@@ -30,8 +30,8 @@ from simulator.cluster.outcome import (
     stage_hardware,
     step_fold,
 )
-from simulator.cluster.pools import PooledPlan, build_pools
-from simulator.cluster.router import make_router
+from simulator.cluster.plan import ClusterPlan
+from simulator.cluster.pools import build_pools
 from simulator.cluster.simulation import (
     Cluster,
     check_faults,
@@ -45,6 +45,7 @@ from simulator.errors import ScenarioError
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
+from simulator.metrics.day import with_attainment, worst_window
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
 from simulator.metrics.pools import pool_summary
@@ -120,8 +121,6 @@ def run(scenario: Scenario | dict | str, *, progress: bool = False,
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     energy = s.output.energy if energy is None else energy
     with _young_collections_rarer():
-        if s.pools:
-            return _run_pools(s, progress, keep_steps, energy, interruptible)
         return _run(s, progress, keep_steps, energy, interruptible)
 
 
@@ -155,7 +154,8 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
     cluster.expected = total
     start_faults(env, cluster, s, rngs["faults"])
     if s.autoscale is not None:
-        cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo)
+        cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo,
+                                     None if w.arrival == "closed_loop" else df)
         env.process(cluster.scaling.run())
     if s.gateway is not None:
         cluster.gateway = Gateway(env, cluster, check_gateway(s.gateway), s.seed)
@@ -171,61 +171,75 @@ def _availability(cluster: Cluster) -> dict:
 
 def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
          interruptible: bool = False) -> Result:
+    """:func:`run` of a colocated scenario (a cluster of one pool) or one with ``[[pools]]``
+    (docs/disaggregation.md): one path; a pooled run adds the pool columns of requests.csv
+    and the pool summary, and its batch efficiency is against ``[engine]``'s token budget."""
     wall0 = time.perf_counter()
-    plan = build_plan(s)
+    plan = build_pools(s) if s.pools else build_plan(s)
     rngs = run_rngs(s.seed)
     env = simpy.Environment()
     stages = stage_hardware(plan)
-    recorder, fold = _recording(s, keep_steps, energy, plan, stages,
-                                s.speculative is not None)
-    cluster = Cluster(env, plan, make_router(s.router.policy, rngs["router"],
-                                             load_weight=s.router.load_weight), recorder)
+    recorder, fold = _recording(s, keep_steps, energy, plan, stages, plan.speculates)
+    cluster = Cluster(env, plan, recorder, rngs)
     events, stopped = _drive(env, cluster, _start(env, cluster, s, rngs), progress,
                              interruptible)
     cluster.close()
     requests = recorder.requests_frame()
+    if plan.pooled:
+        requests = request_columns(cluster, requests)
     if cluster.gateway is not None:
         requests = cluster.gateway.columns(requests)
     steps = recorder.steps_frame()
-    engine = {k: sum(getattr(r, k) for r in cluster.replicas)
-              for k in ("steps", "step_tokens", "union_s")}
-    engine["stage_busy_s"] = [sum(r.stage_busy_s[i] for r in cluster.replicas)
-                              for i in range(s.parallel.pp)]
-    engine["gaps"] = cluster.gaps
+    engine = cluster.engine_totals()
     summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
                         max_num_batched_tokens=s.engine.max_num_batched_tokens,
                         steady_end_s=cluster.steady_end_s,
-                        pp=s.parallel.pp)
-    if plan.speculative is not None:
+                        pp=len(engine["stage_busy_s"]))
+    if plan.speculates:
         summary.update(_speculation(requests, cluster, engine))
-    summary["kv_blocks_per_replica"] = plan.memory.kv_blocks
-    summary["kv_tokens_per_replica"] = plan.memory.kv_tokens
+    if plan.pooled:
+        summary["kv_blocks_per_replica"] = [p.memory.kv_blocks for p in plan.pools]
+        summary["kv_tokens_per_replica"] = [p.memory.kv_tokens for p in plan.pools]
+    else:
+        summary["kv_blocks_per_replica"] = plan.memory.kv_blocks
+        summary["kv_tokens_per_replica"] = plan.memory.kv_tokens
     summary["max_model_len"] = plan.max_model_len
     summary["gpus"] = plan.gpus_used
     summary["simpy_events"] = events
     summary.update(_availability(cluster))
+    if plan.pooled:
+        summary.update(pool_summary(requests, pool_table(cluster), summary))
     if plan.model.moe is not None:
         steps = add_moe_columns(steps, [rp.stages for rp in plan.replicas])
         summary.update(moe_summary(steps) if fold is None else fold.moe_summary())
-    summary.update(link_utilization(plan, [r.step_tokens for r in cluster.replicas],
-                                    [r.steps for r in cluster.replicas],
-                                    summary["simulated_time_s"]))
+    if not plan.pooled:
+        summary.update(link_utilization(plan, [r.step_tokens for r in cluster.replicas],
+                                        [r.steps for r in cluster.replicas],
+                                        summary["simulated_time_s"]))
     kept = steps if not steps.empty else None
-    kv_capacity = {r: plan.memory.kv_blocks for r in range(s.parallel.dp)}
-    ts, events_df, window_s, warnings = observe(
-        s, requests, kept, cluster, summary, kv_capacity,
-        plan.memory.kv_blocks // plan.streams_per_replica)
-    gpu_ts = pd.DataFrame()
-    if kept is not None:
-        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-        gpu_ts = gpu_windows(steps, stages, edges)
-        links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
-                             [r.steps for r in cluster.replicas], steps, edges)
-        ts = pd.concat([ts, links], axis=1)  # the same windows
-    elif fold is not None:  # steps not kept: their work folded per window as they came
-        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-        gpu_ts = fold.gpu_windows(fold.stages, edges)
-    gpu_ts, ts = run_power(s, plan, requests, summary, gpu_ts, ts, window_s)
+    kv_capacity = {rp.placement.replica: p.memory.kv_blocks
+                   for p in plan.pools for rp in p.replicas}
+    stream_blocks = min(p.memory.kv_blocks // p.streams_per_replica for p in plan.pools)
+    ts, events_df, window_s, warnings = observe(s, requests, kept, cluster, summary,
+                                                 kv_capacity, stream_blocks)
+    if plan.pooled:
+        gpu_ts, ts = pools_power(plan, steps if kept is not None else fold, requests, summary,
+                                 ts, window_s)
+        usd = sum(p.gpus * gpu_hour_usd(p.node.gpu.name, p.spec.gpu_hour_usd)
+                  for p in plan.pools)  # the GPU-weighted price, each pool's own or its default
+        summary.update(cost_summary(requests, plan.gpus_used, usd / max(plan.gpus_used, 1)))
+    else:
+        gpu_ts = pd.DataFrame()
+        if kept is not None:
+            edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
+            gpu_ts = gpu_windows(steps, stages, edges)
+            links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
+                                 [r.steps for r in cluster.replicas], steps, edges)
+            ts = pd.concat([ts, links], axis=1)  # the same windows
+        elif fold is not None:  # steps not kept: their work folded per window as they came
+            edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
+            gpu_ts = fold.gpu_windows(fold.stages, edges)
+        gpu_ts, ts = run_power(s, plan, requests, summary, gpu_ts, ts, window_s)
     if cluster.gateway is not None:  # simulator/cluster/gateway.py
         summary.update(cluster.gateway.summary(requests, s.slo))
     if cluster.scaling is not None:  # docs/autoscaling.md
@@ -233,14 +247,16 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
         summary.update(cluster.scaling.summary(
             summary["simulated_time_s"], plan.gpus_used // s.parallel.dp,
             summary["gpu_hour_usd"], float(done["output_tokens"].sum())))
-        ts = ts.assign(replicas=cluster.scaling.replicas_over_time(
-            ts["window_end_s"].to_numpy()))
+        ts = with_attainment(ts.assign(replicas=cluster.scaling.replicas_over_time(
+            ts["window_end_s"].to_numpy())), requests, s.slo.ttft_s, s.slo.tpot_s)
+        summary.update(worst_window(requests, s.autoscale.interval_s, s.slo.ttft_s,
+                                    s.slo.tpot_s))
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts,
                   warnings, stopped)
 
 
-def _recording(s: Scenario, keep_steps: bool, energy: bool, plan: ClusterPlan | PooledPlan,
+def _recording(s: Scenario, keep_steps: bool, energy: bool, plan: ClusterPlan,
                stages: list[StageHardware], spec: bool) -> tuple[Recorder, StepFold | None]:
     """The run's recorder, and the fold that takes its step records when they are not kept
     but energy is asked for (``run(energy=...)``, ``output.energy``). ``spec``: whether the
@@ -300,60 +316,3 @@ def _drive(env: simpy.Environment, cluster: Cluster, total: int | None, progress
         if bar is not None:
             bar.close()
     return events, stopped
-
-
-class PooledCluster(PoolCluster, Cluster):
-    """A cluster of pools (:mod:`simulator.cluster.disagg`) with Cluster's workload
-    processes."""
-
-
-def _run_pools(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
-               interruptible: bool = False) -> Result:
-    """:func:`run` for a scenario with ``[[pools]]`` (docs/disaggregation.md): time series
-    and alerts as without pools (batch efficiency against ``[engine]``'s token budget);
-    link and per-GPU utilization are not computed for pools yet."""
-    wall0 = time.perf_counter()
-    plan = build_pools(s)
-    rngs = run_rngs(s.seed)
-    env = simpy.Environment()
-    recorder, fold = _recording(s, keep_steps, energy, plan,
-                                [h for p in plan.pools for h in stage_hardware(p.plan)],
-                                plan.speculates)
-    cluster = PooledCluster(env, plan, recorder, rngs)
-    events, stopped = _drive(env, cluster, _start(env, cluster, s, rngs), progress,
-                             interruptible)
-    cluster.close()
-    requests = cluster.request_columns(recorder.requests_frame())
-    steps = recorder.steps_frame()
-    engine = cluster.engine_totals()
-    summary = summarize(requests, engine, ttft_slo_s=s.slo.ttft_s, tpot_slo_s=s.slo.tpot_s,
-                        max_num_batched_tokens=s.engine.max_num_batched_tokens,
-                        steady_end_s=cluster.steady_end_s,
-                        pp=len(engine["stage_busy_s"]))
-    summary["kv_blocks_per_replica"] = [p.plan.memory.kv_blocks for p in plan.pools]
-    summary["kv_tokens_per_replica"] = [p.plan.memory.kv_tokens for p in plan.pools]
-    summary["max_model_len"] = plan.max_model_len
-    summary["gpus"] = plan.gpus_used
-    summary["simpy_events"] = events
-    summary.update(_availability(cluster))
-    summary.update(pool_summary(requests, cluster.pool_table(), summary))
-    if plan.speculates:
-        summary.update(_speculation(requests, cluster, engine))
-    kept = steps if not steps.empty else None
-    kv_capacity = {rp.placement.replica: p.plan.memory.kv_blocks
-                   for p in plan.pools for rp in p.plan.replicas}
-    stream_blocks = min(p.plan.memory.kv_blocks // p.plan.streams_per_replica
-                        for p in plan.pools)
-    ts, events_df, window_s, warnings = observe(s, requests, kept, cluster, summary,
-                                                 kv_capacity, stream_blocks)
-    if plan.model.moe is not None:
-        steps = add_moe_columns(steps, [rp.stages for rp in plan.replicas])
-        summary.update(moe_summary(steps) if fold is None else fold.moe_summary())
-    gpu_ts, ts = pools_power(plan, steps if kept is not None else fold, requests, summary,
-                             ts, window_s)
-    usd = sum(p.gpus * gpu_hour_usd(p.plan.node.gpu.name, p.spec.gpu_hour_usd)
-              for p in plan.pools)  # the GPU-weighted price, each pool's own or its default
-    summary.update(cost_summary(requests, plan.gpus_used, usd / max(plan.gpus_used, 1)))
-    summary["wall_time_s"] = time.perf_counter() - wall0
-    return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts,
-                  warnings, stopped)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import simpy
 
-from simulator.cluster.build import ClusterPlan, prefix_unit, replica_costs
+from simulator.cluster.build import prefix_unit, replica_costs
 from simulator.cluster.contention import shared_sends
+from simulator.cluster.disagg import Handoff, pool_tags
 from simulator.cluster.faults import (
     FaultState,
     random_faults,
@@ -26,7 +26,8 @@ from simulator.cluster.faults import (
     resolve_target,
     scheduled_faults,
 )
-from simulator.cluster.router import Scraped
+from simulator.cluster.plan import ClusterPlan, PoolPlan
+from simulator.cluster.router import Scraped, make_router
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import TICK, ticks, ticks_array
 from simulator.engine.host import ApiServer
@@ -74,30 +75,56 @@ def open_loop_workload(s: Scenario, rngs: dict[str, np.random.Generator]) -> pd.
 
 
 class Cluster:
-    """Live objects of one run: replicas, router and recorder on one environment."""
+    """Live objects of one run on one environment: the replicas of every pool, the front
+    router (over the prefill or mixed pools' replicas), the recorder, and with prefill pools
+    the hand-off to the decode pools (:class:`simulator.cluster.disagg.Handoff`).
 
-    #: An Autoscaler with [autoscale]; the router's scraped views with [router] refresh_s
-    #: (class defaults: the pooled cluster shares ``finish`` and has neither).
+    A colocated scenario is a cluster of one mixed pool; replica ``i`` belongs to pool
+    ``pool_of[i]``.
+    """
+
+    #: An Autoscaler with [autoscale]; the router's scraped views with [router] refresh_s.
     scaling = None
     views: list | None = None
     gateway = None  # a Gateway with [gateway] (simulator/cluster/gateway.py)
 
-    def __init__(self, env: simpy.Environment, plan: ClusterPlan, router: Any,
-                 recorder: Recorder):
-        self.env, self.plan, self.router, self.recorder = env, plan, router, recorder
-        eng = plan.scenario.engine
+    def __init__(self, env: simpy.Environment, plan: ClusterPlan, recorder: Recorder,
+                 rngs: dict[str, np.random.Generator]):
+        self.env, self.plan, self.recorder = env, plan, recorder
+        s = plan.scenario
         self.gaps = GapHistogram()
-        self.spec_stats = SpecStats()  # speculative decoding totals (unused without it)
-        sends = shared_sends(env, plan, TICK)  # PP sends sharing fabric links: flow model
-        self.replicas = [
-            self._replica(rp, sends[k], [self._scheduler()
-                                         for _ in range(plan.streams_per_replica)],
-                          eng, self.finish)
-            for k, rp in enumerate(plan.replicas)]
+        self.spec_stats = SpecStats()  # speculating pools' totals (unused without them)
+        self.handoff = (Handoff(self) if any(p.role == "prefill" for p in plan.pools)
+                        else None)
+        self.replicas: list[Replica] = []
+        self.pool_of: list[PoolPlan] = []
+        front: list[Replica] = []
+        back: list[Replica] = []
+        for pool in plan.pools:
+            eng = pool.scenario.engine
+            # PP sends of a pool's replicas sharing fabric links: flow model
+            sends = shared_sends(env, plan.graph, pool.replicas, pool.model, TICK)
+            done = (self.handoff.decoded if pool.role == "decode" else
+                    self.handoff.prefilled if pool.role == "prefill" else self.finish)
+            for k, rp in enumerate(pool.replicas):
+                rep = self._replica(rp, sends[k], [self._scheduler(pool)
+                                                   for _ in range(pool.streams_per_replica)],
+                                    eng, done)
+                self.replicas.append(rep)
+                self.pool_of.append(pool)
+                (back if pool.role == "decode" else front).append(rep)
+        #: The replicas the front router sends new requests to, and the decode replicas.
+        self.front = front if back else self.replicas
+        self.back = back
+        self.pooled = plan.pooled
+        self.extra: dict[int, list] = {}  # request id -> POOL_COLUMNS values (with pools)
         self._init_state()
-        if plan.scenario.router.refresh_s is not None:
+        first = next(p for p in plan.pools if p.role != "decode")
+        self.router = make_router(first.router, rngs["router"],
+                                  load_weight=s.router.load_weight)
+        if s.router.refresh_s is not None:
             self.views = [Scraped(r) for r in self.replicas]
-            env.process(self.scrape(plan.scenario.router.refresh_s))
+            env.process(self.scrape(s.router.refresh_s))
 
     def _replica(self, rp, send, streams: list[ContinuousBatcher], eng,
                  done: Callable) -> Replica:
@@ -113,7 +140,7 @@ class Cluster:
 
     def _init_state(self) -> None:
         """The workload, completion and failure state of a cluster whose ``replicas``
-        exist (shared with the pooled cluster of :mod:`simulator.cluster.disagg`)."""
+        exist."""
         plan, env = self.plan, self.env
         self.max_len = plan.max_model_len
         self.completed = 0
@@ -146,13 +173,10 @@ class Cluster:
         self.permanent_targets: list[str] = []
         self.hopeless: tuple[float, str] | None = None
 
-    def _scheduler(self, plan: ClusterPlan | None = None) -> ContinuousBatcher:
-        """One stream's scheduler, as the scenario names it, with its parameters.
-
-        ``plan``: the plan whose replica it serves (default this cluster's; a pooled
-        cluster passes a pool's, and a pool that speculates reports to ``spec_stats``).
+    def _scheduler(self, plan: PoolPlan) -> ContinuousBatcher:
+        """One stream's scheduler for a replica of pool ``plan``, as the pool's scenario
+        names it, with its parameters (a pool that speculates reports to ``spec_stats``).
         """
-        plan = self.plan if plan is None else plan
         eng = plan.scenario.engine
         cls = SCHEDULERS[eng.scheduler]
         kwargs = dict(eng.scheduler_args or {})
@@ -187,8 +211,9 @@ class Cluster:
         self._route(req)
 
     def serving_replicas(self) -> list[Replica]:
-        """The replicas that take new requests now (up, and serving under autoscaling)."""
-        up = [r for r in self.replicas if r.up] if self.any_down else self.replicas
+        """The replicas that take new requests now (front replicas that are up, and serving
+        under autoscaling)."""
+        up = [r for r in self.front if r.up] if self.any_down else self.front
         if self.scaling is not None:  # only the replicas autoscaling has serving
             up = [r for r in up if self.scaling.routable(r)]
         return up
@@ -205,10 +230,15 @@ class Cluster:
                     lambda _, req=req, token=token, t=timeout: self._give_up(req, token, t))
             return
         if self.views is not None:  # the router decides on what it last scraped
-            seen = [self.views[r.index] for r in up]
-            up[self.router.choose(seen, req)].submit(req)
-            return
-        up[self.router.choose(up, req)].submit(req)
+            rep = up[self.router.choose([self.views[r.index] for r in up], req)]
+        else:
+            rep = up[self.router.choose(up, req)]
+        if self.pooled:  # requests.csv's pool columns; a prefill replica runs one token
+            pool = self.pool_of[rep.index]
+            self.extra[req.id] = pool_tags(pool, rep.index)
+            if pool.role == "prefill":
+                self.handoff.prefill(rep, req)
+        rep.submit(req)
 
     def scrape(self, every_s: float):
         """The router's metrics scrape: every ``every_s`` it refreshes its views."""
@@ -218,6 +248,8 @@ class Cluster:
             yield self.env.timeout(every_s)
 
     def finish(self, req: Request) -> None:
+        if self.handoff is not None:  # a request dropped while it ran as a prefill
+            self.handoff.restore(req)
         if req.id < 0:  # a benchmark client's warm-up: served, left out of the results
             self.waiters.pop(req.id).succeed()
             return
@@ -243,10 +275,11 @@ class Cluster:
             r.up for r in self.replicas)
 
     def _costs(self, i: int, view) -> tuple[list, list]:
-        """Replica i's stage and hand-off costs on the graph as it is now."""
-        p = self.plan
-        stages, sends = replica_costs(p.scenario, p.model, p.node, p.replicas[i].placement,
-                                      Paths(view))
+        """Replica i's stage and hand-off costs on the graph as it is now (its pool's GPU
+        and settings)."""
+        p = self.pool_of[i]
+        stages, sends = replica_costs(p.scenario, p.model, p.node,
+                                      p.replicas[i - p.first_replica].placement, Paths(view))
         return list(stages), list(sends)
 
     def act(self, target: str, sign: int) -> None:
@@ -271,6 +304,8 @@ class Cluster:
             elif not rep.up and ok and not self._restarting[i]:
                 self._restarting[i] = True
                 self.env.process(self._restart(i, rec.restart_s))
+        if self.handoff is not None:
+            self.handoff.after_fault()
 
     def act_permanent(self, target: str) -> None:
         """A fault that never ends was applied. When the faults that never end leave no
@@ -327,8 +362,10 @@ class Cluster:
         self._serve_pending()
 
     def _streams(self, i: int) -> list[ContinuousBatcher]:
-        """Fresh schedulers for replica ``i`` (it restarts with an empty KV cache)."""
-        return [self._scheduler() for _ in range(self.plan.streams_per_replica)]
+        """Fresh schedulers for replica ``i`` (it restarts with an empty KV cache): its
+        pool's own."""
+        pool = self.pool_of[i]
+        return [self._scheduler(pool) for _ in range(pool.streams_per_replica)]
 
     def _serve_pending(self, entry: list[Replica] | None = None) -> None:
         """Requests that waited for an up replica go to the router again, while one of
@@ -339,6 +376,8 @@ class Cluster:
             req = self.pending.popleft()
             self._waiting.pop(req.id, None)
             self.submit(req)
+        if self.handoff is not None:  # decode admission resumes
+            self.handoff.admit()
 
     def close(self) -> None:
         """End of the run: requests that never found an up replica are dropped, at the
@@ -346,6 +385,8 @@ class Cluster:
         end = self.last_event_s
         while self.pending:
             req = self.pending.popleft()
+            if self.handoff is not None:
+                self.handoff.restore(req)
             req.status, req.reason, req.finish_s = "dropped", "no replica was up", end
             self.completed += 1
             self.recorder.request(req)
@@ -356,6 +397,18 @@ class Cluster:
             return [1.0] * len(self.replicas)
         return [1.0 - sum(max(0.0, min(b, end_s) - min(a, end_s)) for a, b in spans) / end_s
                 for spans in self.downtime]
+
+    def engine_totals(self) -> dict:
+        """The replicas' streaming totals, as ``summarize`` takes them (stages by index
+        across pools)."""
+        reps = self.replicas
+        pp = max(len(r.stages) for r in reps)
+        return {"steps": sum(r.steps for r in reps),
+                "step_tokens": sum(r.step_tokens for r in reps),
+                "union_s": sum(r.union_s for r in reps),
+                "stage_busy_s": [sum(r.stage_busy_s[i] for r in reps if i < len(r.stages))
+                                 for i in range(pp)],
+                "gaps": self.gaps}
 
     # -- workload processes ----------------------------------------------------------------
     def arrive(self, df: pd.DataFrame):

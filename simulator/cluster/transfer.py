@@ -2,7 +2,9 @@
 
 What moves: the prompt's KV, ``2 x layers x n_kv x d x b_kv`` bytes per token (MLA: the
 latent, ``layers x (kv_lora_rank + qk_rope_head_dim) x b_kv``, which every TP rank holds
-whole, or only the serving rank with attention data parallelism), split by
+whole, or only the serving rank with attention data parallelism; DeepSeek sparse
+attention adds the indexer's FP8 key per token and indexed layer; a hybrid model's Gated
+DeltaNet layers add no KV but a fixed recurrent state per request), split by
 the layer (PP) and KV-head (TP) sharding of both sides. Each decode GPU needs the heads and
 layers it holds; it takes each (layer range, head) from one prefill GPU that holds it, so a
 TP mismatch makes each decode rank gather from several prefill ranks (or several decode
@@ -85,20 +87,53 @@ def kv_flows(model: ModelSpec, kv_bytes: float, src: Stages, dst: Stages,
     caches one latent of ``kv_lora_rank + qk_rope_head_dim`` values per token and layer,
     which TP does not shard: it is one "head" of that width that every TP rank holds (so
     each decode rank reads the whole latent), or, with attention data parallelism, only
-    the rank serving the request.
+    the rank serving the request. DeepSeek sparse attention adds its indexer key (FP8 and
+    its scale) per token on each layer that runs an indexer; a hybrid model's
+    linear-attention layers hold no KV (their state moves by :func:`state_flows`).
     """
     if model.mla is not None:
         units, per = 1, model.mla.cache_width * kv_bytes
+        dsa = model.dsa
+
+        def span(lo: int, n: int) -> float:
+            return n * per + (dsa.key_bytes * dsa.indexed(lo, n) if dsa is not None else 0)
     else:
         units, per = model.kv_heads, 2 * model.head_dim * kv_bytes
 
+        def span(lo: int, n: int) -> float:
+            return model.full_attention_layers(lo, n) * per
+    return _pair_bytes(model.layers, units, span, src, dst, src_rank, dst_rank)
+
+
+def state_flows(model: ModelSpec, src: Stages, dst: Stages, src_rank: int | None = None,
+                dst_rank: int | None = None) -> list[tuple[str, str, float]]:
+    """The flows of one request's recurrent state (hybrid linear attention: the
+    ``d_k x d_v`` state per value head and the convolution state of every Gated DeltaNet
+    layer, in the model's state dtype), as :func:`kv_flows` pairs the GPUs: value heads
+    split over TP like KV heads. ``(src_gpu, dst_gpu, bytes_per_request)``; empty for a
+    model without linear-attention layers."""
+    lin = model.linear
+    if lin is None:
+        return []
+    per = lin.state_bytes_per_seq(1, 1) / lin.value_heads  # one value head of one layer
+
+    def span(lo: int, n: int) -> float:
+        return (n - model.full_attention_layers(lo, n)) * per
+    return _pair_bytes(model.layers, lin.value_heads, span, src, dst, src_rank, dst_rank)
+
+
+def _pair_bytes(layers: int, units: int, span, src: Stages, dst: Stages,
+                src_rank: int | None, dst_rank: int | None) -> list[tuple[str, str, float]]:
+    """Bytes per (prefill GPU, decode GPU) pair: ``span(lo, n)`` bytes per unit (head)
+    over the layers ``lo .. lo+n-1`` both stages hold, each decode rank's units read from
+    one prefill rank holding them (:func:`kv_flows`, Notes)."""
     def held(tp: int, q: int, rank: int | None) -> range:
         if rank is None:
             return kv_heads_of(units, tp, q)
         return range(units) if q == rank else range(0)
 
-    s_layers = _layer_ranges(model.layers, len(src))
-    d_layers = _layer_ranges(model.layers, len(dst))
+    s_layers = _layer_ranges(layers, len(src))
+    d_layers = _layer_ranges(layers, len(dst))
     tp_s = len(src[0])
     holders: dict[int, list[int]] = defaultdict(list)
     for r in range(tp_s):
@@ -108,15 +143,16 @@ def kv_flows(model: ModelSpec, kv_bytes: float, src: Stages, dst: Stages,
     for j, group in enumerate(dst):
         for q, gpu in enumerate(group):
             for i, stage in enumerate(src):
-                overlap = len(range(max(s_layers[i].start, d_layers[j].start),
-                                    min(s_layers[i].stop, d_layers[j].stop)))
+                lo = max(s_layers[i].start, d_layers[j].start)
+                overlap = len(range(lo, min(s_layers[i].stop, d_layers[j].stop)))
                 if overlap <= 0:
                     continue
+                nbytes = span(lo, overlap)
                 for h in held(len(group), q, dst_rank):
                     rs = holders[h]
                     key = (stage[rs[q % len(rs)]], gpu)
-                    pairs[key] = pairs.get(key, 0.0) + overlap * per
-    return [(a, b, x) for (a, b), x in pairs.items()]
+                    pairs[key] = pairs.get(key, 0.0) + nbytes
+    return [(a, b, x) for (a, b), x in pairs.items() if x > 0]
 
 
 class KVTransfers:
@@ -155,9 +191,20 @@ class KVTransfers:
             flows = [(self.links(a, b), x, self.paths.latency(a, b))
                      for a, b, x in kv_flows(self.model, kv_bytes, src, dst, *ranks)]
             alone = finish_times([Flow(e, x) for e, x, _ in flows], self.capacity)
+            # a hybrid model's recurrent state: bytes per request, on the same pairing
+            state = [(self.links(a, b), x, self.paths.latency(a, b))
+                     for a, b, x in state_flows(self.model, src, dst, *ranks)]
             hit = self._routes[key] = (flows, float(np.max(alone)),
-                                       max(lat for _, _, lat in flows))
-        return hit
+                                       max(lat for _, _, lat in flows + state), state)
+        return hit[:3]
+
+    def state_of(self, src: Stages, dst: Stages, kv_bytes: float,
+                 ranks: tuple[int | None, int | None] = (None, None)) -> list:
+        """The per-request state flows ``(edges, bytes, latency_s)`` of :meth:`route`'s
+        pair of replicas (empty unless the model has linear-attention layers)."""
+        self.route(src, dst, kv_bytes, ranks)
+        return self._routes[(tuple(map(tuple, src)), tuple(map(tuple, dst)), kv_bytes,
+                             ranks)][3]
 
     def time_alone(self, tokens: int, src: Stages, dst: Stages, kv_bytes: float) -> float:
         """Uncontended seconds to move ``tokens`` tokens' KV: ``tokens x t_token +
@@ -182,4 +229,8 @@ class KVTransfers:
             frac = max(1.0 / layers, 1.0 - overlap_s / (tokens * per_token))
         events = [self.network.transfer(e, tokens * x * frac, lat) for e, x, lat in flows]
         total = tokens * sum(x for _, x, _ in flows)
+        # the recurrent state is whole only once the prefill's last chunk has run
+        state = self.state_of(src, dst, kv_bytes, ranks)
+        events += [self.network.transfer(e, x, lat) for e, x, lat in state]
+        total += sum(x for _, x, _ in state)
         return self.env.all_of(events), total

@@ -236,6 +236,24 @@ def read_toml(path: str | Path) -> dict:
                             source=str(path)) from None
 
 
+def _release_precision(data: dict, base_dir: str) -> dict:
+    """``model.weight_dtype`` left unset: the precision the release ships its attention
+    in (``quantization_config`` / ``hf_quant_config.json``: a block-FP8 DeepSeek runs FP8,
+    not 16-bit), else the schema's bf16. A model that does not load is left to the
+    model section's own check."""
+    model = data.get("model")
+    if not isinstance(model, dict) or "weight_dtype" in model or not isinstance(
+            model.get("name"), str):
+        return data
+    try:
+        quant = load_model(model["name"], base_dir).quant
+    except ScenarioError:
+        return data
+    if quant is None or quant.attention == "bf16":
+        return data
+    return data | {"model": model | {"weight_dtype": quant.attention}}
+
+
 def load_scenario(source: str | Path | dict | Scenario,
                   overrides: list[str] | None = None,
                   seed: int | None = None, unsets: list[str] | None = None) -> Scenario:
@@ -281,6 +299,7 @@ def load_scenario(source: str | Path | dict | Scenario,
     if seed is not None:
         data["seed"] = seed
     data = apply_profile(data, base_dir)  # [engine] profile: fills the engine keys not set
+    data = _release_precision(data, base_dir)
     problems: list[str] = []
     faults, random_faults = _faults(data.get("faults"), problems)
     pools = _pools(data.get("pools"), problems)
@@ -589,10 +608,6 @@ def _autoscale_problems(s: Scenario) -> list[str]:
     if a.scale_down_below >= 1:
         p.append(f"autoscale.scale_down_below: must be < 1 (a fraction of target), got "
                  f"{a.scale_down_below:g}")
-    if a.policy == "sla" and a.replica_capacity_per_s is None:
-        p.append("autoscale.replica_capacity_per_s: required for policy = \"sla\" (requests "
-                 "per second one replica serves within the SLOs: `python -m simulator "
-                 "capacity` on a one-replica scenario finds it)")
     if a.policy == "sla" and a.forecaster == "holt_winters" and a.season_intervals == 1:
         p.append("autoscale.season_intervals: a season of 1 interval is no season (0: "
                  "none, or >= 2)")

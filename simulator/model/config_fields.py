@@ -48,6 +48,13 @@ UNPRICED = {
     "linear_attn_config": "Kimi Delta Attention (KDA) layers, with Kimi-K3's latent MoE "
                           "(routed_expert_hidden_size) and SiTU activation, are not modelled",
     "sparse_attention_config": "MiniMax sparse attention (MSA) is not modelled",
+    "layers_block_type": "Mamba2 layers (Nemotron-3 Ultra) are not modelled",
+    "block_configs": "per-layer searched blocks (Llama-Nemotron: each layer its own "
+                     "attention and MLP widths, some without attention) are not modelled",
+    "hybrid_layer_pattern": "MiMo-V2 layers of two attention kinds with their own head "
+                            "counts (swa_num_key_value_heads) are not modelled",
+    "global_head_dim": "Gemma 4's global-attention layers with their own head size and "
+                       "key-equals-value heads (attention_k_eq_v) are not modelled",
 }
 #: mamba_ssm_dtype values and the bytes of one recurrent-state element.
 STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}

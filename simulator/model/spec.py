@@ -288,7 +288,8 @@ def _moe(config: dict, layers: int, hidden: int) -> MoESpec | None:
         moe_layers = tuple(range(step - 1, layers, step))
         inter = _int(config, "intermediate_size")
         shared = inter
-    elif "decoder_sparse_step" in config or "mlp_only_layers" in config:  # Qwen-MoE
+    elif ("decoder_sparse_step" in config or "mlp_only_layers" in config
+          or "shared_expert_intermediate_size" in config):  # Qwen-MoE, Qwen3.5/3.6 MoE
         step = _int(config, "decoder_sparse_step", 1)
         dense = config.get("mlp_only_layers") or []
         if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
