@@ -193,6 +193,7 @@ def test_a_measured_b200_disaggregated_run_by_hand():
     assert np.allclose(q["kv_transfer_s"], transfer, atol=1e-6)
     # the client's first token arrives with the KV: TTFT = the prefill step + the transfer
     prefill = r.steps[r.steps["replica"] == 0]
+    assert round(prefill["end_s"].iloc[0] * 1e3) == 98  # the first prompt's one step
     assert q["ttft_s"].iloc[0] == pytest.approx(prefill["end_s"].iloc[0] + transfer,
                                                 abs=1e-6)
     # the decode step at one sequence (docs/disaggregation.md quotes these)
