@@ -4,13 +4,23 @@ spelling, worker counts, the closed loop, lengths, KV precision and every refusa
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 import simulator
+from simulator.calibration import engines
+from simulator.hardware.specs import load_gpu
 from simulator.io.silicon import agg_scenario, disagg_scenario, layout, scenario
+from simulator.model.moe_cost import mla_decode
+from simulator.model.spec import load_model
 
 NAN = math.nan
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _moe(**kw) -> dict:
@@ -160,3 +170,76 @@ def test_both_pools_share_one_nvl72_rack_when_they_fit():
 ])
 def test_rows_that_cannot_be_expressed_are_refused_with_the_reason(change, why):
     assert scenario(_disagg(**change)) == (None, why)
+
+
+def test_a_measured_b200_disaggregated_run_by_hand():
+    # B200 TensorRT-LLM FP8, 8192/1024 at concurrency 1: one prefill engine of attention
+    # DP 8 with EP 8, one decode engine of attention TP 8 with MoE-TP 8 (the data's row
+    # dsr1_b200_trtllm_fp8_disagg_8192x1024_c1). The prompt's FP8 MLA latent (61 layers x
+    # 576 values x 1 byte per token) lives on one prefill rank; each of the 8 TP decode
+    # ranks needs all of it, so 8 copies leave through that rank's 400 Gb/s NIC.
+    row = _disagg(system="b200_sxm", isl=8192, osl=1024, concurrency=1.0,
+                  prefill_num_workers=1.0, prefill_tp_size=1.0,
+                  prefill_attention_dp_size=8.0, decode_batch_size=1.0,
+                  decode_num_workers=1.0, decode_tp_size=8.0, decode_attention_dp_size=1.0,
+                  decode_moe_tp_size=8.0, decode_moe_ep_size=1.0)
+    s, _ = scenario(row)
+    s["output"] = {"steps": True, "trace": False}
+    r = simulator.run(s)
+    q = r.requests
+    assert (q["kv_bytes"] == 8 * 8192 * 61 * 576).all()
+    transfer = 8 * 8192 * 61 * 576 / (50e9 * 0.75) + 3.6e-6
+    assert transfer == pytest.approx(61.41e-3, abs=1e-5)
+    assert np.allclose(q["kv_transfer_s"], transfer, atol=1e-6)
+    # the client's first token arrives with the KV: TTFT = the prefill step + the transfer
+    prefill = r.steps[r.steps["replica"] == 0]
+    assert round(prefill["end_s"].iloc[0] * 1e3) == 98  # the first prompt's one step
+    assert q["ttft_s"].iloc[0] == pytest.approx(prefill["end_s"].iloc[0] + transfer,
+                                                abs=1e-6)
+    # the decode step at one sequence (docs/disaggregation.md quotes these)
+    decode = r.steps[r.steps["replica"] == 1]
+    assert round(decode["compute_s"].median() * 1e3, 1) == 12.4
+    assert round(decode["comm_s"].median() * 1e3, 2) == 0.65
+    assert round(r.summary["tpot_mean_s"] * 1e3, 1) == 13.1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (REPO.parent / "shared" / "validation").is_dir(),
+                    reason="../shared/validation absent")
+def test_the_disaggregated_table_the_docs_quote():
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "validation_e2e.py"),
+                          "--mode", "disagg", "--per-group", "100", "--max-concurrency",
+                          "1024"], capture_output=True, text=True, check=True,
+                         timeout=3000).stdout
+    rows = [line for line in out.splitlines()
+            if line.startswith("| ") and line.split("|")[3].strip() == "disagg"]
+    doc = (REPO / "docs" / "disaggregation.md").read_text()
+    assert len(rows) >= 5 and all(r in doc for r in rows), rows
+    assert sum(line.startswith("skip ") for line in out.splitlines()) == 3
+    assert sum(" ms vs " in line for line in out.splitlines()) == 140
+
+
+AIC_B200 = REPO.parent / "shared" / "calibration" / "aic" / "b200_sxm"
+
+
+def test_the_b200_decode_kernels_the_docs_quote():
+    # The simulated MLA module of one decode layer at 16 heads per GPU, one sequence, 8k
+    # context (TensorRT-LLM's B200 fit), and, when the tables are here, what
+    # AIConfigurator's B200 TensorRT-LLM tables measured for it and for the FP8
+    # block-scale MoE-TP8 kernel at one token.
+    gpu = engines.engine_gpu(load_gpu("b200"), "trtllm")
+    mla = float(mla_decode(load_model("deepseek-v3"), gpu, 16, 1, 8192, "fp8", "fp8"))
+    assert round(mla * 1e6, 1) == 52.5
+    if not AIC_B200.is_dir():
+        return
+    df = pd.read_parquet(AIC_B200 / "mla" / "trtllm" / "1.3.0rc20"
+                         / "mla_generation_module_perf.parquet")
+    row = df[(df.batch_size == 1) & (df.step == 8192) & (df.num_heads == 16)
+             & (df.kv_cache_dtype == "fp8") & (df.gemm_type == "fp8_block")]
+    assert row["latency"].round(4).tolist() == [0.0500]  # ms
+    moe = pd.read_parquet(AIC_B200 / "moe" / "trtllm" / "1.3.0rc20" / "moe_perf.parquet")
+    one = moe[(moe.hidden_size == 7168) & (moe.inter_size == 2048) & (moe.topk == 8)
+              & (moe.num_experts == 256) & (moe.num_tokens == 1) & (moe.moe_tp_size == 8)
+              & (moe.moe_ep_size == 1) & (moe.moe_dtype == "fp8_block")]
+    assert set(one["kernel_source"]) == {"deepgemm"}
+    assert round(one["latency"].min() * 1e3) == 98  # us
