@@ -1,5 +1,5 @@
 """What a finished run's records become beside the request and step tables: power,
-energy and cost (:func:`run_power`, :func:`pools_power`, :func:`step_fold`), the time series and
+energy and cost (:func:`run_power`, :func:`step_fold`), the time series and
 alerts (:func:`observe`, :func:`series_window`), the warnings about what the run could not do
 (:func:`outcome_warnings`), and each stage's hardware (:func:`stage_hardware`).
 """
@@ -21,29 +21,55 @@ from simulator.metrics.alerts import alerts
 from simulator.metrics.pools import pool_energy
 from simulator.metrics.power import StepFold, add_power, cluster_power, cost_summary, energy_summary
 from simulator.metrics.timeseries import batch_fill_mean, mark_down, timeseries, window_edges
-from simulator.metrics.utilization import StageHardware
+from simulator.metrics.utilization import StageHardware, gpu_windows
 from simulator.topology.graph import Paths
 
 if TYPE_CHECKING:
     from simulator.cluster.simulation import Cluster
 
 
-def run_power(s: Scenario, plan: ClusterPlan, requests: pd.DataFrame, summary: dict,
-           gpu_ts: pd.DataFrame, ts: pd.DataFrame, window_s: float):
-    """Power per GPU and window, cluster power per window (``power_w`` columns), energy and
-    cost keys in ``summary`` (simulator/metrics/power.py; NaN energy without a GPU's
-    ``tdp_w``/``idle_w``)."""
+def run_power(plan: ClusterPlan, work: pd.DataFrame | StepFold | None,
+              stages: list[StageHardware], requests: pd.DataFrame, summary: dict,
+              ts: pd.DataFrame, window_s: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-GPU utilization and power per window of every pool's GPUs (the step records
+    ``work``, or their fold; None: neither, and the energy keys are NaN), the cluster's
+    power per window (the ``power_w`` column; with pools also ``power_w_<pool>``), and the
+    energy and cost keys in ``summary`` (simulator/metrics/power.py; NaN energy without a
+    GPU's ``tdp_w``/``idle_w``).
+
+    A colocated plan's one pool powers its nodes as
+    :func:`simulator.metrics.power.cluster_power` says; with ``[[pools]]`` each pool's
+    share of its nodes is :func:`simulator.metrics.pools.pool_energy`'s, and the price is the
+    GPU-weighted mean of each pool's own (or its GPU's default).
+    """
+    edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
+    if work is None:
+        gpu_ts = pd.DataFrame()
+    elif isinstance(work, StepFold):  # steps not kept: their work folded as they came
+        gpu_ts = work.gpu_windows(stages, edges)
+    else:
+        gpu_ts = gpu_windows(work, stages, edges)
+    if plan.pooled:
+        node_of = {d["index"]: d["node"] for _, d in plan.graph.nodes(data=True)
+                   if d["kind"] == "gpu"}
+        gpu_ts, power, keys = pool_energy(
+            gpu_ts, [(p.name, pool_hardware(plan.graph, p), p.node.gpu) for p in plan.pools],
+            node_of, edges, requests)
+        summary.update(keys)
+        usd = sum(p.gpus * gpu_hour_usd(p.node.gpu.name, p.spec.gpu_hour_usd)
+                  for p in plan.pools)  # the GPU-weighted price, each pool's own or default
+        summary.update(cost_summary(requests, plan.gpus_used, usd / max(plan.gpus_used, 1)))
+        return gpu_ts, ts.assign(**power) if power else ts
     gpu = plan.node.gpu
-    power = np.zeros(0)
+    power_w = np.zeros(0)
     if len(gpu_ts) and gpu.tdp_w is not None and gpu.idle_w is not None:
         gpu_ts = add_power(gpu_ts, gpu.idle_w, gpu.tdp_w)
-        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-        power = cluster_power(gpu_ts, edges, gpus_per_node=plan.node.gpus_per_node,
-                              idle_w=gpu.idle_w)
-        ts = ts.assign(power_w=power)
-    summary.update(energy_summary(power, window_s, requests))
+        power_w = cluster_power(gpu_ts, edges, gpus_per_node=plan.node.gpus_per_node,
+                                idle_w=gpu.idle_w)
+        ts = ts.assign(power_w=power_w)
+    summary.update(energy_summary(power_w, window_s, requests))
     summary.update(cost_summary(requests, plan.gpus_used,
-                                gpu_hour_usd(gpu.name, s.cluster.gpu_hour_usd)))
+                                gpu_hour_usd(gpu.name, plan.scenario.cluster.gpu_hour_usd)))
     return gpu_ts, ts
 
 
@@ -158,18 +184,3 @@ def step_fold(plan: ClusterPlan, stages: list[StageHardware]) -> StepFold:
     ``output.window_s`` window, and the MoE sums of a MoE model."""
     moe = [rp.stages for rp in plan.replicas] if plan.model.moe is not None else None
     return StepFold(stages, plan.scenario.output.window_s, moe)
-
-
-def pools_power(plan: ClusterPlan, steps: pd.DataFrame | StepFold | None,
-                requests: pd.DataFrame,
-                summary: dict, ts: pd.DataFrame, window_s: float):
-    """:func:`simulator.metrics.pools.pool_energy` of a pooled run: per-GPU power, the
-    ``power_w`` and ``power_w_<pool>`` columns of the time series, the energy keys."""
-    edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-    node_of = {d["index"]: d["node"] for _, d in plan.graph.nodes(data=True)
-               if d["kind"] == "gpu"}
-    gpu_ts, power, keys = pool_energy(
-        steps, [(p.name, pool_hardware(plan.graph, p), p.node.gpu) for p in plan.pools],
-        node_of, edges, requests)
-    summary.update(keys)
-    return gpu_ts, ts.assign(**power) if power else ts

@@ -25,7 +25,6 @@ from simulator.cluster.disagg import pool_table, request_columns
 from simulator.cluster.gateway import Gateway, check_gateway
 from simulator.cluster.outcome import (
     observe,
-    pools_power,
     run_power,
     stage_hardware,
     step_fold,
@@ -42,19 +41,18 @@ from simulator.cluster.simulation import (
 )
 from simulator.engine.clock import ticks_array
 from simulator.errors import ScenarioError
-from simulator.hardware.prices import gpu_hour_usd
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.metrics.day import with_attainment, worst_window
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
 from simulator.metrics.pools import pool_summary
-from simulator.metrics.power import StepFold, cost_summary
+from simulator.metrics.power import StepFold
 from simulator.metrics.records import Recorder
 from simulator.metrics.speculative import speculative_summary
 from simulator.metrics.summary import summarize
 from simulator.metrics.timeseries import window_edges
-from simulator.metrics.utilization import StageHardware, gpu_windows
+from simulator.metrics.utilization import StageHardware
 from simulator.workload.arrivals import release_times
 from simulator.workload.lengths import LengthStream
 
@@ -212,34 +210,23 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
     if plan.model.moe is not None:
         steps = add_moe_columns(steps, [rp.stages for rp in plan.replicas])
         summary.update(moe_summary(steps) if fold is None else fold.moe_summary())
-    if not plan.pooled:
-        summary.update(link_utilization(plan, [r.step_tokens for r in cluster.replicas],
-                                        [r.steps for r in cluster.replicas],
-                                        summary["simulated_time_s"]))
+    kv = cluster.handoff.transfers.link_bytes() if cluster.handoff is not None else None
+    summary.update(link_utilization(plan, [r.step_tokens for r in cluster.replicas],
+                                    [r.steps for r in cluster.replicas],
+                                    summary["simulated_time_s"], kv))
     kept = steps if not steps.empty else None
     kv_capacity = {rp.placement.replica: p.memory.kv_blocks
                    for p in plan.pools for rp in p.replicas}
     stream_blocks = min(p.memory.kv_blocks // p.streams_per_replica for p in plan.pools)
     ts, events_df, window_s, warnings = observe(s, requests, kept, cluster, summary,
                                                  kv_capacity, stream_blocks)
-    if plan.pooled:
-        gpu_ts, ts = pools_power(plan, steps if kept is not None else fold, requests, summary,
-                                 ts, window_s)
-        usd = sum(p.gpus * gpu_hour_usd(p.node.gpu.name, p.spec.gpu_hour_usd)
-                  for p in plan.pools)  # the GPU-weighted price, each pool's own or its default
-        summary.update(cost_summary(requests, plan.gpus_used, usd / max(plan.gpus_used, 1)))
-    else:
-        gpu_ts = pd.DataFrame()
-        if kept is not None:
-            edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-            gpu_ts = gpu_windows(steps, stages, edges)
-            links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
-                                 [r.steps for r in cluster.replicas], steps, edges)
-            ts = pd.concat([ts, links], axis=1)  # the same windows
-        elif fold is not None:  # steps not kept: their work folded per window as they came
-            edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
-            gpu_ts = fold.gpu_windows(fold.stages, edges)
-        gpu_ts, ts = run_power(s, plan, requests, summary, gpu_ts, ts, window_s)
+    if kept is not None:
+        edges = window_edges(float(ts["window_end_s"].iloc[-1]), window_s)
+        links = link_windows(plan, [r.step_tokens for r in cluster.replicas],
+                             [r.steps for r in cluster.replicas], steps, edges, kv=kv)
+        ts = pd.concat([ts, links], axis=1)  # the same windows
+    gpu_ts, ts = run_power(plan, kept if kept is not None else fold, stages, requests,
+                           summary, ts, window_s)
     if cluster.gateway is not None:  # simulator/cluster/gateway.py
         summary.update(cluster.gateway.summary(requests, s.slo))
     if cluster.scaling is not None:  # docs/autoscaling.md

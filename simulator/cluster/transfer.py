@@ -177,6 +177,7 @@ class KVTransfers:
         self.capacity = capacity
         self.network = FlowNetwork(env, capacity, quantum_s)
         self._routes: dict[tuple, tuple] = {}
+        self._started: list[tuple[float, int, list]] = []  # (time, tokens, flows) per start
 
     def route(self, src: Stages, dst: Stages, kv_bytes: float,
               ranks: tuple[int | None, int | None] = (None, None)) -> tuple:
@@ -228,9 +229,25 @@ class KVTransfers:
         if overlap_s > 0 and tokens > 0:
             frac = max(1.0 / layers, 1.0 - overlap_s / (tokens * per_token))
         events = [self.network.transfer(e, tokens * x * frac, lat) for e, x, lat in flows]
+        self._started.append((self.env.now, tokens, flows))
         total = tokens * sum(x for _, x, _ in flows)
         # the recurrent state is whole only once the prefill's last chunk has run
         state = self.state_of(src, dst, kv_bytes, ranks)
         events += [self.network.transfer(e, x, lat) for e, x, lat in state]
         total += sum(x for _, x, _ in state)
         return self.env.all_of(events), total
+
+    def link_bytes(self) -> tuple[np.ndarray, list[tuple[str, str]], np.ndarray]:
+        """Bytes each started transfer put on each directed link: ``(start_s, link,
+        bytes)`` per transfer and link of its flows (every byte of the KV, also the part a
+        layer-wise transfer moved during the prefill)."""
+        times, links, nbytes = [], [], []
+        for t0, tokens, flows in self._started:
+            carried: dict[tuple[str, str], float] = {}
+            for edges, x, _ in flows:
+                for e in edges:
+                    carried[e] = carried.get(e, 0.0) + tokens * x
+            times += [t0] * len(carried)
+            links.extend(carried)
+            nbytes.extend(carried.values())
+        return np.array(times, dtype=float), links, np.array(nbytes, dtype=float)

@@ -15,13 +15,12 @@ import pandas as pd
 
 from simulator.hardware.specs import GPUSpec
 from simulator.metrics.power import (
-    StepFold,
-    add_power,
     energy_summary,
+    gpu_power_w,
     pool_energy_summary,
     pool_power,
 )
-from simulator.metrics.utilization import StageHardware, gpu_windows
+from simulator.metrics.utilization import StageHardware
 
 #: summary.json keys of a run with pools (sweeps over a pools scenario add them as columns,
 #: tables as JSON cells, then one ``pool_utilization_<pool>`` column per pool).
@@ -94,20 +93,19 @@ def pool_summary(requests: pd.DataFrame, pools: pd.DataFrame, summary: dict) -> 
     return out
 
 
-def pool_energy(steps: pd.DataFrame | StepFold | None, pools: list[tuple[str, list[StageHardware],
-                                                          GPUSpec]],
+def pool_energy(gpu_ts: pd.DataFrame, pools: list[tuple[str, list[StageHardware], GPUSpec]],
                 node_of: dict[int, int], edges: np.ndarray, requests: pd.DataFrame
                 ) -> tuple[pd.DataFrame, dict[str, np.ndarray], dict]:
     """Power and energy of a run with pools (docs/metrics.md, "Power, energy and cost").
 
     Parameters
     ----------
-    steps : DataFrame, StepFold or None
-        The step records, or their work folded per window when they are not kept (None:
-        neither, as when nothing ran; every energy key is then NaN).
+    gpu_ts : DataFrame
+        Per GPU and window the utilizations of every pool's GPUs
+        (:func:`simulator.metrics.utilization.gpu_windows`); empty when the run kept no
+        step work (every energy key is then NaN).
     pools : list of (name, stage hardware, GPU spec)
-        Per pool, in file order: its replicas' stages (for
-        :func:`simulator.metrics.utilization.gpu_windows`) and its GPU (``idle_w``, ``tdp_w``).
+        Per pool, in file order: its replicas' stages and its GPU (``idle_w``, ``tdp_w``).
     node_of : dict
         GPU index -> node of the joined graph (every GPU, used or not).
     edges : ndarray
@@ -118,26 +116,29 @@ def pool_energy(steps: pd.DataFrame | StepFold | None, pools: list[tuple[str, li
     Returns
     -------
     (DataFrame, dict, dict)
-        Per GPU and window the utilizations, ``power_w`` and ``pool``; the time-series
-        columns ``power_w`` (cluster) and ``power_w_<pool>`` (W); the summary keys of
+        ``gpu_ts`` with ``power_w`` (when every pool's GPU has ``tdp_w`` and ``idle_w``)
+        and ``pool``; the time-series columns ``power_w`` (cluster) and
+        ``power_w_<pool>`` (W); the summary keys of
         :func:`simulator.metrics.power.energy_summary` and
         :func:`simulator.metrics.power.pool_energy_summary`.
     """
     names = [name for name, _, _ in pools]
     window_s = float(edges[1] - edges[0]) if len(edges) > 1 else 1.0
-    if steps is None or any(g.tdp_w is None or g.idle_w is None for _, _, g in pools):
-        return pd.DataFrame(), {}, {**energy_summary(np.zeros(0), window_s, requests),
-                                    **pool_energy_summary({k: np.zeros(0) for k in names},
-                                                          window_s)}
-    def windows(stages):
-        if isinstance(steps, StepFold):
-            return steps.gpu_windows(stages, edges)
-        return gpu_windows(steps, stages, edges)
-
-    gpu_ts = pd.concat([add_power(windows(stages), g.idle_w, g.tdp_w).assign(pool=name)
-                        for name, stages, g in pools],
-                       ignore_index=True).sort_values(["window_start_s", "gpu"],
-                                                      ignore_index=True)
+    nan_keys = {**energy_summary(np.zeros(0), window_s, requests),
+                **pool_energy_summary({k: np.zeros(0) for k in names}, window_s)}
+    if not len(gpu_ts):
+        return pd.DataFrame(), {}, nan_keys
+    of_gpu = {int(gpu.removeprefix("gpu")): k for k, (_, stages, _) in enumerate(pools)
+              for st in stages for gpu in st.gpus}
+    which = gpu_ts["gpu"].map(of_gpu).to_numpy()
+    if any(g.tdp_w is None or g.idle_w is None for _, _, g in pools):
+        return gpu_ts.assign(pool=np.array(names, dtype=object)[which]), {}, nan_keys
+    idle_w = np.array([g.idle_w for _, _, g in pools], dtype=float)[which]
+    tdp_w = np.array([g.tdp_w for _, _, g in pools], dtype=float)[which]
+    gpu_ts = gpu_ts.assign(power_w=gpu_power_w(gpu_ts["compute_util"].to_numpy(float),
+                                               gpu_ts["hbm_util"].to_numpy(float),
+                                               idle_w, tdp_w),
+                           pool=np.array(names, dtype=object)[which])
     idle = {node_of[int(gpu.removeprefix("gpu"))]: g.idle_w
             for _, stages, g in pools for st in stages for gpu in st.gpus}
     power = pool_power(gpu_ts, edges, names, node_of,
