@@ -19,7 +19,7 @@ from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.model.spec import load_model
-from simulator.planner.candidates import _memory, _point
+from simulator.planner.candidates import memory_plan, point_overrides
 from simulator.planner.estimate import estimate
 from simulator.planner.kinds import plan_kinds
 from simulator.planner.mixdp import ROUTER, MixedDP, mix_pools, mixes
@@ -72,7 +72,7 @@ def _rows(base, s, stats) -> pd.DataFrame:
 
 def _kind(base, s, kind: str, lay: Layout):
     data = resolve_point(base, {"cluster.topology": kind, "cluster.nodes": 1}, s.seed)
-    return build_plan(load_scenario(resolve_point(data, _point(lay, LIM), s.seed)))
+    return build_plan(load_scenario(resolve_point(data, point_overrides(lay, LIM), s.seed)))
 
 
 def test_mixed_estimate_by_hand():
@@ -88,7 +88,7 @@ def test_mixed_estimate_by_hand():
         "dgx-h100", "dgx-a100", 2, 1, 16)
     lay = Layout(8, 1, 1)
     cp_h, cp_a = _kind(base, s, "dgx-h100", lay), _kind(base, s, "dgx-a100", lay)
-    kv_h, kv_a = _memory(cp_h, LIM).kv_tokens, _memory(cp_a, LIM).kv_tokens
+    kv_h, kv_a = memory_plan(cp_h, LIM).kv_tokens, memory_plan(cp_a, LIM).kv_tokens
     assert r["kv_tokens_per_replica"] == min(kv_h, kv_a)
     full = [estimate(cp, LIM, kv, st, 1.0, 0.05) for cp, kv in ((cp_h, kv_h), (cp_a, kv_a))]
     cap = full[0].capacity_req_per_s + full[1].capacity_req_per_s

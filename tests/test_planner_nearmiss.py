@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from test_planner_search import CONST, _setup
+from test_planner_search import CONST, search_setup
 
 from simulator.cluster.build import build_plan
 from simulator.io.scenario import load_scenario
@@ -22,7 +22,7 @@ from simulator.model.spec import load_model
 from simulator.planner import enumeration, nearmiss
 from simulator.planner.disagg import disagg_rows
 from simulator.planner.enumeration import enumerate_candidates
-from simulator.planner.estimate import StepModel, _mix, batch_p99
+from simulator.planner.estimate import StepModel, batch_p99, step_mix
 from simulator.sweep import resolve_point
 
 plan_module = importlib.import_module("simulator.planner.plan")
@@ -139,13 +139,13 @@ def test_plan_round_two_skips_the_flattered_candidates(monkeypatch):
     corrected estimate still says meets, where without the optimism it takes TP1 x DP2,
     flattered too. (MIN_POINTS 2: the 2 points of round 1 measure the optimism.)"""
     sc = copy.deepcopy(CONST)
-    base, s, st = _setup(sc)
+    base, s, st = search_setup(sc)
     c = enumerate_candidates(base, s, 2, st, "goodput_per_gpu", 1)
     one = c[(c["gpus"] == 1) & (c["status"] == "feasible")]
     target = float(one["est_tpot_s"].min()) / 0.95
     sc["slo"]["tpot_s"] = target
     real = plan_module.simulate_many
-    orig_frame = plan_module._sim_frame
+    orig_frame = plan_module.sim_frame
     rounds = []
 
     def recorded(jobs, quantile, workers, *backend):
@@ -160,7 +160,7 @@ def test_plan_round_two_skips_the_flattered_candidates(monkeypatch):
         return orig_frame(cands, picked, sims)
 
     monkeypatch.setattr(plan_module, "simulate_many", recorded)
-    monkeypatch.setattr(plan_module, "_sim_frame", frame)
+    monkeypatch.setattr(plan_module, "sim_frame", frame)
     monkeypatch.setattr(nearmiss, "MIN_POINTS", 2)
 
     def run():
@@ -202,7 +202,7 @@ def test_pair_tpot_p99_is_the_step_at_the_p99_batch():
     the step at the mean batch (the transfer and the admission wait are the same), priced
     by the same stage costs as the simulator (Llama-3.1-8B TP1 decode, prompts of 1000
     tokens, replies of 101); the SLO is judged on it."""
-    base, s, st = _setup(CONST)
+    base, s, st = search_setup(CONST)
     rows = disagg_rows(base, s, load_model("llama-3.1-8b"), 2, st, 1000, 1.0, 0.05)
     r = next(r for r in rows if r["max_num_seqs"] == 64
              and r["prefill_max_num_batched_tokens"] == 16384)
@@ -213,7 +213,7 @@ def test_pair_tpot_p99_is_the_step_at_the_p99_batch():
     b = r["est_batch"]
     b99 = 1 + b + 2.326 * math.sqrt(b)
     assert b99 < 64  # max_num_seqs does not bind
-    tail = m.cycle(*_mix(b99, 0.0, 1000.0, 101.0)) - m.cycle(*_mix(b, 0.0, 1000.0, 101.0))
+    tail = m.cycle(*step_mix(b99, 0.0, 1000.0, 101.0)) - m.cycle(*step_mix(b, 0.0, 1000.0, 101.0))
     assert tail > 0
     assert r["est_tpot_p99_s"] - r["est_tpot_s"] == pytest.approx(tail, rel=1e-9)
     # A TPOT target between the mean and the p99 estimate: the pair misses it.
@@ -270,7 +270,7 @@ def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
     unless ``one_gpu_meets``. Returns the plan and its rounds (the candidates each
     simulated)."""
     real_rerank, real_sim, real_frame = (plan_module.rerank, plan_module.simulate_many,
-                                         plan_module._sim_frame)
+                                         plan_module.sim_frame)
     rounds = []
 
     def rerank(df, *args, **kwargs):
@@ -282,7 +282,7 @@ def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
         r.loc[tp2, "est_objective"] = 5.0
         r.loc[one, "est_objective"] = one_gpu_objective
         r.loc[tp2 | one, "est_goodput_req_per_s"] = 1.0
-        return r.loc[nearmiss.order(r, "goodput_per_gpu", enumeration._stable)]
+        return r.loc[nearmiss.order(r, "goodput_per_gpu", enumeration.stable_key)]
 
     def recorded(jobs, quantile, workers, *backend):
         out = dict(real_sim(jobs, quantile, workers, *backend))
@@ -297,7 +297,7 @@ def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
 
     monkeypatch.setattr(plan_module, "rerank", rerank)
     monkeypatch.setattr(plan_module, "simulate_many", recorded)
-    monkeypatch.setattr(plan_module, "_sim_frame", frame)
+    monkeypatch.setattr(plan_module, "sim_frame", frame)
     r = plan_module.plan(copy.deepcopy(CONST), gpus=2, top=2, requests=40, jobs=1)
     return r, [r.candidates.loc[b] for b in rounds]
 

@@ -26,7 +26,7 @@ from simulator.planner.disagg import disagg_rows
 from simulator.planner.hetero import CrossPairs
 from simulator.planner.nearmiss import chance, est_slo, groups_of, margins, objective_values
 from simulator.planner.nearmiss import order as est_order
-from simulator.planner.ranking import PREFILL_COLUMNS, _stable
+from simulator.planner.ranking import PREFILL_COLUMNS, stable_key
 from simulator.planner.space import WorkloadStats, engine_limits, layouts, useful_kv_tokens
 
 #: Layouts from which the estimate runs in worker processes (fewer: start-up dominates).
@@ -39,7 +39,7 @@ CANDIDATE_COLUMNS = [
     "est_slo", "est_tpot_p99_s"]
 
 
-def _columns(columns: list[str], model, disagg: bool = False, cross: bool = False
+def with_columns(columns: list[str], model, disagg: bool = False, cross: bool = False
              ) -> list[str]:
     """``columns`` with ``ep`` and ``attention_dp`` after ``dp`` for a MoE model, and the
     prefill pool's columns after ``kind`` with disaggregated candidates (after the decode
@@ -85,7 +85,7 @@ def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStat
     if disagg and cross is not None:
         rows += cross.rows(base, s, model, gpus, stats, need, s.slo.ttft_s, s.slo.tpot_s)
     df = pd.DataFrame(rows)
-    columns = _columns(CANDIDATE_COLUMNS, model, disagg, cross is not None)
+    columns = with_columns(CANDIDATE_COLUMNS, model, disagg, cross is not None)
     for c in columns:
         if c not in df:
             df[c] = math.nan
@@ -113,4 +113,4 @@ def rerank(df: pd.DataFrame, s: Scenario, stats: WorkloadStats, objective: str,
                                            stats.rate_per_s)
     if cross is not None:
         df["est_objective"] = cross.values(df, objective, s, stats)
-    return df.loc[est_order(df, objective, _stable)]
+    return df.loc[est_order(df, objective, stable_key)]

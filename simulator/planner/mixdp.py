@@ -44,7 +44,7 @@ from simulator.planner.hetero import pool_nodes
 from simulator.planner.nearmiss import est_slo, margins, objective_values
 from simulator.planner.nearmiss import order as est_order
 from simulator.planner.objectives import two_kind_value
-from simulator.planner.ranking import _stable
+from simulator.planner.ranking import stable_key
 from simulator.planner.simulate import simulate_many
 from simulator.planner.space import (
     Layout,
@@ -183,7 +183,7 @@ class MixedDP:
         ests = []
         for r, cp in ((ra, cp_a), (rb, cp_b)):
             share = r["est_capacity_req_per_s"] / cap
-            kv = r["kv_tokens_per_replica"]  # layout_rows' _memory(cp, lim).kv_tokens
+            kv = r["kv_tokens_per_replica"]  # layout_rows' memory_plan(cp, lim).kv_tokens
             ests.append((share, estimate(cp, lim, kv, split_stats(stats, share),
                                          s.slo.ttft_s, s.slo.tpot_s)))
         rate = stats.rate_per_s
@@ -247,7 +247,7 @@ class MixedDP:
         cands = self.rank(pd.DataFrame(rows), objective, stats, margins(None))
         cands["simulated"] = False
         picked, per = [], {}
-        for i in est_order(cands, objective, _stable):
+        for i in est_order(cands, objective, stable_key):
             r = cands.loc[i]
             key = (r["node"], r["mix_node"], r["dp"], r["mix_dp"], r["tp"], r["pp"])
             if (r["status"] == "feasible" and per.get(key, 0) < PER_MIX

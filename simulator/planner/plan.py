@@ -24,9 +24,9 @@ from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario, SloKeys
 from simulator.model.spec import load_model
-from simulator.planner.candidates import _point, without_spec
+from simulator.planner.candidates import point_overrides, without_spec
 from simulator.planner.disagg import pools_of
-from simulator.planner.enumeration import _columns, enumerate_candidates, rerank
+from simulator.planner.enumeration import enumerate_candidates, rerank, with_columns
 from simulator.planner.explain import (
     compare,
     no_fit,
@@ -42,13 +42,11 @@ from simulator.planner.nearmiss import (
 )
 from simulator.planner.noise import MAX_DOUBLINGS, MAX_REQUESTS, flags
 from simulator.planner.progress import Progress, collect
-from simulator.planner.ranking import (  # noqa: F401 - _rank_key, rank_correlation: API
-    PREFILL_COLUMNS,
-    _layout,
-    _rank_key,
-    _sim_frame,
+from simulator.planner.ranking import (
     group_correlations,
+    layout_key,
     rank_correlation,
+    sim_frame,
 )
 from simulator.planner.simulate import base_scenario, simulate_many, without_pools
 from simulator.planner.space import (
@@ -59,7 +57,7 @@ from simulator.planner.space import (
     rule_of_thumb,
     workload_stats,
 )
-from simulator.planner.table import RULE, _table  # noqa: F401 - RULE: API (kinds)
+from simulator.planner.table import plan_table
 from simulator.sweep import resolve_point
 
 OBJECTIVES = ("goodput_per_gpu", "goodput_per_usd", "tokens_per_joule", "min_ttft",
@@ -297,8 +295,8 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
     def job(i: int) -> dict:
         r = cands.loc[i]
         lim = Limits.of_row(r)
-        lay = _layout(r)[0]
-        point = resolve_point(base, _point(lay, lim, model.moe is not None), s.seed)
+        lay = layout_key(r)[0]
+        point = resolve_point(base, point_overrides(lay, lim, model.moe is not None), s.seed)
         if "speculative" in point:  # the searched k, or none
             point = (without_spec(point) if int(r["spec_k"]) == 0 else resolve_point(
                 point, {"speculative.num_speculative_tokens": int(r["spec_k"])}, s.seed))
@@ -337,7 +335,7 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
             chased += 1
             ranked = ranked.loc[ahead_of_met(ranked, picked, met, objective)]
         for i, r in ranked.iterrows():
-            lay, g = _layout(r), groups[i]
+            lay, g = layout_key(r), groups[i]
             if (r["status"] == "feasible" and i not in picked and taken[g] < per_group
                     and per.get(lay, 0) < PER_LAYOUT):
                 per[lay] = per.get(lay, 0) + 1
@@ -354,7 +352,7 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
         picked += [i for i in batch if i not in picked and i in sims]
         if interrupted:
             break
-        m = margins(_sim_frame(cands, picked, sims))
+        m = margins(sim_frame(cands, picked, sims))
     cands.loc[picked, "simulated"] = True
     ranked = rerank(cands, s, stats, objective, m, cross)
     cands["est_slo"], cands["est_objective"] = ranked["est_slo"], ranked["est_objective"]
@@ -362,8 +360,8 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
     if not picked:
         raise KeyboardInterrupt  # stopped before any simulation finished: nothing known
     def tabulate():
-        return _table(cands, picked, sims, rule_idx, s, slo_quantile, objective,
-                      _columns(PLAN_COLUMNS, model, disagg, cross is not None), total)
+        return plan_table(cands, picked, sims, rule_idx, s, slo_quantile, objective,
+                      with_columns(PLAN_COLUMNS, model, disagg, cross is not None), total)
 
     table, rule_row, wall = tabulate()
     # Answers within their noise: a pick whose interval reaches past a target, or whose
@@ -404,7 +402,7 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
                           objective, slo, slo_quantile)
     if best is not None and table.apply(group_of, axis=1).nunique() > 1:
         comparison += "; " + versus_groups(best, table, objective)
-    columns = _columns(PLAN_COLUMNS, model, disagg, cross is not None)
+    columns = with_columns(PLAN_COLUMNS, model, disagg, cross is not None)
     return PlanResult(s, objective, slo_quantile, cap, total, stats,
                       cands.reset_index(drop=True), table[columns].copy(), rule,
                       rule_why, best, why, comparison, error, time.perf_counter() - t0,

@@ -12,7 +12,7 @@ from simulator.cluster.build import ClusterPlan, build_plan
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
-from simulator.planner.candidates import _point
+from simulator.planner.candidates import point_overrides
 from simulator.planner.estimate import ITERATIONS, SNAP_STEP
 from simulator.planner.space import PREFILL_SEQS, TOKEN_BUDGETS, Layout, Limits
 from simulator.sweep import resolve_point
@@ -148,7 +148,8 @@ def spec_plan(base: dict, seed: int, lay: Layout, probe: Limits, moe: bool
     if "speculative" not in base:
         return None
     try:
-        return build_plan(load_scenario(resolve_point(base, _point(lay, probe, moe), seed)))
+        point = resolve_point(base, point_overrides(lay, probe, moe), seed)
+        return build_plan(load_scenario(point))
     except ScenarioError:
         return None
 

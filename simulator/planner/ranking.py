@@ -21,7 +21,7 @@ PREFILL_COLUMNS = ["prefill_tp", "prefill_pp", "prefill_dp", "prefill_ep",
                    "prefill_max_num_batched_tokens"]
 
 
-def _stable(row) -> tuple:
+def stable_key(row) -> tuple:
     chunk = row["chunk_size"]
     return (row["gpus"], row["tp"], row["pp"], row["dp"], row["max_num_seqs"],
             row["max_num_batched_tokens"], -1 if pd.isna(chunk) else chunk,
@@ -44,27 +44,27 @@ def _moe_of(row) -> tuple[int, bool]:
     return int(ep), bool(adp)
 
 
-def _layout(row) -> tuple:
+def layout_key(row) -> tuple:
     return (Layout(int(row["tp"]), int(row["pp"]), int(row["dp"]), *_moe_of(row)),
             *_extra_of(row))
 
-def _rank_key(objective: str):
+def rank_key(objective: str):
     def key(r) -> tuple:
         if r["status"] != "ok":
-            return (2, 0.0, 0.0, 0.0, _stable(r))
+            return (2, 0.0, 0.0, 0.0, stable_key(r))
         if objective in SIM_COLUMN:
             return (0 if r["slo_met"] else 1, -sig(r[SIM_COLUMN[objective]]),
-                    r["tpot_slo_q_s"], r["ttft_slo_q_s"], _stable(r))
+                    r["tpot_slo_q_s"], r["ttft_slo_q_s"], stable_key(r))
         primary = {"goodput_per_gpu": (-sig(r["goodput_req_per_s_per_gpu"]),
                                        r["tpot_slo_q_s"], r["ttft_slo_q_s"]),
                    "min_ttft": (sig(r["ttft_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
                                 r["tpot_slo_q_s"]),
                    "min_tpot": (sig(r["tpot_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
                                 r["ttft_slo_q_s"])}[objective]
-        return (0 if r["slo_met"] else 1, *primary, _stable(r))
+        return (0 if r["slo_met"] else 1, *primary, stable_key(r))
     return key
 
-def _sim_frame(cands: pd.DataFrame, picked: list[int], sims: dict) -> pd.DataFrame:
+def sim_frame(cands: pd.DataFrame, picked: list[int], sims: dict) -> pd.DataFrame:
     """The estimate and the simulated quantiles of the simulated candidates (for the
     near-miss ratios, per simulation group)."""
     return pd.DataFrame([{"status": sims[i]["status"], "group": group_of(cands.loc[i]),

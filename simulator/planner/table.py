@@ -9,14 +9,14 @@ import math
 import pandas as pd
 
 from simulator.planner.explain import binds, misses
-from simulator.planner.ranking import PREFILL_COLUMNS, _rank_key
+from simulator.planner.ranking import PREFILL_COLUMNS, rank_key
 from simulator.planner.space import layout_label
 
 #: The note of the rule of thumb's row.
 RULE = "rule of thumb"
 
 
-def _table(cands, picked, sims, rule_idx, s, slo_quantile, objective, columns,
+def plan_table(cands, picked, sims, rule_idx, s, slo_quantile, objective, columns,
            total) -> tuple[pd.DataFrame, pd.DataFrame, float]:
     """plan.csv's rows of the simulated candidates, ranked (with ``_rule`` and
     ``_cand``, the candidate index), the rule of thumb's row, and the simulations' wall
@@ -49,7 +49,7 @@ def _table(cands, picked, sims, rule_idx, s, slo_quantile, objective, columns,
     slo = s.slo
     table["slo_met"] = [r["status"] == "ok" and not misses(r, slo, slo_quantile)
                         for _, r in table.iterrows()]
-    order = sorted(range(len(table)), key=lambda i: _rank_key(objective)(table.iloc[i]))
+    order = sorted(range(len(table)), key=lambda i: rank_key(objective)(table.iloc[i]))
     table = table.iloc[order].reset_index(drop=True)
     table["rank"] = range(1, len(table) + 1)
     notes = []
