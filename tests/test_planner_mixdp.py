@@ -23,9 +23,10 @@ from simulator.planner.candidates import memory_plan, point_overrides
 from simulator.planner.estimate import estimate
 from simulator.planner.kinds import plan_kinds
 from simulator.planner.mixdp import ROUTER, MixedDP, mix_pools, mixes
-from simulator.planner.nearmiss import margins
+from simulator.planner.nearmiss import group_of, margins
 from simulator.planner.objectives import est_power_w
 from simulator.planner.report import recommended_scenario
+from simulator.planner.search import Mixed, candidates_of
 from simulator.planner.simulate import base_scenario
 from simulator.planner.space import Layout, Limits, engine_limits, workload_stats
 from simulator.sweep import resolve_point
@@ -186,3 +187,17 @@ def test_mixed_recommended_scenario_runs(mixed_plan):
     assert "speculative" not in data
     res = run(load_scenario(data))
     assert res.summary["requests_completed"] == res.summary["requests_total"]
+
+
+def test_every_candidate_reads_as_its_kind(mixed_plan):
+    """The typed candidate of every row of a multi-kind plan's candidates table (colocated,
+    speculative, mixed; simulator.planner.search.candidate) is in the row's simulation
+    group, and a mixed one keeps its kinds and replicas."""
+    c = mixed_plan.candidates
+    typed = candidates_of(c)
+    assert [t.group for t in typed.values()] == [group_of(r) for _, r in c.iterrows()]
+    mixed = {i: t for i, t in typed.items() if isinstance(t, Mixed)}
+    assert len(mixed) == c["mix_node"].notna().sum() > 0
+    for i, t in mixed.items():
+        assert (t.node, t.mix_node, t.mix_dp, t.layout.dp) == (
+            c.loc[i, "node"], c.loc[i, "mix_node"], c.loc[i, "mix_dp"], c.loc[i, "dp"])

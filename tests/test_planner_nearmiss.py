@@ -26,6 +26,7 @@ from simulator.planner.estimate import StepModel, batch_p99, step_mix
 from simulator.sweep import resolve_point
 
 plan_module = importlib.import_module("simulator.planner.plan")
+search = importlib.import_module("simulator.planner.search")
 
 SLO = SloKeys(ttft_s=1.0, tpot_s=0.020)
 
@@ -144,8 +145,8 @@ def test_plan_round_two_skips_the_flattered_candidates(monkeypatch):
     one = c[(c["gpus"] == 1) & (c["status"] == "feasible")]
     target = float(one["est_tpot_s"].min()) / 0.95
     sc["slo"]["tpot_s"] = target
-    real = plan_module.simulate_many
-    orig_frame = plan_module.sim_frame
+    real = search.simulate_many
+    orig_frame = search.sim_frame
     rounds = []
 
     def recorded(jobs, quantile, workers, *backend):
@@ -159,8 +160,8 @@ def test_plan_round_two_skips_the_flattered_candidates(monkeypatch):
             sims[i]["ttft_q_s"] = min(sims[i]["ttft_q_s"], 0.5)
         return orig_frame(cands, picked, sims)
 
-    monkeypatch.setattr(plan_module, "simulate_many", recorded)
-    monkeypatch.setattr(plan_module, "sim_frame", frame)
+    monkeypatch.setattr(search, "simulate_many", recorded)
+    monkeypatch.setattr(search, "sim_frame", frame)
     monkeypatch.setattr(nearmiss, "MIN_POINTS", 2)
 
     def run():
@@ -246,19 +247,19 @@ def test_ahead_of_met_by_hand():
     at 5 nothing is ahead (no further round). For min_tpot lower is better: M1 (4) sets
     the bar and nothing served estimates lower."""
     c = _ahead_frame()
-    ahead = plan_module.ahead_of_met(c, [10, 11], [10, 11], "goodput_per_gpu")
+    ahead = search.ahead_of_met(c, [10, 11], [10, 11], "goodput_per_gpu")
     assert list(c.loc[ahead, "name"]) == ["A", "B"]
-    ahead = plan_module.ahead_of_met(c, [10, 11, 12], [10, 11], "goodput_per_gpu")
+    ahead = search.ahead_of_met(c, [10, 11, 12], [10, 11], "goodput_per_gpu")
     assert list(c.loc[ahead, "name"]) == ["B"]
     c.loc[13, "est_objective"] = 5.0
-    assert plan_module.ahead_of_met(c, [10, 11, 12], [10, 11], "goodput_per_gpu") == []
-    assert plan_module.ahead_of_met(c, [10, 11], [10, 11], "min_tpot") == []
+    assert search.ahead_of_met(c, [10, 11, 12], [10, 11], "goodput_per_gpu") == []
+    assert search.ahead_of_met(c, [10, 11], [10, 11], "min_tpot") == []
     # A met point whose estimate missed a target (valued at capacity, 12) does not set
     # the bar while a served one met; alone it does.
     c.loc[13, "est_objective"] = 6.0
-    ahead = plan_module.ahead_of_met(c, [10, 11, 15], [10, 11, 15], "goodput_per_gpu")
+    ahead = search.ahead_of_met(c, [10, 11, 15], [10, 11, 15], "goodput_per_gpu")
     assert list(c.loc[ahead, "name"]) == ["A", "B"]
-    assert plan_module.ahead_of_met(c, [15], [15], "goodput_per_gpu") == []
+    assert search.ahead_of_met(c, [15], [15], "goodput_per_gpu") == []
 
 
 def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
@@ -269,8 +270,8 @@ def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
     them meet the SLOs of 1 s and 50 ms) but for the TP1 x 1 ones' TPOT, set to 1 s
     unless ``one_gpu_meets``. Returns the plan and its rounds (the candidates each
     simulated)."""
-    real_rerank, real_sim, real_frame = (plan_module.rerank, plan_module.simulate_many,
-                                         plan_module.sim_frame)
+    real_rerank, real_sim, real_frame = (plan_module.rerank, search.simulate_many,
+                                         search.sim_frame)
     rounds = []
 
     def rerank(df, *args, **kwargs):
@@ -296,8 +297,8 @@ def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
         return real_frame(cands, picked, sims)
 
     monkeypatch.setattr(plan_module, "rerank", rerank)
-    monkeypatch.setattr(plan_module, "simulate_many", recorded)
-    monkeypatch.setattr(plan_module, "sim_frame", frame)
+    monkeypatch.setattr(search, "simulate_many", recorded)
+    monkeypatch.setattr(search, "sim_frame", frame)
     r = plan_module.plan(copy.deepcopy(CONST), gpus=2, top=2, requests=40, jobs=1)
     return r, [r.candidates.loc[b] for b in rounds]
 
