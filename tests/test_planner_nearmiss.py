@@ -19,10 +19,10 @@ from simulator.cluster.build import build_plan
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import SloKeys
 from simulator.model.spec import load_model
-from simulator.planner import enumeration, nearmiss
+from simulator.planner import nearmiss
 from simulator.planner.disagg import disagg_rows
-from simulator.planner.enumeration import enumerate_candidates
 from simulator.planner.estimate import StepModel, batch_p99, step_mix
+from simulator.planner.search import enumerate_candidates
 from simulator.sweep import resolve_point
 
 plan_module = importlib.import_module("simulator.planner.plan")
@@ -77,7 +77,7 @@ def _ranking() -> pd.DataFrame:
 
 def _order(cands: pd.DataFrame, m: dict, expect: bool = False) -> str:
     cands = cands.assign(est_slo=nearmiss.est_slo(cands, SLO, m))
-    if expect:  # as enumeration.rerank does once the error is measured
+    if expect:  # as search.rerank does once the error is measured
         cands["est_chance"] = nearmiss.chance(cands, SLO, m)
     return "".join(cands.loc[nearmiss.order(cands, "goodput_per_gpu",
                                             lambda r: r["name"]), "name"])
@@ -182,7 +182,7 @@ def test_plan_round_two_skips_the_flattered_candidates(monkeypatch):
     # flattered ones again.
     bounds = nearmiss._bounds
     monkeypatch.setattr(nearmiss, "_bounds", lambda x: {**bounds(x), "optimism": 1.0})
-    monkeypatch.setattr(enumeration, "chance", lambda *args: None)
+    monkeypatch.setattr(search, "chance", lambda *args: None)
     _, before = run()
     second = before[1]
     assert ((second["tp"] == 1) & (second["dp"] == 2)).all()
@@ -264,7 +264,7 @@ def test_ahead_of_met_by_hand():
 
 def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
     """A plan on 2 GPUs, 2 candidates a round, whose ranking is set by hand (the real
-    candidates, labels and objectives replaced in enumeration.rerank's table): every
+    candidates, labels and objectives replaced in search.rerank's table): every
     TP2 layout meets the SLOs by the estimate at goodput per GPU 5; every TP1 x 1 layout
     may miss at ``one_gpu_objective``; the rest miss. The simulations are real (all of
     them meet the SLOs of 1 s and 50 ms) but for the TP1 x 1 ones' TPOT, set to 1 s
@@ -283,7 +283,7 @@ def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
         r.loc[tp2, "est_objective"] = 5.0
         r.loc[one, "est_objective"] = one_gpu_objective
         r.loc[tp2 | one, "est_goodput_req_per_s"] = 1.0
-        return r.loc[nearmiss.order(r, "goodput_per_gpu", enumeration.stable_key)]
+        return r.loc[nearmiss.order(r, "goodput_per_gpu", search.stable_key)]
 
     def recorded(jobs, quantile, workers, *backend):
         out = dict(real_sim(jobs, quantile, workers, *backend))

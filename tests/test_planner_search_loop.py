@@ -11,7 +11,6 @@ from test_planner_search import CONST, search_setup
 
 from simulator.io.schema import SloKeys
 from simulator.planner.disagg import pools_of
-from simulator.planner.enumeration import enumerate_candidates
 from simulator.planner.nearmiss import group_of
 from simulator.planner.search import (
     Colocated,
@@ -19,6 +18,7 @@ from simulator.planner.search import (
     Rounds,
     candidate,
     candidates_of,
+    enumerate_candidates,
     simulate_best,
 )
 from simulator.planner.space import Layout, Limits

@@ -1,7 +1,7 @@
 """One layout's candidates: the scenario overrides of a (layout, engine limits) point, its
 memory plan, and the rows of candidates.csv for every engine limit (built, fitted, checked
 for a useful KV cache and estimated). A module of its own so that worker processes run
-:func:`layout_rows` (:func:`simulator.planner.enumeration.enumerate_candidates`).
+:func:`layout_rows` (:func:`simulator.planner.search.enumerate_candidates`).
 """
 
 from __future__ import annotations

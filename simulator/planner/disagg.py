@@ -74,8 +74,8 @@ from simulator.planner.estimate import (
     spec_gain,
     step_mix,
 )
-from simulator.planner.kvprice import KVPrice
 from simulator.planner.poolaxes import (
+    KVPrice,
     decode_wait,
     joined_step,
     kv_contended,

@@ -41,10 +41,9 @@ from simulator.planner.hetero import CrossPairs
 from simulator.planner.mixdp import MIX_COLUMNS, MixedDP
 from simulator.planner.nearmiss import group_of
 from simulator.planner.plan import DEFAULT_REQUESTS, DEFAULT_TOP, PlanResult, plan
-from simulator.planner.ranking import group_correlations, rank_correlation, rank_key
+from simulator.planner.ranking import RULE, group_correlations, rank_correlation, rank_key
 from simulator.planner.simulate import base_scenario, own_pools
 from simulator.planner.space import cross_kind, layout_label
-from simulator.planner.table import RULE
 
 
 def plan_kinds(scenario, nodes: list[str], *, gpus: int | None = None,

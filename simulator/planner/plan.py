@@ -4,7 +4,7 @@ rank -> recommend, with the constraint that binds.
 :func:`plan` is a pure function of the scenario (and its seed): it returns a
 :class:`PlanResult` with the candidates table (every enumerated layout and engine limit,
 with its estimate or the reason it is out), the simulated table (plan.csv, ranked) and the
-recommendation (the candidates table is built by :mod:`~simulator.planner.enumeration`);
+recommendation (the candidates table is built by :mod:`~simulator.planner.search`);
 the CLI writes the files. Ties sort by a stable key (GPUs, tp, pp, dp,
 limits), so the same scenario and seed give the same tables.
 """
@@ -26,7 +26,6 @@ from simulator.io.schema import Scenario
 from simulator.model.spec import load_model
 from simulator.planner.candidates import point_overrides, without_spec
 from simulator.planner.disagg import pools_of
-from simulator.planner.enumeration import enumerate_candidates, rerank, with_columns
 from simulator.planner.explain import (
     compare,
     no_fit,
@@ -36,12 +35,14 @@ from simulator.planner.explain import (
 )
 from simulator.planner.hetero import CrossPairs, cross_pools
 from simulator.planner.nearmiss import (
+    MAX_DOUBLINGS,
+    MAX_REQUESTS,
+    flags,
     group_of,
 )
-from simulator.planner.noise import MAX_DOUBLINGS, MAX_REQUESTS, flags
-from simulator.planner.progress import Progress
 from simulator.planner.ranking import (
     group_correlations,
+    plan_table,
     rank_correlation,
 )
 from simulator.planner.search import (
@@ -49,11 +50,14 @@ from simulator.planner.search import (
     Disaggregated,
     Rounds,
     candidates_of,
+    enumerate_candidates,
     per_group,
+    rerank,
     simulate,
     simulate_best,
+    with_columns,
 )
-from simulator.planner.simulate import base_scenario, without_pools
+from simulator.planner.simulate import Progress, base_scenario, without_pools
 from simulator.planner.space import (
     Layout,
     Limits,
@@ -61,7 +65,6 @@ from simulator.planner.space import (
     rule_of_thumb,
     workload_stats,
 )
-from simulator.planner.table import plan_table
 from simulator.sweep import resolve_point
 
 OBJECTIVES = ("goodput_per_gpu", "goodput_per_usd", "tokens_per_joule", "min_ttft",
@@ -78,7 +81,7 @@ CHASE_ROUNDS = 1
 DEFAULT_REQUESTS = 500
 
 #: Columns of plan.csv, in order; the last, INTERVAL_COLUMNS, are each point's 95%
-#: intervals and sample (simulator.planner.noise).
+#: intervals and sample (simulator.planner.nearmiss).
 PLAN_COLUMNS = [
     "rank", "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
     "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "ttft_slo_q_s", "tpot_slo_q_s",
@@ -127,7 +130,7 @@ class PlanResult:
     # The scenario's own request count (None: its workload has none), kept by
     # recommended.toml; ``stats.requests`` is the sample simulated per candidate.
     own_requests: int | None = None
-    # What is within noise about the pick (simulator.planner.noise), after the rounds on
+    # What is within noise about the pick (simulator.planner.nearmiss), after the rounds on
     # a larger sample; empty when the pick is clear of its targets and of the runner-up.
     noise: list | None = None
 
@@ -176,7 +179,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         With ``disagg``, ``"disaggregated"`` keeps only the prefill + decode pool layouts
         (``plan --disagg-only``); the others are listed as excluded.
     progress : bool
-        A progress line on stderr when it is a terminal (:mod:`simulator.planner.progress`).
+        A progress line on stderr when it is a terminal (:mod:`simulator.planner.simulate`).
     backend, address : str
         Where the simulations run: ``local`` (``jobs`` processes) or ``ray`` (the cluster
         at ``address``, or a local one), as for sweeps; the results do not depend on it.
@@ -293,7 +296,7 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
     table, rule_row, wall = tabulate()
     # Answers within their noise: a pick whose interval reaches past a target, or whose
     # objective overlaps the runner-up's, is simulated again on a larger sample
-    # (simulator.planner.noise), up to MAX_DOUBLINGS times; what is still within noise
+    # (simulator.planner.nearmiss), up to MAX_DOUBLINGS times; what is still within noise
     # then is said, not hidden.
     column = "goodput_req_per_s_per_gpu" if objective == "goodput_per_gpu" else None
     sample = stats.requests

@@ -1,5 +1,13 @@
-"""The planner's search: a typed candidate per kind and the one loop that simulates the
-best few.
+"""The planner's search: the candidates table, a typed candidate per kind, and the one loop
+that simulates the best few.
+
+The candidates table (``candidates.csv``): :func:`enumerate_candidates` builds every layout
+and engine limit (fit, placement) and estimates it (the colocated layouts'
+:func:`simulator.planner.candidates.layout_rows`, in worker processes for many layouts),
+adds the disaggregated pairs (:mod:`simulator.planner.disagg`) and the cross-kind pairs
+(:mod:`simulator.planner.hetero`); :func:`rerank` orders it by the objective at the
+near-miss ratios of the simulated points (:mod:`simulator.planner.nearmiss`), between the
+rounds of simulations.
 
 A candidate is one of three frozen kinds, each with the fields the search needs (what to
 build and run; the estimate's figures stay in the candidates table, which ranks them):
@@ -23,17 +31,32 @@ candidates the estimate rates ahead of the best that met (:func:`ahead_of_met`),
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import pandas as pd
 
-from simulator.io.schema import SloKeys
-from simulator.planner.nearmiss import TIER, margins
-from simulator.planner.progress import Progress, collect
-from simulator.planner.ranking import sim_frame
-from simulator.planner.simulate import simulate_many
-from simulator.planner.space import Layout, Limits
+from simulator.hardware.prices import gpu_hour_usd
+from simulator.hardware.specs import load_node
+from simulator.io.schema import Scenario, SloKeys
+from simulator.model.spec import load_model
+from simulator.planner.candidates import layout_rows
+from simulator.planner.disagg import disagg_rows
+from simulator.planner.hetero import CrossPairs
+from simulator.planner.nearmiss import TIER, chance, est_slo, groups_of, margins, objective_values
+from simulator.planner.nearmiss import order as est_order
+from simulator.planner.ranking import PREFILL_COLUMNS, sim_frame, stable_key
+from simulator.planner.simulate import Progress, collect, simulate_many
+from simulator.planner.space import (
+    Layout,
+    Limits,
+    WorkloadStats,
+    engine_limits,
+    layouts,
+    useful_kv_tokens,
+)
 
 
 def _int(value, default: int = -1) -> int:
@@ -165,7 +188,7 @@ def ahead_of_met(ranked: pd.DataFrame, picked: list[int], met: list[int],
     estimated objective among the simulated candidates ``met`` (those that met in
     simulation), best estimated objective first (ties in ranking order).
 
-    ``ranked`` is :func:`~simulator.planner.enumeration.rerank`'s table at the current
+    ``ranked`` is :func:`~simulator.planner.search.rerank`'s table at the current
     margins, ``met`` non-empty; the objective is higher-better except ``min_ttft`` and
     ``min_tpot``. Empty when no candidate is ahead: the plan stops.
 
@@ -294,3 +317,90 @@ def per_group(top: int, typed: dict, feasible) -> int:
     """Candidates a round simulates per group: ``top`` shared among the groups of the
     ``feasible`` candidates, at least 2."""
     return max(2, math.ceil(top / len({typed[i].group for i in feasible})))
+
+
+#: Layouts from which the estimate runs in worker processes (fewer: start-up dominates).
+PARALLEL_LAYOUTS = 8
+CANDIDATE_COLUMNS = [
+    "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
+    "status", "reason", "kv_tokens_per_replica", "est_capacity_req_per_s", "est_utilization",
+    "est_batch", "est_cycle_s", "est_prefill_s", "est_ttft_s", "est_ttft_p99_s", "est_tpot_s",
+    "est_goodput_req_per_s", "est_rank", "simulated", "est_objective", "kind", "spec_k",
+    "est_slo", "est_tpot_p99_s"]
+
+
+def with_columns(columns: list[str], model, disagg: bool = False, cross: bool = False
+             ) -> list[str]:
+    """``columns`` with ``ep`` and ``attention_dp`` after ``dp`` for a MoE model, and the
+    prefill pool's columns after ``kind`` with disaggregated candidates (after the decode
+    pool's ``decode_node`` with cross-kind pairs)."""
+    if disagg:
+        i = columns.index("kind") + 1
+        pre = [c for c in PREFILL_COLUMNS if model.moe is not None or "_ep" not in c
+               and "attention" not in c]
+        pre = ["decode_node", *pre] if cross else pre
+        columns = [*columns[:i], *pre, *columns[i:]]
+    if model.moe is None:
+        return columns
+    i = columns.index("dp") + 1
+    return [*columns[:i], "ep", "attention_dp", *columns[i:]]
+
+
+def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStats,
+                         objective: str, jobs: int | None = 1, disagg: bool = False,
+                         cross: CrossPairs | None = None) -> pd.DataFrame:
+    """Every layout of at most ``gpus`` GPUs x every engine limit: built (placement, fit),
+    checked for a useful KV cache and estimated; ``status`` is ``feasible`` or
+    ``excluded`` with the ``reason``. Sorted by the estimate (``est_rank``). Layouts are
+    estimated in ``jobs`` processes (None: the CPUs); the table does not depend on it.
+    With ``disagg``, every prefill + decode pool pair joins them
+    (:func:`simulator.planner.disagg.disagg_rows`); with a ``[speculative]`` section,
+    every layout with and without speculation (``spec_k``); with ``cross``, the pairs with
+    the decode pool on another node kind (:mod:`simulator.planner.hetero`)."""
+    model = load_model(s.model.name, s.base_dir)
+    limits = engine_limits(s)
+    probe = min(limits, key=lambda lim: (lim.budget, lim.max_num_seqs))
+    positions = s.engine.max_model_len or model.max_position_embeddings
+    need = useful_kv_tokens(stats, positions)
+    work = [(base, s.seed, lay, limits, probe, need, stats, s.slo.ttft_s, s.slo.tpot_s,
+             model.moe is not None) for lay in layouts(model, gpus)]
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    if workers == 1 or len(work) < PARALLEL_LAYOUTS:
+        rows = [row for job in work for row in layout_rows(job)]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            rows = [row for part in pool.map(layout_rows, work, chunksize=4) for row in part]
+    if disagg:
+        rows += disagg_rows(base, s, model, gpus, stats, need, s.slo.ttft_s, s.slo.tpot_s)
+    if disagg and cross is not None:
+        rows += cross.rows(base, s, model, gpus, stats, need, s.slo.ttft_s, s.slo.tpot_s)
+    df = pd.DataFrame(rows)
+    columns = with_columns(CANDIDATE_COLUMNS, model, disagg, cross is not None)
+    for c in columns:
+        if c not in df:
+            df[c] = math.nan
+    df["chunk_size"] = df["chunk_size"].astype("Int64")
+    df = rerank(df, s, stats, objective, margins(None), cross).reset_index(drop=True)
+    feasible = df["status"] == "feasible"
+    df["est_rank"] = pd.Series(range(1, len(df) + 1)).where(feasible).astype("Int64")
+    return df[columns]
+
+
+def rerank(df: pd.DataFrame, s: Scenario, stats: WorkloadStats, objective: str,
+           m: dict[str, float], cross: CrossPairs | None = None) -> pd.DataFrame:
+    """``df`` with ``est_slo`` and ``est_objective`` at the near-miss ratios ``m``
+    (:mod:`simulator.planner.nearmiss`; cross-kind pairs at each pool's own price and
+    power), sorted in ranking order (index kept)."""
+    node = load_node(s.cluster.topology, s.base_dir)
+    price = gpu_hour_usd(node.gpu.name, s.cluster.gpu_hour_usd)
+    df = df.copy()
+    groups = groups_of(df) if m.get("groups") else None  # once for both
+    df["est_slo"] = est_slo(df, s.slo, m, groups)
+    p = chance(df, s.slo, m, groups)  # measured error: the likely ones first (nearmiss.order)
+    if p is not None:
+        df["est_chance"] = p
+    df["est_objective"] = objective_values(df, objective, price, node, stats.output_mean,
+                                           stats.rate_per_s)
+    if cross is not None:
+        df["est_objective"] = cross.values(df, objective, s, stats)
+    return df.loc[est_order(df, objective, stable_key)]
