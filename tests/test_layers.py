@@ -75,3 +75,34 @@ def test_packages_import_only_their_layer_or_below():
     bad = [(a, b) for a, b in _graph().edges
            if LAYER[_package(b)] > LAYER[_package(a)]]
     assert not bad, f"imports that climb a layer: {bad[:5]}"
+
+
+#: Private names imported from another module, outside the planner: (importer, module).
+#: The planner has none; a new entry says the name should be public or move.
+PRIVATE_IMPORTS = {
+    ("simulator.calibration.moe_fit", "simulator.calibration.fit"),
+    ("simulator.sweep", "simulator.io.scenario"),
+}
+
+
+def _private_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every ``from simulator.x import _name`` in ``path``."""
+    return [(node.module, a.name) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+            and node.module.startswith("simulator")
+            for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    bad = [(_module(p), mod, name) for p in PACKAGE.rglob("*.py")
+           for mod, name in _private_imports(p) if (_module(p), mod) not in PRIVATE_IMPORTS]
+    assert not bad, f"private names imported across modules: {bad[:5]}"
+    planner = [e for e in PRIVATE_IMPORTS if ".planner" in e[0] + e[1]]
+    assert not planner, f"the planner must not import private names: {planner}"
+
+
+def test_planner_tests_import_no_private_name():
+    tests = Path(__file__).resolve().parent
+    bad = [(p.name, mod, name) for p in tests.glob("test_*.py")
+           for mod, name in _private_imports(p) if mod.startswith("simulator.planner")]
+    assert not bad, f"tests importing the planner's private names: {bad[:5]}"

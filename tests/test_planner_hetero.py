@@ -27,7 +27,7 @@ from simulator.io.scenario import load_scenario
 from simulator.model.spec import load_model
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY
 from simulator.planner import plan
-from simulator.planner.estimate import StepModel, _mix
+from simulator.planner.estimate import StepModel, step_mix
 from simulator.planner.hetero import CrossPairs, cross_pools, pool_nodes
 from simulator.planner.kinds import budget, plan_kinds
 from simulator.planner.nearmiss import est_slo, margins
@@ -113,11 +113,11 @@ def test_cross_pair_estimate_by_hand():
     # Prefill on the H100: full steps of 16384 tokens, the step a prompt joins at the load
     # (1000 tokens plus those that arrive during the step in flight), M/D/1 on its work.
     mp = _step_model(base, s, "dgx-h100")
-    x_p = (16384 / 1000) / mp.cycle(*_mix(0.0, 16384, 1000.0, 101.0))
+    x_p = (16384 / 1000) / mp.cycle(*step_mix(0.0, 16384, 1000.0, 101.0))
     one = r["est_prefill_s"]
     arriving = rate * 1000 * one  # x = 1000 + (arriving / x) arriving
     joined = (1000 + math.sqrt(1000**2 + 4 * arriving**2)) / 2
-    assert one == pytest.approx(mp.cycle(*_mix(0.0, joined, 1000.0, 101.0)), rel=2e-3)
+    assert one == pytest.approx(mp.cycle(*step_mix(0.0, joined, 1000.0, 101.0)), rel=2e-3)
     rho = rate / x_p
     wait = rho / (2 * (1 - rho)) * one * 1000 / joined
     assert r["est_ttft_s"] == pytest.approx(one + wait, rel=1e-4)
@@ -125,13 +125,13 @@ def test_cross_pair_estimate_by_hand():
     # Decode on the A100: Little's law, TPOT = cycle + t_kv / (O - 1).
     md = _step_model(base, s, "dgx-a100")
     b = r["est_batch"]
-    cyc = md.cycle(*_mix(b, 0.0, 1000.0, 101.0))
+    cyc = md.cycle(*step_mix(b, 0.0, 1000.0, 101.0))
     assert b == pytest.approx(rate * 101 * cyc, rel=2e-3)
     assert r["est_tpot_s"] == pytest.approx(cyc + t_kv / 100, rel=1e-9)
-    x_d = 64 / (101 * md.cycle(*_mix(64, 0.0, 1000.0, 101.0)))
+    x_d = 64 / (101 * md.cycle(*step_mix(64, 0.0, 1000.0, 101.0)))
     assert r["est_capacity_req_per_s"] == pytest.approx(min(x_p, x_d, 1 / alone), rel=1e-9)
     # The A100 decodes slower than an H100 would (memory bandwidth 2.0 vs 3.35 TB/s).
-    assert cyc > mp.cycle(*_mix(b, 0.0, 1000.0, 101.0))
+    assert cyc > mp.cycle(*step_mix(b, 0.0, 1000.0, 101.0))
 
 
 @pytest.mark.parametrize("objective", ["goodput_per_usd", "tokens_per_joule"])

@@ -19,13 +19,14 @@ from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.model.spec import load_model
-from simulator.planner.candidates import _memory, _point
+from simulator.planner.candidates import memory_plan, point_overrides
 from simulator.planner.estimate import estimate
 from simulator.planner.kinds import plan_kinds
 from simulator.planner.mixdp import ROUTER, MixedDP, mix_pools, mixes
-from simulator.planner.nearmiss import margins
+from simulator.planner.nearmiss import group_of, margins
 from simulator.planner.objectives import est_power_w
 from simulator.planner.report import recommended_scenario
+from simulator.planner.search import Mixed, candidates_of
 from simulator.planner.simulate import base_scenario
 from simulator.planner.space import Layout, Limits, engine_limits, workload_stats
 from simulator.sweep import resolve_point
@@ -72,7 +73,7 @@ def _rows(base, s, stats) -> pd.DataFrame:
 
 def _kind(base, s, kind: str, lay: Layout):
     data = resolve_point(base, {"cluster.topology": kind, "cluster.nodes": 1}, s.seed)
-    return build_plan(load_scenario(resolve_point(data, _point(lay, LIM), s.seed)))
+    return build_plan(load_scenario(resolve_point(data, point_overrides(lay, LIM), s.seed)))
 
 
 def test_mixed_estimate_by_hand():
@@ -88,7 +89,7 @@ def test_mixed_estimate_by_hand():
         "dgx-h100", "dgx-a100", 2, 1, 16)
     lay = Layout(8, 1, 1)
     cp_h, cp_a = _kind(base, s, "dgx-h100", lay), _kind(base, s, "dgx-a100", lay)
-    kv_h, kv_a = _memory(cp_h, LIM).kv_tokens, _memory(cp_a, LIM).kv_tokens
+    kv_h, kv_a = memory_plan(cp_h, LIM).kv_tokens, memory_plan(cp_a, LIM).kv_tokens
     assert r["kv_tokens_per_replica"] == min(kv_h, kv_a)
     full = [estimate(cp, LIM, kv, st, 1.0, 0.05) for cp, kv in ((cp_h, kv_h), (cp_a, kv_a))]
     cap = full[0].capacity_req_per_s + full[1].capacity_req_per_s
@@ -186,3 +187,17 @@ def test_mixed_recommended_scenario_runs(mixed_plan):
     assert "speculative" not in data
     res = run(load_scenario(data))
     assert res.summary["requests_completed"] == res.summary["requests_total"]
+
+
+def test_every_candidate_reads_as_its_kind(mixed_plan):
+    """The typed candidate of every row of a multi-kind plan's candidates table (colocated,
+    speculative, mixed; simulator.planner.search.candidate) is in the row's simulation
+    group, and a mixed one keeps its kinds and replicas."""
+    c = mixed_plan.candidates
+    typed = candidates_of(c)
+    assert [t.group for t in typed.values()] == [group_of(r) for _, r in c.iterrows()]
+    mixed = {i: t for i, t in typed.items() if isinstance(t, Mixed)}
+    assert len(mixed) == c["mix_node"].notna().sum() > 0
+    for i, t in mixed.items():
+        assert (t.node, t.mix_node, t.mix_dp, t.layout.dp) == (
+            c.loc[i, "node"], c.loc[i, "mix_node"], c.loc[i, "mix_dp"], c.loc[i, "dp"])

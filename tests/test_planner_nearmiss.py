@@ -13,19 +13,20 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from test_planner_search import CONST, _setup
+from test_planner_search import CONST, search_setup
 
 from simulator.cluster.build import build_plan
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import SloKeys
 from simulator.model.spec import load_model
-from simulator.planner import enumeration, nearmiss
+from simulator.planner import nearmiss
 from simulator.planner.disagg import disagg_rows
-from simulator.planner.enumeration import enumerate_candidates
-from simulator.planner.estimate import StepModel, _mix, batch_p99
+from simulator.planner.estimate import StepModel, batch_p99, step_mix
+from simulator.planner.search import enumerate_candidates
 from simulator.sweep import resolve_point
 
 plan_module = importlib.import_module("simulator.planner.plan")
+search = importlib.import_module("simulator.planner.search")
 
 SLO = SloKeys(ttft_s=1.0, tpot_s=0.020)
 
@@ -76,7 +77,7 @@ def _ranking() -> pd.DataFrame:
 
 def _order(cands: pd.DataFrame, m: dict, expect: bool = False) -> str:
     cands = cands.assign(est_slo=nearmiss.est_slo(cands, SLO, m))
-    if expect:  # as enumeration.rerank does once the error is measured
+    if expect:  # as search.rerank does once the error is measured
         cands["est_chance"] = nearmiss.chance(cands, SLO, m)
     return "".join(cands.loc[nearmiss.order(cands, "goodput_per_gpu",
                                             lambda r: r["name"]), "name"])
@@ -139,13 +140,13 @@ def test_plan_round_two_skips_the_flattered_candidates(monkeypatch):
     corrected estimate still says meets, where without the optimism it takes TP1 x DP2,
     flattered too. (MIN_POINTS 2: the 2 points of round 1 measure the optimism.)"""
     sc = copy.deepcopy(CONST)
-    base, s, st = _setup(sc)
+    base, s, st = search_setup(sc)
     c = enumerate_candidates(base, s, 2, st, "goodput_per_gpu", 1)
     one = c[(c["gpus"] == 1) & (c["status"] == "feasible")]
     target = float(one["est_tpot_s"].min()) / 0.95
     sc["slo"]["tpot_s"] = target
-    real = plan_module.simulate_many
-    orig_frame = plan_module._sim_frame
+    real = search.simulate_many
+    orig_frame = search.sim_frame
     rounds = []
 
     def recorded(jobs, quantile, workers, *backend):
@@ -159,8 +160,8 @@ def test_plan_round_two_skips_the_flattered_candidates(monkeypatch):
             sims[i]["ttft_q_s"] = min(sims[i]["ttft_q_s"], 0.5)
         return orig_frame(cands, picked, sims)
 
-    monkeypatch.setattr(plan_module, "simulate_many", recorded)
-    monkeypatch.setattr(plan_module, "_sim_frame", frame)
+    monkeypatch.setattr(search, "simulate_many", recorded)
+    monkeypatch.setattr(search, "sim_frame", frame)
     monkeypatch.setattr(nearmiss, "MIN_POINTS", 2)
 
     def run():
@@ -181,7 +182,7 @@ def test_plan_round_two_skips_the_flattered_candidates(monkeypatch):
     # flattered ones again.
     bounds = nearmiss._bounds
     monkeypatch.setattr(nearmiss, "_bounds", lambda x: {**bounds(x), "optimism": 1.0})
-    monkeypatch.setattr(enumeration, "chance", lambda *args: None)
+    monkeypatch.setattr(search, "chance", lambda *args: None)
     _, before = run()
     second = before[1]
     assert ((second["tp"] == 1) & (second["dp"] == 2)).all()
@@ -202,7 +203,7 @@ def test_pair_tpot_p99_is_the_step_at_the_p99_batch():
     the step at the mean batch (the transfer and the admission wait are the same), priced
     by the same stage costs as the simulator (Llama-3.1-8B TP1 decode, prompts of 1000
     tokens, replies of 101); the SLO is judged on it."""
-    base, s, st = _setup(CONST)
+    base, s, st = search_setup(CONST)
     rows = disagg_rows(base, s, load_model("llama-3.1-8b"), 2, st, 1000, 1.0, 0.05)
     r = next(r for r in rows if r["max_num_seqs"] == 64
              and r["prefill_max_num_batched_tokens"] == 16384)
@@ -213,7 +214,7 @@ def test_pair_tpot_p99_is_the_step_at_the_p99_batch():
     b = r["est_batch"]
     b99 = 1 + b + 2.326 * math.sqrt(b)
     assert b99 < 64  # max_num_seqs does not bind
-    tail = m.cycle(*_mix(b99, 0.0, 1000.0, 101.0)) - m.cycle(*_mix(b, 0.0, 1000.0, 101.0))
+    tail = m.cycle(*step_mix(b99, 0.0, 1000.0, 101.0)) - m.cycle(*step_mix(b, 0.0, 1000.0, 101.0))
     assert tail > 0
     assert r["est_tpot_p99_s"] - r["est_tpot_s"] == pytest.approx(tail, rel=1e-9)
     # A TPOT target between the mean and the p99 estimate: the pair misses it.
@@ -246,31 +247,31 @@ def test_ahead_of_met_by_hand():
     at 5 nothing is ahead (no further round). For min_tpot lower is better: M1 (4) sets
     the bar and nothing served estimates lower."""
     c = _ahead_frame()
-    ahead = plan_module.ahead_of_met(c, [10, 11], [10, 11], "goodput_per_gpu")
+    ahead = search.ahead_of_met(c, [10, 11], [10, 11], "goodput_per_gpu")
     assert list(c.loc[ahead, "name"]) == ["A", "B"]
-    ahead = plan_module.ahead_of_met(c, [10, 11, 12], [10, 11], "goodput_per_gpu")
+    ahead = search.ahead_of_met(c, [10, 11, 12], [10, 11], "goodput_per_gpu")
     assert list(c.loc[ahead, "name"]) == ["B"]
     c.loc[13, "est_objective"] = 5.0
-    assert plan_module.ahead_of_met(c, [10, 11, 12], [10, 11], "goodput_per_gpu") == []
-    assert plan_module.ahead_of_met(c, [10, 11], [10, 11], "min_tpot") == []
+    assert search.ahead_of_met(c, [10, 11, 12], [10, 11], "goodput_per_gpu") == []
+    assert search.ahead_of_met(c, [10, 11], [10, 11], "min_tpot") == []
     # A met point whose estimate missed a target (valued at capacity, 12) does not set
     # the bar while a served one met; alone it does.
     c.loc[13, "est_objective"] = 6.0
-    ahead = plan_module.ahead_of_met(c, [10, 11, 15], [10, 11, 15], "goodput_per_gpu")
+    ahead = search.ahead_of_met(c, [10, 11, 15], [10, 11, 15], "goodput_per_gpu")
     assert list(c.loc[ahead, "name"]) == ["A", "B"]
-    assert plan_module.ahead_of_met(c, [15], [15], "goodput_per_gpu") == []
+    assert search.ahead_of_met(c, [15], [15], "goodput_per_gpu") == []
 
 
 def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
     """A plan on 2 GPUs, 2 candidates a round, whose ranking is set by hand (the real
-    candidates, labels and objectives replaced in enumeration.rerank's table): every
+    candidates, labels and objectives replaced in search.rerank's table): every
     TP2 layout meets the SLOs by the estimate at goodput per GPU 5; every TP1 x 1 layout
     may miss at ``one_gpu_objective``; the rest miss. The simulations are real (all of
     them meet the SLOs of 1 s and 50 ms) but for the TP1 x 1 ones' TPOT, set to 1 s
     unless ``one_gpu_meets``. Returns the plan and its rounds (the candidates each
     simulated)."""
-    real_rerank, real_sim, real_frame = (plan_module.rerank, plan_module.simulate_many,
-                                         plan_module._sim_frame)
+    real_rerank, real_sim, real_frame = (plan_module.rerank, search.simulate_many,
+                                         search.sim_frame)
     rounds = []
 
     def rerank(df, *args, **kwargs):
@@ -282,7 +283,7 @@ def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
         r.loc[tp2, "est_objective"] = 5.0
         r.loc[one, "est_objective"] = one_gpu_objective
         r.loc[tp2 | one, "est_goodput_req_per_s"] = 1.0
-        return r.loc[nearmiss.order(r, "goodput_per_gpu", enumeration._stable)]
+        return r.loc[nearmiss.order(r, "goodput_per_gpu", search.stable_key)]
 
     def recorded(jobs, quantile, workers, *backend):
         out = dict(real_sim(jobs, quantile, workers, *backend))
@@ -296,8 +297,8 @@ def _chase_plan(monkeypatch, one_gpu_objective: float, one_gpu_meets: bool):
         return real_frame(cands, picked, sims)
 
     monkeypatch.setattr(plan_module, "rerank", rerank)
-    monkeypatch.setattr(plan_module, "simulate_many", recorded)
-    monkeypatch.setattr(plan_module, "_sim_frame", frame)
+    monkeypatch.setattr(search, "simulate_many", recorded)
+    monkeypatch.setattr(search, "sim_frame", frame)
     r = plan_module.plan(copy.deepcopy(CONST), gpus=2, top=2, requests=40, jobs=1)
     return r, [r.candidates.loc[b] for b in rounds]
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from simulator.planner import plan
-from simulator.planner.noise import SECTIONS, T_975, flags, quantile_ci, section_ci
+from simulator.planner.nearmiss import SECTIONS, T_975, flags, quantile_ci, section_ci
 from tests.test_planner import SMALL
 
 

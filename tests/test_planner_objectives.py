@@ -122,7 +122,7 @@ from test_planner import SMALL_TOML  # noqa: E402
 from simulator.planner import plan  # noqa: E402
 from simulator.planner.kinds import plan_kinds  # noqa: E402
 from simulator.planner.objectives import est_power_w, spearman  # noqa: E402
-from simulator.planner.plan import _rank_key  # noqa: E402
+from simulator.planner.ranking import rank_key  # noqa: E402
 from simulator.planner.report import RECOMMENDED, format_plan, write_plan  # noqa: E402
 
 # The small 8B question of test_planner.py.
@@ -159,7 +159,7 @@ def test_objectives_change_the_pick_in_a_constructed_table():
     table = pd.DataFrame([fast, cheap, frugal])
 
     def pick(objective):
-        return min(range(3), key=lambda i: _rank_key(objective)(table.iloc[i]))
+        return min(range(3), key=lambda i: rank_key(objective)(table.iloc[i]))
 
     assert pick("goodput_per_gpu") == 0
     assert pick("goodput_per_usd") == 1

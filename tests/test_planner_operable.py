@@ -22,6 +22,7 @@ from simulator.planner.report import RECOMMENDED, recommended_scenario
 from tests.test_planner import SMALL
 
 plan_module = importlib.import_module("simulator.planner.plan")
+search = importlib.import_module("simulator.planner.search")
 capacity_module = importlib.import_module("simulator.planner.capacity")
 
 
@@ -56,14 +57,14 @@ def test_cli_exit_0_writes_a_recommendation_that_keeps_the_count(tmp_path, capsy
 
 
 def test_ctrl_c_returns_what_finished(monkeypatch, tmp_path, capsys):
-    real = plan_module.simulate_many
+    real = search.simulate_many
 
     def one_then_interrupt(jobs, *args, **kwargs):
         stream = real(dict(list(jobs.items())[:1]), *args, **kwargs)
         yield from stream
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(plan_module, "simulate_many", one_then_interrupt)
+    monkeypatch.setattr(search, "simulate_many", one_then_interrupt)
     r = plan(_small(), gpus=2, top=3, jobs=1)
     assert r.interrupted and len(r.table) == 1  # one simulation finished, then Ctrl-C
     path = tmp_path / "s.toml"
@@ -82,7 +83,7 @@ def test_ctrl_c_before_any_simulation_is_one_line(monkeypatch, tmp_path, capsys)
         raise KeyboardInterrupt
         yield  # a generator, as the real one
 
-    monkeypatch.setattr(plan_module, "simulate_many", interrupt)
+    monkeypatch.setattr(search, "simulate_many", interrupt)
     path = tmp_path / "s.toml"
     path.write_text(tomli_w.dumps(_small()))
     assert main(["plan", str(path), "--gpus", "1", "--colocated-only", "--no-plot",

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from test_planner_search import CONST, SPEC, _setup
+from test_planner_search import CONST, SPEC, search_setup
 
 from simulator import run
 from simulator.cluster.build import build_plan
@@ -23,7 +23,7 @@ from simulator.model.spec import load_model
 from simulator.planner import plan
 from simulator.planner.candidates import spec_options
 from simulator.planner.disagg import decode_sides, disagg_rows, pools_of, prefill_sides, shapes
-from simulator.planner.estimate import StepModel, _mix, spec_step
+from simulator.planner.estimate import StepModel, spec_step, step_mix
 from simulator.planner.plan import INTERVAL_COLUMNS
 from simulator.planner.poolaxes import (
     PREFILL_BUDGETS,
@@ -39,9 +39,9 @@ from simulator.sweep import resolve_point
 GOLDEN = Path(__file__).parent / "data" / "poolaxes"
 
 
-def _tp1():
+def tp1_shape():
     """The TP1 pool shape of Llama-3.1-8B on a DGX H100, its stats and its step model."""
-    base, s, st = _setup(CONST)
+    base, s, st = search_setup(CONST)
     (lay, cp), *_ = shapes(base, s, load_model("llama-3.1-8b"), 2, Limits(64, 8192), 1000)
     plain = build_plan(load_scenario(resolve_point(base, {"parallel.tp": 1}, s.seed)))
     m = StepModel(plain, plain.scenario.engine.step_overhead_s
@@ -53,11 +53,11 @@ def test_prefill_budget_by_hand():
     """Prompts of 1000 tokens at 30 req/s into one TP1 prefill replica, three budgets:
     capacity from a full step, the joined step's fixed point, the M/D/1 wait, and a
     512-token budget that splits every prompt into two chunks."""
-    lay, cp, st, m = _tp1()
+    lay, cp, st, m = tp1_shape()
     st = dataclasses.replace(st, rate_per_s=30.0)
 
     def s(x: float) -> float:
-        return m.cycle(*_mix(0.0, x, 1000.0, 101.0))
+        return m.cycle(*step_mix(0.0, x, 1000.0, 101.0))
 
     for budget in (512, 2048, 16384):
         (side,) = [x for x in prefill_sides(lay, cp, st, 2, [Limits(64, budget)])
@@ -93,7 +93,7 @@ def test_bigger_budget_trades_ttft_for_capacity():
     capacity than 1024 (fewer steps per prompt, their fixed costs shared) but its prompts
     join longer steps, so TTFT is longer; both stay after the Pareto filter, the middle
     budgets that neither beats on anything are dropped."""
-    lay, cp, st, _ = _tp1()
+    lay, cp, st, _ = tp1_shape()
     st = dataclasses.replace(st, rate_per_s=30.0)
     lims = [Limits(64, b) for b in PREFILL_BUDGETS]
     sides = [x for x in prefill_sides(lay, cp, st, 2, lims) if x.dp == 1]
@@ -110,7 +110,7 @@ def test_bigger_budget_trades_ttft_for_capacity():
 
 
 def test_pareto_keeps_the_first_of_equals():
-    lay, cp, st, _ = _tp1()
+    lay, cp, st, _ = tp1_shape()
     (one,) = [x for x in prefill_sides(lay, cp, st, 2, [Limits(64, 2048)]) if x.dp == 1]
     twin = dataclasses.replace(one, limits=Limits(64, 4096))
     worse = dataclasses.replace(one, limits=Limits(64, 8192), capacity=one.capacity / 2)
@@ -168,7 +168,7 @@ def test_plans_without_the_pool_axes_are_unchanged(name, sc, gpus, requests):
 def _spec_decode(rate: float):
     """Decode sides of the TP1 shape for SPEC (EAGLE, k = 3, acceptance 0.7) at ``rate``,
     plain and with speculation, and what the hand computation needs."""
-    base, s, st = _setup(SPEC)
+    base, s, st = search_setup(SPEC)
     st = dataclasses.replace(st, rate_per_s=rate)
     model = load_model("llama-3.1-8b")
     (lay, cp), *_ = shapes(base, s, model, 2, Limits(64, 2048), 1000)
@@ -209,7 +209,7 @@ def test_decode_speculation_stops_where_the_engine_stops():
     """Past ``disable_by_batch_size`` the pool decodes plainly: one token per step."""
     sc = copy.deepcopy(SPEC)
     sc["speculative"]["disable_by_batch_size"] = 4
-    base, s, st = _setup(sc)
+    base, s, st = search_setup(sc)
     st = dataclasses.replace(st, rate_per_s=100.0)
     (lay, cp), *_ = shapes(base, s, load_model("llama-3.1-8b"), 2, Limits(64, 2048), 1000)
     spec_cp = spec_plan(base, s.seed, lay, Limits(64, 2048), False)
@@ -227,7 +227,7 @@ def test_plain_pool_rows_do_not_depend_on_the_speculative_section():
     no = {k: v for k, v in sc.items() if k != "speculative"}
     rows = {}
     for name, scen in (("spec", sc), ("plain", no)):
-        base, s, st = _setup(scen)
+        base, s, st = search_setup(scen)
         rows[name] = disagg_rows(base, s, load_model("llama-3.1-8b"), 2, st, 1000, 1.0, 0.05)
     assert {r["spec_k"] for r in rows["plain"]} == {0}
     assert {r["spec_k"] for r in rows["spec"]} == {0, 1, 3, 5}
@@ -237,7 +237,7 @@ def test_plain_pool_rows_do_not_depend_on_the_speculative_section():
 def test_pooled_run_speculates_on_the_decode_pool():
     """[speculative] with [[pools]]: the decode pool drafts (its KV cache pays for the
     drafter), the prefill pool does not; TPOT at low load falls."""
-    base, s, _ = _setup(SPEC, 30)
+    base, s, _ = search_setup(SPEC, 30)
     row = {"prefill_tp": 1, "prefill_pp": 1, "prefill_dp": 1, "tp": 1, "pp": 1, "dp": 1,
            "max_num_seqs": 64, "max_num_batched_tokens": 2048}
     out = {}
@@ -304,7 +304,7 @@ def _eight_to_one(rate: float):
           "workload": {"arrival": "poisson", "rate_per_s": rate, "num_requests": 1000,
                        "prompt_tokens": 8000, "output_tokens": 101},
           "slo": {"ttft_s": 10.0, "tpot_s": 1.0}}
-    base, s, st = _setup(sc, 1000)
+    base, s, st = search_setup(sc, 1000)
     rows = disagg_rows(base, s, load_model("llama-3.1-8b"), 9, st, 8101, 10.0, 1.0)
     r = next(r for r in rows if (r["prefill_tp"], r["prefill_dp"], r["tp"], r["dp"])
              == (1, 8, 1, 1) and r["max_num_seqs"] == 64 and r["status"] == "feasible")

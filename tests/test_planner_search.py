@@ -20,7 +20,7 @@ from simulator.model.spec import load_model
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY
 from simulator.planner import nearmiss, plan
 from simulator.planner.disagg import disagg_rows, pools_of
-from simulator.planner.estimate import StepModel, _mix
+from simulator.planner.estimate import StepModel, step_mix
 from simulator.planner.plan import enumerate_candidates
 from simulator.planner.report import format_plan, recommended_scenario, write_plan
 from simulator.planner.simulate import base_scenario
@@ -36,7 +36,7 @@ CONST = {"name": "search", "seed": 2, "model": {"name": "llama-3.1-8b"},
          "slo": {"ttft_s": 1.0, "tpot_s": 0.05}}
 
 
-def _setup(sc: dict, requests: int = 40):
+def search_setup(sc: dict, requests: int = 40):
     base = base_scenario(sc, None, requests)
     s = load_scenario(base)
     return base, s, workload_stats(s, workload_requests(s))
@@ -45,7 +45,7 @@ def _setup(sc: dict, requests: int = 40):
 def test_pool_estimate_by_hand():
     """Prefill TP1 x 1 + decode TP1 x 1 of Llama-3.1-8B bf16, prompts of 1000 tokens,
     replies of 101: capacity, TTFT, TPOT and the KV transfer from first principles."""
-    base, s, st = _setup(CONST)
+    base, s, st = search_setup(CONST)
     rows = disagg_rows(base, s, load_model("llama-3.1-8b"), 2, st, 1000, 1.0, 0.05)
     assert {r["kind"] for r in rows} == {"disaggregated"}
     r = next(r for r in rows if r["max_num_seqs"] == 64
@@ -63,7 +63,7 @@ def test_pool_estimate_by_hand():
                                                 s.seed)))
     m = StepModel(cp, 0.0 if cp.scenario.engine.cpu_overlap else
                   cp.scenario.engine.step_overhead_s, 1)
-    full = m.cycle(*_mix(0.0, 16384, 1000.0, 101.0))  # 16.4 prompts of 1000 tokens
+    full = m.cycle(*step_mix(0.0, 16384, 1000.0, 101.0))  # 16.4 prompts of 1000 tokens
     x_p = (16384 / 1000) / full
     rate = st.rate_per_s
     rho = rate / x_p
@@ -72,17 +72,17 @@ def test_pool_estimate_by_hand():
     one = r["est_prefill_s"]
     a = rate * 1000 * one  # x = 1000 + (a / x) a: x^2 - 1000 x - a^2 = 0
     joined = (1000 + math.sqrt(1000**2 + 4 * a * a)) / 2
-    assert one == pytest.approx(m.cycle(*_mix(0.0, joined, 1000.0, 101.0)), rel=2e-3)
+    assert one == pytest.approx(m.cycle(*step_mix(0.0, joined, 1000.0, 101.0)), rel=2e-3)
     wait = rho / (2 * (1 - rho)) * one * 1000 / joined  # M/D/1 on a prompt's work
     assert r["est_ttft_s"] == pytest.approx(one + wait, rel=1e-4)  # x to half a token
     assert r["est_ttft_p99_s"] == pytest.approx(one + 4.6 * wait, rel=1e-4)
     # Decode: Little's law B = lambda x O x cycle(B) (one stream), TPOT = cycle + t_kv/(O-1).
     b = r["est_batch"]
-    cyc = m.cycle(*_mix(b, 0.0, 1000.0, 101.0))
+    cyc = m.cycle(*step_mix(b, 0.0, 1000.0, 101.0))
     assert b == pytest.approx(rate * 101 * cyc, rel=2e-3)
     assert r["est_tpot_s"] == pytest.approx(cyc + t_kv / 100, rel=1e-9)
     b_max = 64  # max_num_seqs binds: the KV cache holds far more
-    x_d = b_max / (101 * m.cycle(*_mix(b_max, 0.0, 1000.0, 101.0)))
+    x_d = b_max / (101 * m.cycle(*step_mix(b_max, 0.0, 1000.0, 101.0)))
     assert r["est_capacity_req_per_s"] == pytest.approx(min(x_p, x_d), rel=1e-9)
     assert r["est_utilization"] == pytest.approx(rate / min(x_p, x_d), rel=1e-9)
 
@@ -120,7 +120,7 @@ def test_disaggregated_and_colocated_points_in_one_ranking(mixed_plan, tmp_path)
 def test_disaggregated_pools_build_where_the_estimate_placed_them():
     """The pool pair of a candidate row builds (prefill on the first GPUs, decode on the
     next, packed), GPU-granular: 3 + 5 GPUs of one node."""
-    base, s, _ = _setup(CONST)
+    base, s, _ = search_setup(CONST)
     row = {"prefill_tp": 1, "prefill_pp": 1, "prefill_dp": 3, "tp": 1, "pp": 1, "dp": 5,
            "max_num_seqs": 64, "max_num_batched_tokens": 2048}
     data = copy.deepcopy(base)
@@ -161,7 +161,7 @@ def test_speculation_loses_when_saturated():
     sc["engine"] = {"max_num_seqs": 512, "max_num_batched_tokens": 8192}
     sc["workload"]["rate_per_s"] = 1000.0
     sc["speculative"]["acceptance"] = 0.6
-    base, s, st = _setup(sc, 200)
+    base, s, st = search_setup(sc, 200)
     c = enumerate_candidates(base, s, 1, st, "goodput_per_gpu", 1)
     big = c[(c["max_num_seqs"] == 512) & (c["max_num_batched_tokens"] == 8192)]
     cap = big.set_index("spec_k")["est_capacity_req_per_s"]
@@ -196,7 +196,7 @@ def test_near_miss_brings_a_just_missing_candidate_into_simulation(monkeypatch):
     rank first); with the prior margin it may meet, ranks first on goodput per GPU and
     is simulated."""
     sc = copy.deepcopy(CONST)
-    base, s, st = _setup(sc)
+    base, s, st = search_setup(sc)
     c = enumerate_candidates(base, s, 2, st, "goodput_per_gpu", 1)
     one = c[(c["gpus"] == 1) & (c["status"] == "feasible")]
     sc["slo"]["tpot_s"] = float(one["est_tpot_s"].min()) * 0.97

@@ -11,15 +11,15 @@ import math
 
 import numpy as np
 import pytest
-from test_planner_poolaxes import _tp1
-from test_planner_search import CONST, _setup
+from test_planner_poolaxes import tp1_shape
+from test_planner_search import CONST, search_setup
 
 from simulator import run
 from simulator.io.scenario import load_scenario
 from simulator.model.spec import load_model
 from simulator.planner import plan
-from simulator.planner.disagg import _model, disagg_rows, pools_of, prefill_sides, shapes
-from simulator.planner.estimate import _mix
+from simulator.planner.disagg import disagg_rows, pools_of, prefill_sides, shapes, step_model
+from simulator.planner.estimate import step_mix
 from simulator.planner.poolaxes import (
     PREFILL_BUDGET,
     PREFILL_BUDGETS,
@@ -37,7 +37,7 @@ def _long(prompt: int = 1500):
     """CONST with prompts of ``prompt`` tokens: the TP1 prefill shape and its stats."""
     sc = copy.deepcopy(CONST)
     sc["workload"]["prompt_tokens"] = prompt
-    base, s, st = _setup(sc)
+    base, s, st = search_setup(sc)
     (lay, cp), *_ = shapes(base, s, load_model("llama-3.1-8b"), 2, Limits(64, 8192),
                            int(prompt))
     return base, s, st, lay, cp
@@ -64,12 +64,12 @@ def test_one_prompt_per_step_by_hand():
     wait; with max_num_seqs = 2 a full step holds two prompts (3000 tokens, budget 4096),
     so capacity is ``2 / s(3000)`` and the step a prompt joins grows past one prompt."""
     base, s, st, lay, cp = _long()
-    m = _model(cp)  # the pool's step model
+    m = step_model(cp)  # the pool's step model
     rate = 20.0
     st = dataclasses.replace(st, rate_per_s=rate)
 
     def step(x: float) -> float:
-        return m.cycle(*_mix(0.0, x, 1500.0, 101.0))
+        return m.cycle(*step_mix(0.0, x, 1500.0, 101.0))
 
     (one,) = [x for x in prefill_sides(lay, cp, st, 2, [Limits(1, 2048)]) if x.dp == 1]
     svc = step(1500)
@@ -106,7 +106,7 @@ def test_pareto_limits_keep_the_scenarios_options_and_drop_near_twins():
     """An option of another max_num_seqs within the margin of a kept one is dropped, even
     when a hair better; one that beats it by more is kept; the scenario's are filtered
     among themselves only."""
-    lay, cp, st, _ = _tp1()
+    lay, cp, st, _ = tp1_shape()
     (a,) = [x for x in prefill_sides(lay, cp, st, 2, [Limits(64, 2048)]) if x.dp == 1]
     hair = dataclasses.replace(a, limits=Limits(1, 2048), ttft_s=a.ttft_s * 0.99)
     better = dataclasses.replace(a, limits=Limits(2, 2048), ttft_s=a.ttft_s * 0.9)
@@ -164,7 +164,7 @@ def _decode_bound(rate: float, requests: int):
     sc = copy.deepcopy(CONST)
     sc["engine"]["max_num_seqs"] = 8
     sc["workload"].update(rate_per_s=rate, num_requests=requests)
-    base, s, st = _setup(sc, requests)
+    base, s, st = search_setup(sc, requests)
     rows = disagg_rows(base, s, load_model("llama-3.1-8b"), 2, st, 1501, 10.0, 1.0)
     r = next(x for x in rows if x["max_num_seqs"] == 8 and x["status"] == "feasible")
     return r, st, base, s

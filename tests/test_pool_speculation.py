@@ -9,7 +9,7 @@ import copy
 import dataclasses
 
 import pytest
-from test_planner_search import SPEC, _setup
+from test_planner_search import SPEC, search_setup
 
 from simulator import run
 from simulator.cli import main
@@ -19,7 +19,7 @@ from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.planner import plan
 from simulator.planner.candidates import spec_options
-from simulator.planner.estimate import StepModel, _mix, spec_step
+from simulator.planner.estimate import StepModel, spec_step, step_mix
 from simulator.planner.report import recommended_scenario
 from simulator.sweep import resolve_point
 
@@ -37,7 +37,7 @@ def _three_decode_pools(requests: int = 30) -> dict:
     """SPEC (EAGLE, k = 3, acceptance 0.7, 0.5 req/s of 256 + 128 tokens) with a prefill
     pool and three decode pools: one at the section's k = 3, one at its own k = 1, one
     plain; the decode router sends each request to the least loaded decode replica."""
-    data = copy.deepcopy(_setup(SPEC, requests)[0])
+    data = copy.deepcopy(search_setup(SPEC, requests)[0])
     data["pools"] = [_pool("prefill", "prefill"), _pool("k3", "decode"),
                      _pool("k1", "decode", speculative={"num_speculative_tokens": 1}),
                      _pool("plain", "decode", speculative=False)]
@@ -52,7 +52,7 @@ def three():
 def _step_model():
     """The TP1 replica's step model (the pools' stage costs) and SPEC's speculative
     options at each k the plan searches."""
-    base = _setup(SPEC)[0]
+    base = search_setup(SPEC)[0]
     cp = build_plan(load_scenario(resolve_point(base, {"parallel.tp": 1}, 2)))
     m = StepModel(cp, 0.0 if cp.scenario.engine.cpu_overlap
                   else cp.scenario.engine.step_overhead_s, 1)
@@ -68,7 +68,7 @@ def test_each_decode_pool_speculates_as_it_says(three):
     m, opts = _step_model()
     p, o = 256.0, 128.0
     tpot = q.groupby("decode_pool")["tpot_s"].mean()
-    plain = m.cycle(*_mix(1.0, 0.0, p, o))
+    plain = m.cycle(*step_mix(1.0, 0.0, p, o))
     assert tpot["plain"] == pytest.approx(plain, rel=0.05)
     for k, pool in ((3, "k3"), (1, "k1")):
         gain = 1 + sum(0.7**i for i in range(1, k + 1))
@@ -101,7 +101,7 @@ def test_the_section_on_the_decode_pool_runs_as_the_top_level_one():
     """The same settings as ``[speculative]`` or as the decode pool's own table give the
     same run, request for request (so a plan's recommended.toml, which writes them on the
     decode pool, runs as the plan simulated)."""
-    data = copy.deepcopy(_setup(SPEC, 20)[0])
+    data = copy.deepcopy(search_setup(SPEC, 20)[0])
     data["pools"] = [_pool("prefill", "prefill"), _pool("decode", "decode")]
     top = run(data).requests
     own = copy.deepcopy(data)
@@ -126,7 +126,7 @@ def test_the_section_on_the_decode_pool_runs_as_the_top_level_one():
     (1, {"mean_accepted_tokens": 2.0}, "pools[1].speculative.acceptance: set exactly one"),
 ])
 def test_bad_pool_speculation_is_one_clear_message(where, value, message):
-    data = copy.deepcopy(_setup(SPEC, 20)[0])
+    data = copy.deepcopy(search_setup(SPEC, 20)[0])
     data["pools"] = [_pool("prefill", "prefill"), _pool("decode", "decode")]
     data["pools"][where]["speculative"] = value
     with pytest.raises(ScenarioError) as exc:
@@ -137,7 +137,7 @@ def test_bad_pool_speculation_is_one_clear_message(where, value, message):
 
 def test_a_pool_table_without_the_section_needs_a_method():
     """Without ``[speculative]`` the table is a whole section: its method is required."""
-    data = copy.deepcopy(_setup(SPEC, 20)[0])
+    data = copy.deepcopy(search_setup(SPEC, 20)[0])
     del data["speculative"]
     data["pools"] = [_pool("prefill", "prefill"),
                      _pool("decode", "decode", speculative={"acceptance": 0.7})]

@@ -1,7 +1,7 @@
 """One layout's candidates: the scenario overrides of a (layout, engine limits) point, its
 memory plan, and the rows of candidates.csv for every engine limit (built, fitted, checked
 for a useful KV cache and estimated). A module of its own so that worker processes run
-:func:`layout_rows` (:func:`simulator.planner.enumeration.enumerate_candidates`).
+:func:`layout_rows` (:func:`simulator.planner.search.enumerate_candidates`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from simulator.sweep import resolve_point
 SPEC_TOKENS = (1, 3, 5)
 
 
-def _point(lay: Layout, lim: Limits, moe_model: bool = False) -> dict:
+def point_overrides(lay: Layout, lim: Limits, moe_model: bool = False) -> dict:
     """Scenario overrides of a candidate. A MoE model's layout always sets ep and
     attention_dp (the scenario's own [parallel] is ignored), and no redundant experts
     without EP."""
@@ -48,7 +48,7 @@ def without_spec(point: dict) -> dict:
     return {k: v for k, v in point.items() if k != "speculative"}
 
 
-def _memory(cp: ClusterPlan, lim: Limits, drafter: bool = False):
+def memory_plan(cp: ClusterPlan, lim: Limits, drafter: bool = False):
     """The memory plan at ``lim``; with ``drafter``, the [speculative] drafter's weights
     and KV as the cluster build charges them."""
     s, m = cp.scenario, cp.model
@@ -91,7 +91,7 @@ def layout_plan(base: dict, seed: int, lay: Layout, probe: Limits, moe: bool
     and why it does not build ("" when it does at once); a layout that does not build
     with a ``[speculative]`` section is built without it (without the drafter it may still
     fit; its reason is kept)."""
-    point = resolve_point(base, _point(lay, probe, moe), seed)
+    point = resolve_point(base, point_overrides(lay, probe, moe), seed)
     try:
         return build_plan(load_scenario(point)), ""
     except ScenarioError as exc:
@@ -127,7 +127,7 @@ def layout_rows(job: tuple, built: tuple[ClusterPlan | None, str] | None = None
                 row["reason"] = why
                 continue
             try:
-                mem = _memory(cp, lim, drafter=spec is not None)
+                mem = memory_plan(cp, lim, drafter=spec is not None)
             except ScenarioError as exc:
                 row["reason"] = "; ".join(exc.problems)
                 continue

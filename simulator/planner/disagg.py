@@ -65,17 +65,17 @@ from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.model.spec import ModelSpec
-from simulator.planner.candidates import _memory, _point, spec_options, without_spec
+from simulator.planner.candidates import memory_plan, point_overrides, spec_options, without_spec
 from simulator.planner.estimate import (
     StepModel,
-    _mix,
     batch_p99,
     decode_cycle,
     little_batch,
     spec_gain,
+    step_mix,
 )
-from simulator.planner.kvprice import KVPrice
 from simulator.planner.poolaxes import (
+    KVPrice,
     decode_wait,
     joined_step,
     kv_contended,
@@ -133,8 +133,8 @@ def shapes(base: dict, s: Scenario, model: ModelSpec, gpus: int, probe: Limits,
             continue
         try:
             cp = build_plan(load_scenario(resolve_point(without_spec(base),
-                                                        _point(lay, probe, moe), s.seed)))
-            mem = _memory(cp, probe)
+                                                        point_overrides(lay, probe, moe), s.seed)))
+            mem = memory_plan(cp, probe)
         except ScenarioError:
             continue
         if mem.kv_tokens // cp.streams_per_replica >= need:
@@ -143,7 +143,7 @@ def shapes(base: dict, s: Scenario, model: ModelSpec, gpus: int, probe: Limits,
                                                x[0].attention_dp))
 
 
-def _model(cp: ClusterPlan) -> StepModel:
+def step_model(cp: ClusterPlan) -> StepModel:
     eng = cp.scenario.engine
     return StepModel(cp, 0.0 if eng.cpu_overlap else eng.step_overhead_s,
                      cp.streams_per_replica)
@@ -156,7 +156,7 @@ def prefill_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
     whose full step fits the KV cache (module docstring: the step a prompt joins at the
     load, capacity, M/D/1 wait); an option that another of the same replicas beats on
     capacity and both TTFTs is dropped (:func:`pareto_limits`)."""
-    m, streams = _model(cp), cp.streams_per_replica
+    m, streams = step_model(cp), cp.streams_per_replica
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
     p99 = max(stats.prompt_p99, p)
     rate = stats.rate_per_s or 0.0
@@ -166,14 +166,14 @@ def prefill_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
         """A prefill-only step of ``tokens`` tokens of ``prompt``-token prompts."""
         key = (max(1, round(tokens)), prompt)
         if key not in steps:
-            steps[key] = m.cycle(*_mix(0.0, float(key[0]), prompt, o))
+            steps[key] = m.cycle(*step_mix(0.0, float(key[0]), prompt, o))
         return steps[key]
 
     out = []
     for lim in limits:
         budget = lim.budget
         try:
-            mem = _memory(cp, lim)
+            mem = memory_plan(cp, lim)
         except ScenarioError:
             continue
         first = min(p, budget)  # a lone prompt's step (a chunk when P > budget)
@@ -203,7 +203,7 @@ def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
     for prefill (and keeps a useful KV cache); with ``spec_cp`` (the shape built with the
     scenario's ``[speculative]`` section) also with every speculative k searched, the
     drafter charged to memory (docs/planner.md, "Speculative decoding as an axis")."""
-    m = _model(cp)
+    m = step_model(cp)
     streams = cp.streams_per_replica
     p, o = max(stats.prompt_mean, 1.0), max(stats.output_mean, 1.0)
     specs = spec_options(spec_cp) if spec_cp is not None else []
@@ -211,7 +211,7 @@ def decode_sides(lay: Layout, cp: ClusterPlan, stats: WorkloadStats, gpus: int,
     for lim in limits:
         for spec in [None, *specs]:
             try:
-                mem = _memory(spec_cp if spec else cp, lim, drafter=spec is not None)
+                mem = memory_plan(spec_cp if spec else cp, lim, drafter=spec is not None)
             except ScenarioError:
                 continue
             if mem.kv_tokens // streams < need:

@@ -98,7 +98,7 @@ def snap(tokens: float) -> int:
     return round(math.exp(k * math.log1p(SNAP_STEP)))
 
 
-def _mix(batch: float, prefill: float, prompt: float, output: float) -> tuple:
+def step_mix(batch: float, prefill: float, prompt: float, output: float) -> tuple:
     """Step aggregates of ``batch`` decoding sequences at mean context ``prompt + output/2``
     plus ``prefill`` prompt tokens. Pairs: a chunk of x tokens of a P-token prompt, after
     (P - x)/2 cached ones on average, has x(P + 1)/2 causal pairs (also for x > P whole
@@ -210,7 +210,7 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
     def prefill_time(prompt: float) -> float:
         room = max(budget - batch * (drafts_per_step(spec, batch, budget) + 1), 1.0)
         chunk = min(prompt, room)
-        return math.ceil(prompt / room) * model.cycle(*_mix(batch, chunk, prompt, o))
+        return math.ceil(prompt / room) * model.cycle(*step_mix(batch, chunk, prompt, o))
 
     pre, pre_p99 = prefill_time(p), prefill_time(max(stats.prompt_p99, p))
     if rho < 1 and stats.rate_per_s is not None:
@@ -255,7 +255,7 @@ def spec_step(model: StepModel, spec: SpecStep, batch: float, prefill: float,
     kv, k)``.
     """
     k = spec.k
-    tokens, pairs, cached, kv, sampled = _mix(batch, prefill, prompt, output)
+    tokens, pairs, cached, kv, sampled = step_mix(batch, prefill, prompt, output)
     tokens += batch * k
     pairs += (k + 1) * kv + batch * (k + 1) * (k + 2) / 2
     n = max(1, round(batch))
@@ -283,10 +283,10 @@ def decode_cycle(model: StepModel, spec: SpecStep | None, batch: float, prefill:
                  prompt: float, output: float, budget: int) -> float:
     """Seconds of one stream step of ``batch`` decoders plus ``prefill`` prompt tokens:
     :func:`spec_step` while speculating (:func:`drafts_per_step`), else the plain step
-    (:meth:`StepModel.cycle` of :func:`_mix`)."""
+    (:meth:`StepModel.cycle` of :func:`step_mix`)."""
     if drafts_per_step(spec, batch, budget):
         return spec_step(model, spec, batch, prefill, prompt, output)
-    return model.cycle(*_mix(batch, prefill, prompt, output))
+    return model.cycle(*step_mix(batch, prefill, prompt, output))
 
 
 def little_batch(rate: float, lanes: int, output: float, b_max: float,

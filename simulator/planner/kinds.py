@@ -40,16 +40,8 @@ from simulator.planner.explain import (
 from simulator.planner.hetero import CrossPairs
 from simulator.planner.mixdp import MIX_COLUMNS, MixedDP
 from simulator.planner.nearmiss import group_of
-from simulator.planner.plan import (
-    DEFAULT_REQUESTS,
-    DEFAULT_TOP,
-    RULE,
-    PlanResult,
-    _rank_key,
-    group_correlations,
-    plan,
-    rank_correlation,
-)
+from simulator.planner.plan import DEFAULT_REQUESTS, DEFAULT_TOP, PlanResult, plan
+from simulator.planner.ranking import RULE, group_correlations, rank_correlation, rank_key
 from simulator.planner.simulate import base_scenario, own_pools
 from simulator.planner.space import cross_kind, layout_label
 
@@ -152,7 +144,7 @@ def merge(results: dict[str, PlanResult], objective: str, errors: list[str],
             table = pd.concat([table, m_table.reindex(columns=[*table.columns,
                                                                *MIX_COLUMNS])],
                               ignore_index=True).astype({"mix_dp": "Int64"})
-    order = sorted(range(len(table)), key=lambda i: _rank_key(objective)(table.iloc[i]))
+    order = sorted(range(len(table)), key=lambda i: rank_key(objective)(table.iloc[i]))
     table = table.iloc[order].reset_index(drop=True)
     table["rank"] = range(1, len(table) + 1)
     met = table[table["slo_met"]]

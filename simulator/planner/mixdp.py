@@ -44,8 +44,8 @@ from simulator.planner.hetero import pool_nodes
 from simulator.planner.nearmiss import est_slo, margins, objective_values
 from simulator.planner.nearmiss import order as est_order
 from simulator.planner.objectives import two_kind_value
-from simulator.planner.ranking import _stable
-from simulator.planner.simulate import simulate_many
+from simulator.planner.ranking import stable_key
+from simulator.planner.search import Rounds, candidates_of, simulate_best
 from simulator.planner.space import (
     Layout,
     Limits,
@@ -183,7 +183,7 @@ class MixedDP:
         ests = []
         for r, cp in ((ra, cp_a), (rb, cp_b)):
             share = r["est_capacity_req_per_s"] / cap
-            kv = r["kv_tokens_per_replica"]  # layout_rows' _memory(cp, lim).kv_tokens
+            kv = r["kv_tokens_per_replica"]  # layout_rows' memory_plan(cp, lim).kv_tokens
             ests.append((share, estimate(cp, lim, kv, split_stats(stats, share),
                                          s.slo.ttft_s, s.slo.tpot_s)))
         rate = stats.rate_per_s
@@ -231,11 +231,17 @@ class MixedDP:
         data["pools"] = mix_pools(row, self.s)
         return data
 
+    def point_of(self, cands: pd.DataFrame):
+        """``scenario(i)`` of :func:`~simulator.planner.search.simulate_best`: the
+        :meth:`point` of row ``i`` of ``cands``."""
+        return lambda i: self.point(cands.loc[i])
+
     def search(self, model: ModelSpec, gpus: int, stats: WorkloadStats, objective: str,
                top: int, jobs: int | None, quantile: float
                ) -> tuple[pd.DataFrame, pd.DataFrame] | None:
         """Estimate every mix, simulate the best ``min(top, MIX_TOP)`` feasible ones by the
-        estimate (at most ``PER_MIX`` per mix and shape) and return ``(candidates,
+        estimate (at most ``PER_MIX`` per mix and shape; one round of
+        :func:`~simulator.planner.search.simulate_best`) and return ``(candidates,
         simulated rows)`` in plan.csv's columns (unranked), or None without any mix."""
         s = self.s
         limits = engine_limits(s)
@@ -246,16 +252,13 @@ class MixedDP:
             return None
         cands = self.rank(pd.DataFrame(rows), objective, stats, margins(None))
         cands["simulated"] = False
-        picked, per = [], {}
-        for i in est_order(cands, objective, _stable):
-            r = cands.loc[i]
-            key = (r["node"], r["mix_node"], r["dp"], r["mix_dp"], r["tp"], r["pp"])
-            if (r["status"] == "feasible" and per.get(key, 0) < PER_MIX
-                    and len(picked) < min(top, MIX_TOP)):
-                per[key] = per.get(key, 0) + 1
-                picked.append(i)
-        sims = dict(simulate_many({i: self.point(cands.loc[i]) for i in picked}, quantile,
-                                  jobs))
+        typed = candidates_of(cands)
+        ranked = cands.loc[est_order(cands, objective, stable_key)]
+        found = simulate_best(cands, typed, lambda m: ranked, self.point_of(cands), objective,
+                              s.slo, Rounds(min(top, MIX_TOP), PER_MIX), quantile, jobs)
+        if found.interrupted:  # Ctrl-C: the multi-kind plan stops
+            raise KeyboardInterrupt
+        picked, sims = found.picked, found.sims
         cands.loc[picked, "simulated"] = True
         table = pd.DataFrame([
             {**cands.loc[i, [c for c in cands if c.startswith("est_") or c in TABLE_KEYS]],

@@ -4,7 +4,7 @@ rank -> recommend, with the constraint that binds.
 :func:`plan` is a pure function of the scenario (and its seed): it returns a
 :class:`PlanResult` with the candidates table (every enumerated layout and engine limit,
 with its estimate or the reason it is out), the simulated table (plan.csv, ranked) and the
-recommendation (the candidates table is built by :mod:`~simulator.planner.enumeration`);
+recommendation (the candidates table is built by :mod:`~simulator.planner.search`);
 the CLI writes the files. Ties sort by a stable key (GPUs, tp, pp, dp,
 limits), so the same scenario and seed give the same tables.
 """
@@ -22,11 +22,10 @@ from simulator.engine.schedulers import sarathi_chunk
 from simulator.errors import NoAnswer, ScenarioError
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
-from simulator.io.schema import Scenario, SloKeys
+from simulator.io.schema import Scenario
 from simulator.model.spec import load_model
-from simulator.planner.candidates import _point, without_spec
+from simulator.planner.candidates import point_overrides, without_spec
 from simulator.planner.disagg import pools_of
-from simulator.planner.enumeration import _columns, enumerate_candidates, rerank
 from simulator.planner.explain import (
     compare,
     no_fit,
@@ -36,30 +35,36 @@ from simulator.planner.explain import (
 )
 from simulator.planner.hetero import CrossPairs, cross_pools
 from simulator.planner.nearmiss import (
-    TIER,
+    MAX_DOUBLINGS,
+    MAX_REQUESTS,
+    flags,
     group_of,
-    margins,
 )
-from simulator.planner.noise import MAX_DOUBLINGS, MAX_REQUESTS, flags
-from simulator.planner.progress import Progress, collect
-from simulator.planner.ranking import (  # noqa: F401 - _rank_key, rank_correlation: API
-    PREFILL_COLUMNS,
-    _layout,
-    _rank_key,
-    _sim_frame,
+from simulator.planner.ranking import (
     group_correlations,
+    plan_table,
     rank_correlation,
 )
-from simulator.planner.simulate import base_scenario, simulate_many, without_pools
+from simulator.planner.search import (
+    Colocated,
+    Disaggregated,
+    Rounds,
+    candidates_of,
+    enumerate_candidates,
+    per_group,
+    rerank,
+    simulate,
+    simulate_best,
+    with_columns,
+)
+from simulator.planner.simulate import Progress, base_scenario, without_pools
 from simulator.planner.space import (
     Layout,
     Limits,
     WorkloadStats,
-    cross_kind,
     rule_of_thumb,
     workload_stats,
 )
-from simulator.planner.table import RULE, _table  # noqa: F401 - RULE: API (kinds)
 from simulator.sweep import resolve_point
 
 OBJECTIVES = ("goodput_per_gpu", "goodput_per_usd", "tokens_per_joule", "min_ttft",
@@ -76,7 +81,7 @@ CHASE_ROUNDS = 1
 DEFAULT_REQUESTS = 500
 
 #: Columns of plan.csv, in order; the last, INTERVAL_COLUMNS, are each point's 95%
-#: intervals and sample (simulator.planner.noise).
+#: intervals and sample (simulator.planner.nearmiss).
 PLAN_COLUMNS = [
     "rank", "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "chunk_size", "gpus",
     "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "ttft_slo_q_s", "tpot_slo_q_s",
@@ -125,47 +130,9 @@ class PlanResult:
     # The scenario's own request count (None: its workload has none), kept by
     # recommended.toml; ``stats.requests`` is the sample simulated per candidate.
     own_requests: int | None = None
-    # What is within noise about the pick (simulator.planner.noise), after the rounds on
+    # What is within noise about the pick (simulator.planner.nearmiss), after the rounds on
     # a larger sample; empty when the pick is clear of its targets and of the runner-up.
     noise: list | None = None
-
-
-def _meets(sim: dict, slo: SloKeys) -> bool:
-    """Whether a simulation row meets the SLOs (as ``slo_met`` in plan.csv)."""
-    return (sim["status"] == "ok" and sim["ttft_q_s"] <= slo.ttft_s
-            and sim["tpot_q_s"] <= slo.tpot_s
-            and not sim["keep_up_ratio"] < sim["keep_up_least"])
-
-
-#: Estimated SLO labels of the candidates a further round may chase (nearmiss.est_slo):
-#: those ranked at or before the ones that may miss (``meets``, ``may meet``, ``may miss``).
-CHASED = tuple(label for label, tier in TIER.items() if tier <= TIER["may miss"])
-
-
-def ahead_of_met(ranked: pd.DataFrame, picked: list[int], met: list[int],
-                 objective: str) -> list[int]:
-    """Unsimulated feasible candidates that the estimate says meet the SLOs (``meets``,
-    ``may meet`` or ``may miss``) with an estimated objective better than the best
-    estimated objective among the simulated candidates ``met`` (those that met in
-    simulation), best estimated objective first (ties in ranking order).
-
-    ``ranked`` is :func:`~simulator.planner.enumeration.rerank`'s table at the current
-    margins, ``met`` non-empty; the objective is higher-better except ``min_ttft`` and
-    ``min_tpot``. Empty when no candidate is ahead: the plan stops.
-
-    Only objectives valued at the load served compare: a ``may miss`` candidate whose
-    estimate misses a target (``est_goodput_req_per_s`` 0, near it and flattered on the
-    other) is valued at its capacity, which can exceed the offered load
-    (:func:`~simulator.planner.objectives.est_value`), so it is neither chased nor sets
-    the bar (the bar falls back to all of ``met`` when none of them compares).
-    """
-    sign = 1.0 if objective in ("min_ttft", "min_tpot") else -1.0
-    key = sign * ranked["est_objective"].astype(float)
-    served = (ranked["est_goodput_req_per_s"] > 0) | (ranked["est_slo"] == "may meet")
-    bar = key.loc[met][served.loc[met]].min() if served.loc[met].any() else key.loc[met].min()
-    left = ranked[(ranked["status"] == "feasible") & ranked["est_slo"].isin(CHASED)
-                  & served & ~ranked.index.isin(picked) & (key < bar)]
-    return list(key.loc[left.index].sort_values(kind="stable").index)
 
 
 def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
@@ -212,7 +179,7 @@ def plan(scenario: str | dict | Scenario, *, gpus: int | None = None,
         With ``disagg``, ``"disaggregated"`` keeps only the prefill + decode pool layouts
         (``plan --disagg-only``); the others are listed as excluded.
     progress : bool
-        A progress line on stderr when it is a terminal (:mod:`simulator.planner.progress`).
+        A progress line on stderr when it is a terminal (:mod:`simulator.planner.simulate`).
     backend, address : str
         Where the simulations run: ``local`` (``jobs`` processes) or ``ray`` (the cluster
         at ``address``, or a local one), as for sweeps; the results do not depend on it.
@@ -280,81 +247,42 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
                                        cap, stats, domain)
     except ScenarioError as exc:
         rule, rule_why = None, exc.problems[0]
-    rule_idx = None
-    if rule is not None:
-        match = cands[(cands["tp"] == rule.tp) & (cands["pp"] == rule.pp)
-                      & (cands["kind"] == "colocated") & (cands["spec_k"] == 0)
-                      & (cands["dp"] == rule.dp) & (cands["max_num_seqs"] == own.max_num_seqs)
-                      & (cands["max_num_batched_tokens"] == own.max_num_batched_tokens)]
-        if own.chunk_size is not None:
-            match = match[match["chunk_size"] == own.chunk_size]
-        if not match.empty:
-            rule_idx = int(match.index[0])
-            if cands.loc[rule_idx, "status"] != "feasible":
-                rule_why += f" (but it is out: {cands.loc[rule_idx, 'reason']})"
-                rule_idx = None
+    typed = candidates_of(cands)
+    rule_idx = None if rule is None else next(
+        (i for i, c in typed.items() if isinstance(c, Colocated) and c.spec_k == 0
+         and (c.layout.tp, c.layout.pp, c.layout.dp) == (rule.tp, rule.pp, rule.dp)
+         and c.limits.max_num_seqs == own.max_num_seqs
+         and c.limits.max_num_batched_tokens == own.max_num_batched_tokens
+         and (own.chunk_size is None or c.limits.chunk_size == own.chunk_size)), None)
+    if rule_idx is not None and cands.loc[rule_idx, "status"] != "feasible":
+        rule_why += f" (but it is out: {cands.loc[rule_idx, 'reason']})"
+        rule_idx = None
 
     def job(i: int) -> dict:
-        r = cands.loc[i]
-        lim = Limits.of_row(r)
-        lay = _layout(r)[0]
-        point = resolve_point(base, _point(lay, lim, model.moe is not None), s.seed)
+        c = typed[i]
+        point = resolve_point(base, point_overrides(c.layout, c.limits, model.moe is not None),
+                              s.seed)
         if "speculative" in point:  # the searched k, or none
-            point = (without_spec(point) if int(r["spec_k"]) == 0 else resolve_point(
-                point, {"speculative.num_speculative_tokens": int(r["spec_k"])}, s.seed))
-        if r["kind"] == "disaggregated":  # cross-kind: pools on two node kinds (hetero)
-            point["pools"] = (cross_pools(r, s) if cross_kind(r)
-                              else pools_of(r, s.cluster.nodes, s))
+            point = (without_spec(point) if c.spec_k == 0 else resolve_point(
+                point, {"speculative.num_speculative_tokens": c.spec_k}, s.seed))
+        if isinstance(c, Disaggregated):  # cross-kind: pools on two node kinds (hetero)
+            point["pools"] = (cross_pools(c.row(), s) if c.decode_node
+                              else pools_of(c.row(), s.cluster.nodes, s))
         if objective == "tokens_per_joule":  # energy needs the step records
             point["output"] = {**point.get("output", {}), "steps": True}
         return point
 
-    # Rounds: per group (colocated, colocated+spec, disaggregated) the next by the
-    # estimate (at most PER_LAYOUT per layout), `top` in all, until a simulated candidate
-    # other than the rule of thumb meets the SLOs (the estimate can be wrong) or
-    # MAX_ROUNDS are spent. Between rounds the near-miss ratios are measured on the
-    # simulated points and the rest re-ranked (simulator.planner.nearmiss). Once some
-    # meet, CHASE_ROUNDS more run, each only while some unsimulated candidate the
-    # estimate says meets (or may meet, or may miss) has a better estimated objective
-    # than the best of those that met (ahead_of_met), those first: a pick the estimate
-    # flatters within its optimism is then proven or refuted by simulation, not dropped
-    # on its label.
-    groups = cands.apply(group_of, axis=1)
-    per_group = max(2, math.ceil(top / groups[cands["status"] == "feasible"].nunique()))
-    picked: list[int] = []
-    per: dict[tuple, int] = {}
-    sims: dict[int, dict] = {}
-    m = margins(None)
-    chased, interrupted = 0, False
-    for round_ in range(MAX_ROUNDS + CHASE_ROUNDS):
-        met = [i for i in picked if _meets(sims[i], s.slo)]
-        chase = any(i != rule_idx for i in met)
-        if (chase and chased == CHASE_ROUNDS) or (not chase and round_ == MAX_ROUNDS):
-            break  # checked before re-ranking: the table is re-ranked after the loop
-        batch, taken = [], dict.fromkeys(groups.unique(), 0)
-        ranked = rerank(cands, s, stats, objective, m, cross)
-        if chase:
-            chased += 1
-            ranked = ranked.loc[ahead_of_met(ranked, picked, met, objective)]
-        for i, r in ranked.iterrows():
-            lay, g = _layout(r), groups[i]
-            if (r["status"] == "feasible" and i not in picked and taken[g] < per_group
-                    and per.get(lay, 0) < PER_LAYOUT):
-                per[lay] = per.get(lay, 0) + 1
-                taken[g] += 1
-                batch.append(i)
-        if round_ == 0 and rule_idx is not None and rule_idx not in batch:
-            batch.append(rule_idx)
-        if not batch:
-            break
-        todo = {i: job(i) for i in batch if i not in sims}
-        bar.planned(len(todo))
-        interrupted = collect(simulate_many(todo, slo_quantile, jobs, backend, address),
-                              sims, bar, lambda row: _meets(row, s.slo))
-        picked += [i for i in batch if i not in picked and i in sims]
-        if interrupted:
-            break
-        m = margins(_sim_frame(cands, picked, sims))
+    # Rounds (simulator.planner.search): per group (colocated, colocated+spec,
+    # disaggregated) the next by the estimate, at most PER_LAYOUT per layout, `top` in
+    # all, MAX_ROUNDS while none but the rule of thumb meets the SLOs, then CHASE_ROUNDS
+    # for the candidates the estimate rates ahead of the best that met.
+    feasible = cands.index[cands["status"] == "feasible"]
+    how = Rounds(per_group(top, typed, feasible), PER_LAYOUT, MAX_ROUNDS, CHASE_ROUNDS,
+                 rule_idx)
+    found = simulate_best(cands, typed, lambda m: rerank(cands, s, stats, objective, m, cross),
+                          job, objective, s.slo, how, slo_quantile, jobs, bar, backend,
+                          address)
+    picked, sims, m, interrupted = found.picked, found.sims, found.margins, found.interrupted
     cands.loc[picked, "simulated"] = True
     ranked = rerank(cands, s, stats, objective, m, cross)
     cands["est_slo"], cands["est_objective"] = ranked["est_slo"], ranked["est_objective"]
@@ -362,13 +290,13 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
     if not picked:
         raise KeyboardInterrupt  # stopped before any simulation finished: nothing known
     def tabulate():
-        return _table(cands, picked, sims, rule_idx, s, slo_quantile, objective,
-                      _columns(PLAN_COLUMNS, model, disagg, cross is not None), total)
+        return plan_table(cands, picked, sims, rule_idx, s, slo_quantile, objective,
+                      with_columns(PLAN_COLUMNS, model, disagg, cross is not None), total)
 
     table, rule_row, wall = tabulate()
     # Answers within their noise: a pick whose interval reaches past a target, or whose
     # objective overlaps the runner-up's, is simulated again on a larger sample
-    # (simulator.planner.noise), up to MAX_DOUBLINGS times; what is still within noise
+    # (simulator.planner.nearmiss), up to MAX_DOUBLINGS times; what is still within noise
     # then is said, not hidden.
     column = "goodput_req_per_s_per_gpu" if objective == "goodput_per_gpu" else None
     sample = stats.requests
@@ -380,9 +308,7 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
         todo = {int(table.loc[j, "_cand"]): resolve_point(
             job(int(table.loc[j, "_cand"])), {"workload.num_requests": sample}, s.seed)
             for j in again}
-        bar.planned(len(todo))
-        interrupted = collect(simulate_many(todo, slo_quantile, jobs, backend, address),
-                              sims, bar, lambda row: _meets(row, s.slo))
+        interrupted = simulate(todo, sims, s.slo, slo_quantile, jobs, bar, backend, address)
         table, rule_row, wall = tabulate()
         noise, again = flags(table, s.slo.ttft_s, s.slo.tpot_s, slo_quantile, column)
     if sample > stats.requests:  # more were simulated: say what they settled
@@ -404,7 +330,7 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
                           objective, slo, slo_quantile)
     if best is not None and table.apply(group_of, axis=1).nunique() > 1:
         comparison += "; " + versus_groups(best, table, objective)
-    columns = _columns(PLAN_COLUMNS, model, disagg, cross is not None)
+    columns = with_columns(PLAN_COLUMNS, model, disagg, cross is not None)
     return PlanResult(s, objective, slo_quantile, cap, total, stats,
                       cands.reset_index(drop=True), table[columns].copy(), rule,
                       rule_why, best, why, comparison, error, time.perf_counter() - t0,

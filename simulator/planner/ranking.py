@@ -1,6 +1,8 @@
 """How the plan orders candidates and simulated points: the stable tie-break key, the
-per-layout key of the simulation rounds, the ranking of simulated rows by the objective,
-and the estimate's rank agreement with the simulation (overall and per group).
+ranking of simulated rows by the objective, plan.csv's table (the simulated candidates'
+rows, their candidate's layout, limits and estimate beside the simulation's figures, ranked,
+with the notes and what binds each one), and the estimate's rank agreement with the
+simulation (overall and per group).
 """
 
 from __future__ import annotations
@@ -9,10 +11,10 @@ import math
 
 import pandas as pd
 
-from simulator.planner.explain import sig
+from simulator.planner.explain import binds, misses, sig
 from simulator.planner.nearmiss import correlations, group_of
 from simulator.planner.objectives import SIM_COLUMN, spearman
-from simulator.planner.space import Layout
+from simulator.planner.space import layout_label
 
 #: Columns of a plan with disaggregated candidates (the prefill pool; the decode pool is
 #: in tp, pp, dp, ep, attention_dp), after ``kind``.
@@ -21,7 +23,7 @@ PREFILL_COLUMNS = ["prefill_tp", "prefill_pp", "prefill_dp", "prefill_ep",
                    "prefill_max_num_batched_tokens"]
 
 
-def _stable(row) -> tuple:
+def stable_key(row) -> tuple:
     chunk = row["chunk_size"]
     return (row["gpus"], row["tp"], row["pp"], row["dp"], row["max_num_seqs"],
             row["max_num_batched_tokens"], -1 if pd.isna(chunk) else chunk,
@@ -44,27 +46,24 @@ def _moe_of(row) -> tuple[int, bool]:
     return int(ep), bool(adp)
 
 
-def _layout(row) -> tuple:
-    return (Layout(int(row["tp"]), int(row["pp"]), int(row["dp"]), *_moe_of(row)),
-            *_extra_of(row))
-
-def _rank_key(objective: str):
+def rank_key(objective: str):
     def key(r) -> tuple:
         if r["status"] != "ok":
-            return (2, 0.0, 0.0, 0.0, _stable(r))
+            return (2, 0.0, 0.0, 0.0, stable_key(r))
         if objective in SIM_COLUMN:
             return (0 if r["slo_met"] else 1, -sig(r[SIM_COLUMN[objective]]),
-                    r["tpot_slo_q_s"], r["ttft_slo_q_s"], _stable(r))
+                    r["tpot_slo_q_s"], r["ttft_slo_q_s"], stable_key(r))
         primary = {"goodput_per_gpu": (-sig(r["goodput_req_per_s_per_gpu"]),
                                        r["tpot_slo_q_s"], r["ttft_slo_q_s"]),
                    "min_ttft": (sig(r["ttft_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
                                 r["tpot_slo_q_s"]),
                    "min_tpot": (sig(r["tpot_slo_q_s"]), -r["goodput_req_per_s_per_gpu"],
                                 r["ttft_slo_q_s"])}[objective]
-        return (0 if r["slo_met"] else 1, *primary, _stable(r))
+        return (0 if r["slo_met"] else 1, *primary, stable_key(r))
     return key
 
-def _sim_frame(cands: pd.DataFrame, picked: list[int], sims: dict) -> pd.DataFrame:
+
+def sim_frame(cands: pd.DataFrame, picked: list[int], sims: dict) -> pd.DataFrame:
     """The estimate and the simulated quantiles of the simulated candidates (for the
     near-miss ratios, per simulation group)."""
     return pd.DataFrame([{"status": sims[i]["status"], "group": group_of(cands.loc[i]),
@@ -89,3 +88,58 @@ def rank_correlation(table: pd.DataFrame, objective: str) -> float:
     sim = {"min_ttft": "ttft_slo_q_s", "min_tpot": "tpot_slo_q_s", **SIM_COLUMN}[objective]
     ok = table[table["status"] == "ok"]
     return spearman(ok["est_objective"], ok[sim])
+
+
+#: The note of the rule of thumb's row.
+RULE = "rule of thumb"
+
+
+def plan_table(cands, picked, sims, rule_idx, s, slo_quantile, objective, columns,
+           total) -> tuple[pd.DataFrame, pd.DataFrame, float]:
+    """plan.csv's rows of the simulated candidates, ranked (with ``_rule`` and
+    ``_cand``, the candidate index), the rule of thumb's row, and the simulations' wall
+    time."""
+    rows, wall = [], 0.0
+    for i in picked:
+        c = cands.loc[i]
+        sim = sims[i]
+        row = {k: c[k] for k in ("tp", "pp", "dp", *(("ep", "attention_dp") if "ep" in c
+                                                     else ()),
+                                 "kind", "spec_k", "est_slo",
+                                 *(x for x in ["decode_node", *PREFILL_COLUMNS] if x in c),
+                                 "max_num_seqs", "max_num_batched_tokens",
+                                 "chunk_size", "gpus", "est_capacity_req_per_s",
+                                 "est_ttft_p99_s", "est_tpot_s", "kv_tokens_per_replica",
+                                 "est_objective")}
+        row.update({k: v for k, v in sim.items()
+                    if k not in ("wall_time_s", "ttft_q_s", "tpot_q_s")})
+        row["ttft_slo_q_s"] = sim.get("ttft_q_s", math.nan)
+        row["tpot_slo_q_s"] = sim.get("tpot_q_s", math.nan)
+        wall += sim.get("wall_time_s", 0.0)
+        row["_rule"], row["_cand"] = i == rule_idx, i
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table["pools"] = [layout_label(r) if r["kind"] == "disaggregated" else ""
+                      for _, r in table.iterrows()]
+    for c in [*columns, "status", "error"]:
+        if c not in table:
+            table[c] = math.nan
+    slo = s.slo
+    table["slo_met"] = [r["status"] == "ok" and not misses(r, slo, slo_quantile)
+                        for _, r in table.iterrows()]
+    order = sorted(range(len(table)), key=lambda i: rank_key(objective)(table.iloc[i]))
+    table = table.iloc[order].reset_index(drop=True)
+    table["rank"] = range(1, len(table) + 1)
+    notes = []
+    for _, r in table.iterrows():
+        parts = []
+        if r["_rule"]:
+            parts.append(RULE)
+        if r["gpus"] < total:
+            parts.append(f"uses {int(r['gpus'])} of {total} GPUs")
+        parts += misses(r, slo, slo_quantile)
+        notes.append("; ".join(parts))
+    table["note"] = notes
+    table["binds"] = [binds(r, slo, slo_quantile) for _, r in table.iterrows()]
+    return table, table[table["_rule"]], wall
+

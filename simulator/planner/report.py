@@ -22,8 +22,7 @@ from simulator.planner.capacity import TOO_SHORT, CapacityResult
 from simulator.planner.disagg import pools_of
 from simulator.planner.explain import side_by_side
 from simulator.planner.hetero import cross_pools
-from simulator.planner.launch import ENGINES, launch
-from simulator.planner.manifests import dynamo, llmd
+from simulator.planner.launch import ENGINES, dynamo, launch, llmd
 from simulator.planner.mixdp import mix_kind, mix_pools
 from simulator.planner.nearmiss import MARGIN_QUANTILE
 from simulator.planner.plan import PlanResult

@@ -6,23 +6,32 @@ into the nodes the search lays its own layouts on).
 
 A run that the cluster build refuses (a ScenarioError) becomes a row with ``status =
 "error"`` and the message; any other exception is a bug and propagates.
+
+What a plan shows while it runs, and how it stops on Ctrl-C: :class:`Progress` is one
+line on the terminal's stderr (tqdm; nothing when stderr is not a terminal, nor when
+``show`` is false): candidates estimated, simulations done / planned,
+best so far. :func:`collect` gathers simulation rows as they finish and turns Ctrl-C into a
+flag, so that the plan ends with what it knows; the workers are stopped by closing the
+stream (:func:`simulator.sweep.run_many`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from simulator.cluster.build import ClusterPlan
 from simulator.cluster.running import run
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, to_dict
-from simulator.planner.noise import attainment_half, quantile_ci
-from simulator.planner.objectives import sim_values
+from simulator.planner.nearmiss import attainment_half, quantile_ci
+from simulator.planner.objectives import SIM_COLUMN, sim_values
 from simulator.sweep import run_many
 
 #: A layout keeps up when it generates at least this fraction of the output tokens offered
@@ -227,7 +236,7 @@ def intervals(req: pd.DataFrame, ttft: np.ndarray, tpot: np.ndarray, q: float,
               attainment: float) -> dict:
     """95% intervals of a run's TTFT and TPOT q-quantiles and the half-width of its
     goodput per GPU and per dollar (the attainment's, scaled), by sectioning in arrival
-    order (:mod:`simulator.planner.noise`)."""
+    order (:mod:`simulator.planner.nearmiss`)."""
     order = np.argsort(req["arrival_s"].to_numpy(dtype=float), kind="stable")
     out = {}
     for name, v in (("ttft", ttft), ("tpot", tpot)):
@@ -255,3 +264,61 @@ def simulate_many(jobs: dict, quantile: float = 0.99, workers: int | None = None
         return iter(())
     workers = max(1, min(workers or os.cpu_count() or 1, len(items)))
     return run_many(_one, items, backend, workers, address)
+
+
+#: The simulation column shown as "best" for the latency objectives.
+LATENCY_COLUMN = {"min_ttft": "ttft_q_s", "min_tpot": "tpot_q_s"}
+
+
+class Progress:
+    """The plan's progress line; ``show`` false (or stderr not a terminal): silent."""
+
+    def __init__(self, objective: str, show: bool = True) -> None:
+        self.objective = objective
+        self.column = SIM_COLUMN.get(objective) or LATENCY_COLUMN.get(objective,
+                                                                      "goodput_req_per_s_per_gpu")
+        self.lower = objective in LATENCY_COLUMN  # lower is better
+        self.best = math.nan
+        # disable=None: tqdm's own test, off when the stream is not a terminal
+        self.bar = tqdm(total=0, unit="sim", desc="plan: estimating", file=sys.stderr,
+                        disable=None if show else True, leave=False, dynamic_ncols=True)
+
+    def estimated(self, candidates: int, feasible: int) -> None:
+        self.bar.set_description_str(f"plan: {candidates} candidates estimated "
+                                     f"({feasible} feasible), simulated")
+
+    def planned(self, n: int) -> None:
+        self.bar.total += n
+        self.bar.refresh()
+
+    def done(self, row: dict, met: bool) -> None:
+        value = row.get(self.column, math.nan)
+        if met and value == value and (self.best != self.best or (
+                value < self.best if self.lower else value > self.best)):
+            self.best = float(value)
+        self.bar.update(1)
+        if self.best == self.best:
+            self.bar.set_postfix_str(f"best {self.column} {self.best:.4g}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def collect(stream: Iterator[tuple], sims: dict, progress: Progress, meets) -> bool:
+    """Put each ``(key, row)`` of ``stream`` into ``sims`` as it finishes, telling
+    ``progress`` (``meets(row)``: whether it met the SLOs). Returns True when Ctrl-C
+    stopped it: the stream is closed (its workers stopped) and ``sims`` holds the runs
+    that finished."""
+    try:
+        for key, row in stream:
+            sims[key] = row
+            progress.done(row, meets(row))
+    except KeyboardInterrupt:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            try:
+                close()
+            except KeyboardInterrupt:  # a second Ctrl-C while the workers stop
+                pass
+        return True
+    return False
