@@ -207,7 +207,8 @@ def test_a_measured_b200_disaggregated_run_by_hand():
 @pytest.mark.skipif(not (REPO.parent / "shared" / "validation").is_dir(),
                     reason="../shared/validation absent")
 def test_the_disaggregated_table_the_docs_quote():
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "validation_e2e.py"),
+    script = REPO / "benchmarks" / "validation" / "validation_e2e.py"
+    out = subprocess.run([sys.executable, str(script),
                           "--mode", "disagg", "--per-group", "100", "--max-concurrency",
                           "1024"], capture_output=True, text=True, check=True,
                          timeout=3000).stdout
