@@ -65,7 +65,24 @@ def test_an_autoscaled_run_reports_attainment_per_window_and_its_worst():
            & (inside["tpot_s"] <= r.scenario.slo.tpot_s))
     assert s["slo_attainment_worst_window"] == pytest.approx(met.mean())
     assert s["slo_attainment_worst_window"] < s["slo_attainment"]
+    # The requests that arrived while a replica cold-started: from a scale-up decision
+    # (every 20 s) until that replica serves, 10 s of provisioning + the weights + 5 s later.
+    scaler = _autoscaler_of(r.scenario)
+    spans = scaler.cold_start_spans()
+    cold = scaler.log.cold_starts_s
+    assert len(spans) == len(cold) == s["autoscale_scale_ups"] >= 1
+    assert spans[0] == pytest.approx((140.0, 140.0 + cold[0]))
+    arr = req["arrival_s"].to_numpy()
+    during = np.zeros(len(req), dtype=bool)
+    for a, b in spans:
+        during |= (arr >= a) & (arr < b)
+    assert s["autoscale_requests_in_cold_starts"] == during.sum() > 0
+    ok = ((req["status"] == "completed") & (req["ttft_s"] <= r.scenario.slo.ttft_s)
+          & (req["tpot_s"] <= r.scenario.slo.tpot_s)).to_numpy()
+    assert s["autoscale_cold_start_slo_attainment"] == pytest.approx(ok[during].mean())
     text = format_summary("as", s, req)
+    assert (f"arrived during cold starts     {during.sum():,} requests, "
+            f"{ok[during].mean():.1%} within the SLOs") in text
     assert (f"SLO attainment, worst window   {s['slo_attainment_worst_window']:.1%} (the 20 s "
             f"from t = {start:,.0f} s; {s['slo_attainment']:.1%} over the run)") in text
 

@@ -392,6 +392,17 @@ class Autoscaler:
         paid += sum(end_s - t for t in since.values())
         return paid * gpus_per_replica
 
+    def cold_start_spans(self) -> list[tuple[float, float]]:
+        """``[start, end)`` of every cold start: from the scale-up decision until the
+        replica serves or the start is cancelled (inf: still starting when the run ended)."""
+        spans, open_ = [], {}
+        for t, i, st in self.log.changes:
+            if i in open_:
+                spans.append((open_.pop(i), t))
+            if st == "starting":
+                open_[i] = t
+        return spans + [(t, math.inf) for t in open_.values()]
+
     def replicas_over_time(self, edges: np.ndarray) -> np.ndarray:
         """Replicas paid for (starting, serving or draining) at each of ``edges``."""
         paid, times, counts = set(), [0.0], [0]
