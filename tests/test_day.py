@@ -111,6 +111,17 @@ def test_the_cost_models_capacity_is_what_one_replica_serves_within_the_slos():
         assert (attained >= 0.99) if keeps else (attained < 0.5), (factor, attained)
 
 
+def test_slos_no_load_meets_leave_the_throughput_bound():
+    # A TPOT of 1 ms is below one decode step of a 70B replica at any batch: the estimate
+    # then sizes with the throughput bound (and the latency correction does the rest).
+    s = load_scenario(_70b({"arrival": "poisson", "rate_per_s": 1.0}, dp=1))
+    plan = build_plan(s)
+    loose = replica_sizing(plan, 1024, 256, 2.0, 0.1)
+    tight = replica_sizing(plan, 1024, 256, 2.0, 0.001)
+    assert not tight.slo_met and tight.capacity_per_s == tight.bound_per_s
+    assert tight.bound_per_s == pytest.approx(loose.bound_per_s)  # the bound has no SLO
+
+
 SLA = {"policy": "sla", "min_replicas": 1, "max_replicas": 4, "interval_s": 30.0,
        "forecaster": "moving_average", "window": 3, "cooldown_down_s": 0.0,
        "provision_s": 5.0, "graph_capture_s": 5.0}
