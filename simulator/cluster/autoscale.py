@@ -24,7 +24,7 @@ wants (the states above keep the count within ``[min_replicas, max_replicas]``):
   near the threshold does not flap).
 - ``sla`` (as NVIDIA Dynamo's throughput planner): forecast the next interval's arrival
   rate from the past ones (:data:`FORECASTERS`), and size for it:
-  ``desired = ceil(forecast x c / (capacity x target_utilization))``, the capacity what
+  ``desired = ceil(forecast x c / (capacity x target_utilization))``, the capacity being what
   one replica serves within the SLOs by the step cost model (:mod:`simulator.cluster.sizing`,
   once per run) unless ``replica_capacity_per_s`` sets it, with the correction
   ``c = clip(max(TTFT p90 / SLO, TPOT p90 / SLO), 1, 2)`` of the interval just
