@@ -10,12 +10,8 @@ checked to exist, not run (the rest of such a line, after ``&&``, runs, with
 ``.venv/bin/python`` read as this interpreter). Synopses with placeholders go in ```text
 blocks, so they are not commands.
 
-Transcripts (``$ python -m simulator ...`` lines in any block, followed by what the command
-printed) run too, after the ```bash commands, and must exit with the status their comment
-states (``# exit 2``; else 0). ``plan`` and ``capacity`` transcripts take seconds to a minute
-each at their documented size; the default run gives them ``--requests 60 --top 2
---no-plot`` (the last flag wins), which exercises the same command line, and the slow
-marker runs them as written.
+Transcripts (``$ python -m simulator ...`` lines followed by what the command printed) are
+run, and their quoted figures compared, by tests/test_doc_transcripts.py.
 """
 
 from __future__ import annotations
@@ -33,9 +29,7 @@ ROOT = Path(__file__).parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SETUP = ("python -m pip install", "python -m pytest", "python3 -m venv",
          ".venv/bin/python -m pip install", ".venv/bin/python -m pytest")
-#: Appended to a plan / capacity transcript in the default run (see the module docstring).
-SMALLER = {"plan": ["--requests", "60", "--top", "2", "--no-plot"],
-           "capacity": ["--requests", "60", "--no-plot"]}
+
 
 
 def commands() -> list[tuple[str, str]]:
@@ -53,24 +47,7 @@ def commands() -> list[tuple[str, str]]:
     return out
 
 
-def transcripts() -> list[tuple[str, str, int]]:
-    """(where, command, expected exit status) for every ``$ python -m simulator`` line of
-    every fenced block (its continuation lines joined)."""
-    out = []
-    for doc in DOCS:
-        for block in re.findall(r"```[a-z]*\n(.*?)```", doc.read_text(), re.S):
-            for m in re.finditer(r"^\$ (python -m simulator (?:[^\n]*\\\n)*[^\n]*)", block,
-                                 re.M):
-                line = m.group(1).replace("\\\n", " ")
-                command, _, comment = line.partition("#")
-                status = re.search(r"exit (\d+)", comment)
-                out.append((doc.name, re.sub(r"\s+", " ", command).strip(),
-                            int(status.group(1)) if status else 0))
-    return out
-
-
 COMMANDS = commands()
-TRANSCRIPTS = transcripts()
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +65,6 @@ def test_the_docs_have_commands_and_setup_lines_are_real():
     readme = (ROOT / "README.md").read_text()
     assert ("python3 -m venv .venv && .venv/bin/python -m pip install -e . && "
             ".venv/bin/python -m simulator run") in readme
-    assert len(TRANSCRIPTS) >= 13
     assert all("SCENARIO" not in c for _, c in COMMANDS), "a synopsis belongs in ```text"
 
 
@@ -106,24 +82,3 @@ def test_documented_command_runs_as_written(workspace, where, command):
     assert proc.returncode == 0, f"{where}: {command}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
     assert "Traceback" not in proc.stderr
     assert "failed x" not in proc.stdout, proc.stdout  # a sweep whose points all work
-
-
-def _transcript(workspace: Path, where: str, command: str, status: int, smaller: bool):
-    extra = SMALLER.get(command.split()[3], []) if smaller else []
-    proc = _run(workspace, command, extra)
-    assert proc.returncode == status, (f"{where}: {command}\n{proc.stdout[-2000:]}"
-                                       f"{proc.stderr[-2000:]}")
-    assert "Traceback" not in proc.stderr
-
-
-@pytest.mark.parametrize("where, command, status", TRANSCRIPTS,
-                         ids=[f"{w}:{c[:60]}" for w, c, _ in TRANSCRIPTS])
-def test_documented_transcript_runs(workspace, where, command, status):
-    _transcript(workspace, where, command, status, smaller=True)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("where, command, status", TRANSCRIPTS,
-                         ids=[f"{w}:{c[:60]}" for w, c, _ in TRANSCRIPTS])
-def test_documented_transcript_runs_at_its_size(workspace, where, command, status):
-    _transcript(workspace, where, command, status, smaller=False)
