@@ -11,7 +11,9 @@ checked to exist, not run (the rest of such a line, after ``&&``, runs, with
 blocks, so they are not commands.
 
 Transcripts (``$ python -m simulator ...`` lines followed by what the command printed) are
-run, and their quoted figures compared, by tests/test_doc_transcripts.py.
+run, and their quoted figures compared, by tests/test_doc_transcripts.py. A table a page
+builds from the files a command here writes is checked after the command has run (reading
+those files; figures to half a unit of their last digit plus 0.5%).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).parent.parent
@@ -82,3 +85,37 @@ def test_documented_command_runs_as_written(workspace, where, command):
     assert proc.returncode == 0, f"{where}: {command}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
     assert "Traceback" not in proc.stderr
     assert "failed x" not in proc.stdout, proc.stdout  # a sweep whose points all work
+
+
+def _close(value: float, quoted: str) -> bool:
+    """``value`` agrees with a figure quoted to its last digit: half a unit of that digit
+    plus 0.5% (the runs are deterministic; the slack absorbs platform differences)."""
+    digits = len(quoted.split(".")[1]) if "." in quoted else 0
+    return abs(value - float(quoted)) <= 10 ** -digits / 2 + 0.005 * abs(float(quoted))
+
+
+def test_prefix_caching_router_table_reproduces(workspace):
+    """docs/prefix-caching.md's table of hit rate (TTFT mean / p99) per router and cache,
+    read from the CSV of the sweep the page runs (written by the command test above, or run
+    here when this test runs alone)."""
+    csv = workspace / "runs" / "mooncake-grid.csv"
+    if not csv.exists():
+        command = next(c for w, c in COMMANDS if w == "prefix-caching.md" and "sweep" in c)
+        assert _run(workspace, command).returncode == 0
+    runs = pd.read_csv(csv)
+    text = (ROOT / "docs" / "prefix-caching.md").read_text()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if re.match(r"\| (round_robin|least_outstanding|prefix_aware|kv_aware|"
+                        r"session_affinity)[ |]", line)]
+    assert len(rows) == 5
+    cells = {(True, 0.0): 1, (True, 256.0): 2, (False, 0.0): 4}  # the column per setting
+    for row in rows:
+        policy = row[0].split()[0]
+        for (caching, host), col in cells.items():
+            hit, mean, p99 = re.fullmatch(r"([\d.]+)% \(([\d.]+) / ([\d.]+)\)",
+                                          row[col]).groups()
+            r = runs[(runs["router.policy"] == policy) & (runs["engine.prefix_caching"] == caching)
+                     & (runs["engine.kv_offload_gib"] == host)].iloc[0]
+            assert _close(100 * r["prefix_hit_rate"], hit), (policy, col, r["prefix_hit_rate"])
+            assert _close(r["ttft_mean_s"], mean), (policy, col, r["ttft_mean_s"])
+            assert _close(r["ttft_p99_s"], p99), (policy, col, r["ttft_p99_s"])
