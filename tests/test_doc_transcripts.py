@@ -14,6 +14,9 @@ quoted line, in the doc's order:
 * every number agrees with the printed one within half a unit of its last quoted digit plus
   0.5% of its value (the runs are deterministic; the slack absorbs floating-point differences
   between platforms, not modelling changes);
+* a plan table the doc shows after a ``plan`` transcript (``| rank | layout | ...``) must be
+  the plan.csv that run wrote, to the same tolerance (its ``estimate`` and ``note`` cells
+  word for word);
 * wall-clock times (``in 4.6 s`` on the ``searched`` and ``probes`` lines, and the ``# 7 s``
   comments on the command lines) are not figures of the model and are not compared.
 
@@ -32,6 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).parent.parent
@@ -45,11 +49,60 @@ SLOW = {("planner.md", "python -m simulator plan workloads/plan-70b-hetero.toml"
         ["--gpus", "8", "--requests", "60", "--top", "1"]}
 
 
+def _plan_table(text: str) -> list[dict[str, str]]:
+    """The rows of the ``| rank | layout | ...`` table that follows a block (in ``text``, up
+    to the next fenced block), as {header: cell}; empty when there is none."""
+    end = text.find("```")
+    lines = [ln for ln in (text[:end] if end >= 0 else text).splitlines()
+             if ln.startswith("|")]
+    if not lines or not lines[0].startswith("| rank | layout |"):
+        return []
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(head, [c.strip() for c in ln.strip("|").split("|")], strict=True))
+            for ln in lines[2:]]
+
+
+#: Plan-table columns and the plan.csv column each quotes.
+PLAN_COLUMNS = {"seqs": "max_num_seqs", "budget": "max_num_batched_tokens", "GPUs": "gpus",
+                "TTFT p99 (s)": "ttft_slo_q_s", "TPOT p99 (s)": "tpot_slo_q_s",
+                "tok/s per GPU": "throughput_tok_per_s_per_gpu",
+                "goodput/GPU": "goodput_req_per_s_per_gpu", "SLO": "slo_met",
+                "est. TTFT p99 (s)": "est_ttft_p99_s", "est. TPOT (s)": "est_tpot_s",
+                "estimate": "est_slo", "requests": "requests_total", "note": "note"}
+
+
+def plan_table_differences(rows: list[dict[str, str]], plan) -> list[tuple]:
+    """(rank, column, quoted, plan.csv's value) for every cell of a doc's plan table that
+    plan.csv does not reproduce. The estimated TPOT of a disaggregated row is the decode
+    pool's p99 estimate, which plan.csv does not hold: it is not compared."""
+    out = []
+    for row in rows:
+        r = plan[plan["rank"] == int(row["rank"])].iloc[0]
+        for header, col in PLAN_COLUMNS.items():
+            if header not in row or (header == "est. TPOT (s)"
+                                     and row["layout"].startswith("prefill ")):
+                continue
+            quoted, value = row[header], r[col]
+            if header == "SLO":
+                same = (quoted == "met") == bool(value)
+            elif header in ("estimate", "note"):
+                same = quoted == (str(value) if value == value else "")  # NaN: empty
+            elif quoted == "inf":
+                same = value == float("inf")
+            else:
+                same = close(str(value), quoted.replace(",", ""))
+            if not same:
+                out.append((row["rank"], header, quoted, value))
+    return out
+
+
 def transcripts() -> list[tuple[str, str, int, list[str]]]:
     """(doc, command, expected exit status, quoted output lines) of every transcript."""
     out = []
     for doc in DOCS:
-        for block in re.findall(r"```[a-z]*\n(.*?)```", doc.read_text(), re.S):
+        text = doc.read_text()
+        for m in re.finditer(r"```[a-z]*\n(.*?)```", text, re.S):
+            block, before = m.group(1), len(out)
             parts = re.split(r"^\$ ", block, flags=re.M)
             for part in parts[1:]:
                 if not part.startswith("python -m simulator "):
@@ -63,9 +116,13 @@ def transcripts() -> list[tuple[str, str, int, list[str]]]:
                 out.append((doc.name, re.sub(r"\s+", " ", command).strip(),
                             int(status.group(1)) if status else 0,
                             [ln for ln in lines if ln.strip() and ln.strip() != "..."]))
+            if len(out) > before and (table := _plan_table(text[m.end():])):
+                TABLES[doc.name, len(out) - 1] = table  # after the block's last transcript
     return out
 
 
+#: (doc, index into TRANSCRIPTS) -> the plan table the doc shows after that transcript.
+TABLES: dict[tuple[str, int], list[dict[str, str]]] = {}
 TRANSCRIPTS = transcripts()
 
 
@@ -149,10 +206,19 @@ def test_the_comparison_reads_numbers_and_excerpts():
     assert missing(out, ["TP8 PP1 DP1"]) == ["TP8 PP1 DP1"]
     assert missing(out, ["searched 192", "recommend"]) == ["recommend"]  # out of order
     assert missing(out, ["rank 1.46e+04"]) == ["rank 1.46e+04"]
+    plan = pd.DataFrame([{"rank": 1, "gpus": 4, "ttft_slo_q_s": 0.7853, "slo_met": True,
+                          "note": float("nan"), "est_ttft_p99_s": float("inf")}])
+    row = {"rank": "1", "layout": "TP4 PP1 DP1", "GPUs": "4", "TTFT p99 (s)": "0.785",
+           "SLO": "met", "note": "", "est. TTFT p99 (s)": "inf"}
+    assert plan_table_differences([row], plan) == []
+    assert plan_table_differences([{**row, "TTFT p99 (s)": "0.801", "SLO": "missed"}], plan) == [
+        ("1", "TTFT p99 (s)", "0.801", 0.7853), ("1", "SLO", "missed", True)]
 
 
 def test_the_docs_have_transcripts():
     assert len(TRANSCRIPTS) >= 15
+    assert len(TABLES) >= 5  # planner.md's plan tables
+    assert all(TRANSCRIPTS[i][1].startswith("python -m simulator plan ") for _, i in TABLES)
     assert all(quoted for *_, quoted in TRANSCRIPTS), "a transcript quotes its output"
     for doc, start in SLOW:  # each slow entry names one transcript
         assert sum(d == doc and c.startswith(start) for d, c, *_ in TRANSCRIPTS) == 1, start
@@ -188,6 +254,11 @@ def _check(workspace: Path, where: str, command: str, status: int, quoted: list[
     lost = missing(proc.stdout + "\n" + proc.stderr, quoted)
     assert not lost, (f"{where}: {command}\nthese quoted lines do not reproduce:\n"
                       + "\n".join(lost) + f"\n--- the output:\n{proc.stdout}{proc.stderr}")
+    table = TABLES.get((where, TRANSCRIPTS.index((where, command, status, quoted))))
+    if table:  # the plan table the doc shows after it, from the plan.csv this run wrote
+        folder = re.search(r"outputs in (\S+)/ \(plan.csv", proc.stdout).group(1)
+        wrong = plan_table_differences(table, pd.read_csv(workspace / folder / "plan.csv"))
+        assert not wrong, f"{where}: {command}\nplan table cells that do not reproduce: {wrong}"
 
 
 FAST = [t for t in TRANSCRIPTS if _slow(t[0], t[1]) is None]
