@@ -104,7 +104,7 @@ def test_decode_run_hand_timeline(output, stages):
     assert rep.union_s == pytest.approx(sum(e[3] + COMM for e in expected), rel=1e-12)
     # The fast path ran (uncut runs double the planned length: 16, 32, 64 extra steps, ...)
     # and the runs of at least VECTOR_MIN_RECORDS steps came as bulk columns.
-    assert rep._run_len[0] > MIN_RUN
+    assert rep.ff.run_len[0] > MIN_RUN
     assert bool(bulks) == (output - 1 > 1 + 16 + 1 + 32 + 1 + VECTOR_MIN_RECORDS)
 
 
@@ -130,7 +130,7 @@ def test_router_views_exact_during_a_decode_run():
         rep.submit(Request(0, 0.0, 40, 300))
         env.run(until=1.0)
         views.append((rep.kv_used_fraction, rep.load_tokens, rep.unclaimed_blocks(0)))
-        assert (rep._runs[0] is not None) == fast  # the fast replica is in a decode run
+        assert (rep.ff.runs[0] is not None) == fast  # the fast replica is in a decode run
     expected, _ = _hand_timeline([40], 300)
     decoded = sum(e[1] <= 1.0 for e in expected[1:])  # decode steps ended by t = 1 s
     kv = 40 + decoded  # KV tokens held: the prompt and every token fed back since
@@ -147,7 +147,7 @@ def test_failure_mid_run_keeps_the_steps_that_ended():
     ends = [e[1] for e in expected]
     t = (ends[10] + ends[11]) / 2  # during the 12th step (the 11th decode step)
     env.run(until=t)
-    assert rep._runs[0] is not None  # in a decode run
+    assert rep.ff.runs[0] is not None  # in a decode run
     lost = rep.fail()
     env.run(until=2 * t)
     assert lost == [req]
@@ -162,7 +162,7 @@ def test_inline_step_record_layout():
     env, rep, *_ = _replica(stages=2)
     rows: list[tuple] = []
     start = 1.0
-    end, busy = rep._inline(start, 96, 1234.0, 7, 500, 3, 64, 32, 35, 12, rows.append,
+    end, busy = rep.timeline.inline(start, 96, 1234.0, 7, 500, 3, 64, 32, 35, 12, rows.append,
                             swap_blocks=0, draft_s=2.0**-8)
     compute = A + B * 500 + C * 96
     s0 = start + OVERHEAD + 2.0**-8  # drafts run before the first stage
@@ -174,15 +174,15 @@ def test_inline_step_record_layout():
     assert end == s1 + compute + COMM
     assert busy == [compute + COMM, compute + COMM]
     # Without a recorder the same times come back and nothing is recorded.
-    assert rep._inline(start, 96, 1234.0, 7, 500, 3, 64, 32, 35, 12, None,
+    assert rep.timeline.inline(start, 96, 1234.0, 7, 500, 3, 64, 32, 35, 12, None,
                        draft_s=2.0**-8) == (end, busy)
 
 
 def test_inline_step_one_stage_with_swap():
     env, rep, *_ = _replica(stages=1)
     rows: list[tuple] = []
-    rep.swap_s = 2.0**-14
-    end, busy = rep._inline(0.5, 10, 0.0, 0, 0, 1, 10, 0, 1, 1, rows.append, swap_blocks=4)
+    rep.timeline.swap_s = 2.0**-14
+    end, busy = rep.timeline.inline(0.5, 10, 0.0, 0, 0, 1, 10, 0, 1, 1, rows.append, swap_blocks=4)
     compute = A + C * 10
     assert rows == [(0, 0, 0, 0.5 + OVERHEAD + 4 * 2.0**-14, end, 10, 0, 1, compute, COMM, 1,
                      0.0, 0, 0, 1)]
