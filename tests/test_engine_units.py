@@ -16,7 +16,8 @@ from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import MIN_RUN, VECTOR_MIN_RECORDS, Inbox, MicroBatch, Replica
 from simulator.engine.request import Request
-from simulator.metrics.records import STEP_COLUMNS
+from simulator.engine.steplog import StepLog
+from simulator.metrics.records import STEP_COLUMNS, Recorder
 
 A = 2.0**-7  # s: fixed compute per step
 B = 2.0**-20  # s per KV entry read by decoders
@@ -163,7 +164,7 @@ def test_inline_step_record_layout():
     rows: list[tuple] = []
     start = 1.0
     end, busy = rep.timeline.inline(start, 96, 1234.0, 7, 500, 3, 64, 32, 35, 12, rows.append,
-                            swap_blocks=0, draft_s=2.0**-8)
+                                    swap_blocks=0, draft_s=2.0**-8)
     compute = A + B * 500 + C * 96
     s0 = start + OVERHEAD + 2.0**-8  # drafts run before the first stage
     s1 = s0 + compute + COMM + LAT + 96 * PER_TOKEN
@@ -175,7 +176,7 @@ def test_inline_step_record_layout():
     assert busy == [compute + COMM, compute + COMM]
     # Without a recorder the same times come back and nothing is recorded.
     assert rep.timeline.inline(start, 96, 1234.0, 7, 500, 3, 64, 32, 35, 12, None,
-                       draft_s=2.0**-8) == (end, busy)
+                               draft_s=2.0**-8) == (end, busy)
 
 
 def test_inline_step_one_stage_with_swap():
@@ -225,3 +226,24 @@ def test_two_streams_overlap_in_the_pipeline():
     # Busy union: stage spans overlap, so it is less than the sum of the busy times.
     assert rep.union_s < sum(rep.stage_busy_s)
     assert rep.steps == 2
+
+
+def test_step_log_takes_every_record_form_and_counts_inline_steps():
+    rows, runs, cols = [], [], []
+    log = StepLog(2, rows.append, runs.append, cols.append)
+    log.count(2, 10, [0.5, 0.25])  # two steps of two stages, nothing overlapping
+    assert (log.steps, log.step_tokens, log.stage_busy_s, log.union_s) == (2, 10, [0.5, 0.25],
+                                                                            0.75)
+    # The first two steps of a run's rows: two stages each.
+    log.keep([(i,) for i in range(6)], None, 2)
+    assert rows == [(0,), (1,), (2,), (3,)]
+    log.keep([], {"end_s": np.arange(6.0)}, 2)  # or its columns
+    assert cols[0]["end_s"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    # A short run in compact form: the scheduled step (lead) and one extra step of three.
+    run = (0, [0.0, 1.0, 2.0, 3.0], 0.25, 4, [0.5, 0.6, 0.7], 0.1, 9, [1, 2, 3], 100)
+    log.compact(run, True, 1)
+    assert runs == [(0, [0.0, 1.0, 2.0], 0.25, 4, [0.5, 0.6], 0.1, 9, [1, 2], 100)]
+    # Without per-step rows there is no compact form either.
+    assert StepLog(1, None, runs.append).run is None
+    # The recorder's steps table has the record's fields, in order.
+    assert list(Recorder().steps_frame().columns) == STEP_COLUMNS

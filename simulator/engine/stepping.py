@@ -20,6 +20,7 @@ import numpy as np
 
 from simulator.engine.batching import Batch
 from simulator.engine.clock import SCALE, ticks
+from simulator.engine.steplog import STEP_COLUMNS
 from simulator.model.cost import StageCost
 
 _INF = float("inf")
@@ -222,20 +223,20 @@ class Timeline:
                 return np.stack(per_stage, axis=1).reshape(-1)  # step-major, stage-minor
 
             used = batch.kv_blocks + np.cumsum(needs)
-            bulk = {
-                "replica": np.full(k * p, self.index),
-                "stage": np.tile(np.arange(p), k) if p > 1 else np.zeros(k, dtype=np.int64),
-                "stream": np.zeros(k * p, dtype=np.int64),
-                "start_s": interleave([np.rint(a * SCALE) / SCALE + starts for a, *_ in spans]),
-                "end_s": interleave([np.rint(b * SCALE) / SCALE + starts for _, b, *_ in spans]),
-                "prefill_tokens": np.zeros(k * p, dtype=np.int64),
-                "decode_tokens": np.full(k * p, n), "batch_size": np.full(k * p, n),
-                "compute_s": interleave([c for *_, c, _ in spans]),
-                "comm_s": interleave([np.full(k, m) for *_, m in spans]),
-                "kv_blocks": np.repeat(used, p) if p > 1 else used,
-                "prefill_pairs": np.zeros(k * p), "prefill_ctx": np.zeros(k * p, dtype=np.int64),
-                "decode_kv": np.repeat(kv, p) if p > 1 else kv,
-                "sampled": np.full(k * p, n),
-            }
+            bulk = dict(zip(STEP_COLUMNS, [  # the step record's fields, as columns
+                np.full(k * p, self.index),
+                np.tile(np.arange(p), k) if p > 1 else np.zeros(k, dtype=np.int64),
+                np.zeros(k * p, dtype=np.int64),
+                interleave([np.rint(a * SCALE) / SCALE + starts for a, *_ in spans]),
+                interleave([np.rint(b * SCALE) / SCALE + starts for _, b, *_ in spans]),
+                np.zeros(k * p, dtype=np.int64),
+                np.full(k * p, n), np.full(k * p, n),
+                interleave([c for *_, c, _ in spans]),
+                interleave([np.full(k, m) for *_, m in spans]),
+                np.repeat(used, p) if p > 1 else used,
+                np.zeros(k * p), np.zeros(k * p, dtype=np.int64),
+                np.repeat(kv, p) if p > 1 else kv,
+                np.full(k * p, n),
+            ], strict=True))
         busy = busy[0] if self.one_stage else np.vstack(busy)
         return np.concatenate(([end], ends)), busy, bulk
