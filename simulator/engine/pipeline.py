@@ -79,7 +79,8 @@ class StagePipeline:
     def forward(self, i: int, gen: int):
         """Stage ``i``: run micro-batches one at a time, hand each to the next stage."""
         host, tl, log = self.host, self.timeline, self.log
-        # The stage's cost as priced when the process started (a restart prices anew).
+        # The stage's cost as priced when the process started: a reprice while the replica
+        # is up reaches the hand-offs at once and the stage costs at the next restart.
         env, cost, inbox = host.env, tl.stages[i], self.inboxes[i]
         last = i == len(tl.stages) - 1
         while True:
