@@ -404,9 +404,6 @@ def drafter_of(s: Scenario, model: ModelSpec, tp: int,
     sp = s.speculative
     if sp is None:
         return None, 0.0
-    if s.engine.scheduler != "vllm":
-        raise ScenarioError(f"speculative: needs engine.scheduler = \"vllm\" (got "
-                            f"{s.engine.scheduler!r})")
     if sp.method == "mtp" and not model.mtp_layers:
         raise ScenarioError(f"speculative.method: \"mtp\" needs a model with MTP layers "
                             f"(num_nextn_predict_layers in its config.json); {model.name} "
