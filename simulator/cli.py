@@ -470,6 +470,13 @@ def cmd_plan_day(args) -> int:
     from simulator.planner.day import format_day_plan, plan_day, write_day_plan  # noqa: PLC0415
     from simulator.planner.report import write_plan  # noqa: PLC0415
 
+    taken = [flag for flag, given in (("--nodes", args.nodes), ("--disagg-only", args.disagg_only),
+                                      ("--disagg", args.disagg), ("--emit", args.emit),
+                                      ("--gpus", args.gpus)) if given]
+    if taken:
+        raise ScenarioError(f"plan --autoscale: {', '.join(taken)} not taken (it searches "
+                            f"colocated layouts of the scenario's cluster, whose replicas "
+                            f"scale)")
     if args.out:
         out_folder(args.out, "--out", create=False)
     result = plan_day(args.scenario, attainment=args.autoscale, top=min(args.top, 3),

@@ -159,6 +159,9 @@ def mode_lines(summary: dict, alerts: pd.DataFrame | None = None) -> list[str]:
                            f"scale-ups{cold}")
         row("GPU-hours paid", f"{g('autoscale_gpu_hours'):,.1f} (${g('autoscale_cost_usd'):,.0f})"
             if _num(g("autoscale_cost_usd")) else f"{g('autoscale_gpu_hours'):,.1f}")
+        if g("autoscale_requests_in_cold_starts"):
+            row("arrived during cold starts", f"{g('autoscale_requests_in_cold_starts'):,} "
+                f"requests, {g('autoscale_cold_start_slo_attainment'):.1%} within the SLOs")
         if _num(g("slo_attainment_worst_window")):
             row("SLO attainment, worst window", f"{g('slo_attainment_worst_window'):.1%} (the "
                 f"{g('slo_window_s'):g} s from t = {g('slo_attainment_worst_window_start_s'):,.0f}"

@@ -239,7 +239,9 @@ DAY = [("requests_total", "requests"), ("slo_attainment", "SLO attainment"),
        ("day_gpu_hours", "GPU-hours paid"), ("day_cost_usd", "cost (USD)"),
        ("cost_per_million_output_tokens_usd", "USD per million output tokens"),
        ("energy_j", "energy (J, whole fleet)"), ("day_cold_starts", "cold starts"),
-       ("autoscale_cold_start_mean_s", "cold start mean (s)")]
+       ("autoscale_cold_start_mean_s", "cold start mean (s)"),
+       ("autoscale_requests_in_cold_starts", "requests arrived during cold starts"),
+       ("autoscale_cold_start_slo_attainment", "their SLO attainment")]
 
 
 def day_figures(run: str | Path, window_s: float | None = None) -> dict:

@@ -65,7 +65,24 @@ def test_an_autoscaled_run_reports_attainment_per_window_and_its_worst():
            & (inside["tpot_s"] <= r.scenario.slo.tpot_s))
     assert s["slo_attainment_worst_window"] == pytest.approx(met.mean())
     assert s["slo_attainment_worst_window"] < s["slo_attainment"]
+    # The requests that arrived while a replica cold-started: from a scale-up decision
+    # (every 20 s) until that replica serves, 10 s of provisioning + the weights + 5 s later.
+    scaler = _autoscaler_of(r.scenario)
+    spans = scaler.cold_start_spans()
+    cold = scaler.log.cold_starts_s
+    assert len(spans) == len(cold) == s["autoscale_scale_ups"] >= 1
+    assert spans[0] == pytest.approx((140.0, 140.0 + cold[0]))
+    arr = req["arrival_s"].to_numpy()
+    during = np.zeros(len(req), dtype=bool)
+    for a, b in spans:
+        during |= (arr >= a) & (arr < b)
+    assert s["autoscale_requests_in_cold_starts"] == during.sum() > 0
+    ok = ((req["status"] == "completed") & (req["ttft_s"] <= r.scenario.slo.ttft_s)
+          & (req["tpot_s"] <= r.scenario.slo.tpot_s)).to_numpy()
+    assert s["autoscale_cold_start_slo_attainment"] == pytest.approx(ok[during].mean())
     text = format_summary("as", s, req)
+    assert (f"arrived during cold starts     {during.sum():,} requests, "
+            f"{ok[during].mean():.1%} within the SLOs") in text
     assert (f"SLO attainment, worst window   {s['slo_attainment_worst_window']:.1%} (the 20 s "
             f"from t = {start:,.0f} s; {s['slo_attainment']:.1%} over the run)") in text
 
@@ -92,6 +109,17 @@ def test_the_cost_models_capacity_is_what_one_replica_serves_within_the_slos():
                                       "rate_per_s": factor * est.capacity_per_s}, dp=1)))
         attained = got.summary["slo_attainment"]
         assert (attained >= 0.99) if keeps else (attained < 0.5), (factor, attained)
+
+
+def test_slos_no_load_meets_leave_the_throughput_bound():
+    # A TPOT of 1 ms is below one decode step of a 70B replica at any batch: the estimate
+    # then sizes with the throughput bound (and the latency correction does the rest).
+    s = load_scenario(_70b({"arrival": "poisson", "rate_per_s": 1.0}, dp=1))
+    plan = build_plan(s)
+    loose = replica_sizing(plan, 1024, 256, 2.0, 0.1)
+    tight = replica_sizing(plan, 1024, 256, 2.0, 0.001)
+    assert not tight.slo_met and tight.capacity_per_s == tight.bound_per_s
+    assert tight.bound_per_s == pytest.approx(loose.bound_per_s)  # the bound has no SLO
 
 
 SLA = {"policy": "sla", "min_replicas": 1, "max_replicas": 4, "interval_s": 30.0,

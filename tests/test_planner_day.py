@@ -90,6 +90,9 @@ def test_plan_autoscale_needs_a_load_that_changes(tmp_path, capsys):
     assert len(err) == 1 and "plan --autoscale: needs a load that changes over time" in err[0]
     assert main(["plan", str(path), "--autoscale", "1.5"]) == 2
     assert "--autoscale" in capsys.readouterr().err
+    assert main(["plan", str(path), "--autoscale", "--disagg-only", "--gpus", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plan --autoscale: --disagg-only, --gpus not taken" in err[0]
 
 
 def _toml(data: dict) -> str:

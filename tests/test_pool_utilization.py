@@ -4,14 +4,19 @@ figures are defined (docs/metrics.md)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from simulator import DEFAULT_SCENARIO, load_scenario, run
 from simulator.cluster.disagg import POOL_COLUMNS
+from simulator.cluster.outcome import pool_hardware
 from simulator.io.scenario import to_dict
 from simulator.metrics.links import KEYS as LINK_KEYS
+from simulator.metrics.pools import pool_energy
 from simulator.metrics.utilization import GPU_COLUMNS
 
 LAYERS, HIDDEN = 32, 4096  # Llama-3.1-8B
@@ -91,3 +96,22 @@ def test_one_mixed_pool_has_the_utilization_of_the_scenario_without_pools():
     pd.testing.assert_frame_equal(plain.gpu_timeseries[GPU_COLUMNS],
                                   pooled.gpu_timeseries[GPU_COLUMNS])
     assert (pooled.gpu_timeseries["pool"] == "all").all()
+
+
+def test_pools_keep_per_gpu_utilization_without_power_figures():
+    """A pool GPU without ``tdp_w``: the per-GPU table keeps its utilizations and pool
+    column, without ``power_w``; every energy key is NaN."""
+    w = 100.0
+    r = run(one_p_one_d(w))
+    g = r.gpu_timeseries[GPU_COLUMNS]
+    plan = r.plan
+    node_of = {d["index"]: d["node"] for _, d in plan.graph.nodes(data=True)
+               if d["kind"] == "gpu"}
+    pools = [(p.name, pool_hardware(plan.graph, p),
+              replace(p.node.gpu, tdp_w=None) if p.name == "d" else p.node.gpu)
+             for p in plan.pools]
+    gpu_ts, power, keys = pool_energy(g, pools, node_of, np.array([0.0, w]), r.requests)
+    assert power == {} and list(gpu_ts.columns) == [*GPU_COLUMNS, "pool"]
+    pd.testing.assert_frame_equal(gpu_ts[GPU_COLUMNS], g)
+    assert gpu_ts["pool"].tolist() == r.gpu_timeseries["pool"].tolist()
+    assert math.isnan(keys["energy_j"]) and math.isnan(keys["pool_power_mean_w"]["p"])

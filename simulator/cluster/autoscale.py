@@ -24,7 +24,7 @@ wants (the states above keep the count within ``[min_replicas, max_replicas]``):
   near the threshold does not flap).
 - ``sla`` (as NVIDIA Dynamo's throughput planner): forecast the next interval's arrival
   rate from the past ones (:data:`FORECASTERS`), and size for it:
-  ``desired = ceil(forecast x c / (capacity x target_utilization))``, the capacity what
+  ``desired = ceil(forecast x c / (capacity x target_utilization))``, the capacity being what
   one replica serves within the SLOs by the step cost model (:mod:`simulator.cluster.sizing`,
   once per run) unless ``replica_capacity_per_s`` sets it, with the correction
   ``c = clip(max(TTFT p90 / SLO, TPOT p90 / SLO), 1, 2)`` of the interval just
@@ -391,6 +391,17 @@ class Autoscaler:
                 since[i] = t
         paid += sum(end_s - t for t in since.values())
         return paid * gpus_per_replica
+
+    def cold_start_spans(self) -> list[tuple[float, float]]:
+        """``[start, end)`` of every cold start: from the scale-up decision until the
+        replica serves or the start is cancelled (inf: still starting when the run ended)."""
+        spans, open_ = [], {}
+        for t, i, st in self.log.changes:
+            if i in open_:
+                spans.append((open_.pop(i), t))
+            if st == "starting":
+                open_[i] = t
+        return spans + [(t, math.inf) for t in open_.values()]
 
     def replicas_over_time(self, edges: np.ndarray) -> np.ndarray:
         """Replicas paid for (starting, serving or draining) at each of ``edges``."""

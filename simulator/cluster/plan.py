@@ -80,10 +80,6 @@ class PoolPlan:
         p = self.scenario.parallel
         return p.tp * p.pp * p.dp
 
-    @property
-    def gpus_used(self) -> int:
-        return self.gpus
-
 
 @dataclass(frozen=True)
 class ClusterPlan:

@@ -43,7 +43,7 @@ from simulator.engine.clock import ticks_array
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
-from simulator.metrics.day import with_attainment, worst_window
+from simulator.metrics.day import day_summary, with_attainment
 from simulator.metrics.links import link_utilization, link_windows
 from simulator.metrics.moe import add_moe_columns, moe_summary
 from simulator.metrics.pools import pool_summary
@@ -236,8 +236,9 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
             summary["gpu_hour_usd"], float(done["output_tokens"].sum())))
         ts = with_attainment(ts.assign(replicas=cluster.scaling.replicas_over_time(
             ts["window_end_s"].to_numpy())), requests, s.slo.ttft_s, s.slo.tpot_s)
-        summary.update(worst_window(requests, s.autoscale.interval_s, s.slo.ttft_s,
-                                    s.slo.tpot_s))
+        summary.update(day_summary(requests, s.autoscale.interval_s,
+                                   cluster.scaling.cold_start_spans(), s.slo.ttft_s,
+                                   s.slo.tpot_s))
     summary["wall_time_s"] = time.perf_counter() - wall0
     return Result(summary, requests, steps, s, plan, ts, events_df, gpu_ts,
                   warnings, stopped)

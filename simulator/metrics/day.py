@@ -84,7 +84,32 @@ AUTOSCALE_SUMMARY_KEYS = [
     "autoscale_replicas_min", "autoscale_replicas_max", "autoscale_scale_ups",
     "autoscale_scale_downs", "autoscale_cold_start_mean_s", "autoscale_gpu_hours",
     "autoscale_cost_usd", "slo_window_s", "slo_attainment_worst_window",
-    "slo_attainment_worst_window_start_s"]
+    "slo_attainment_worst_window_start_s", "autoscale_requests_in_cold_starts",
+    "autoscale_cold_start_slo_attainment"]
 #: Per-class summary keys of a run with a gateway (``class_<name>_<key>``), and its own.
 GATEWAY_CLASS_KEYS = ["requests", "goodput_req_per_s", "slo_attainment", "shed", "expired"]
 GATEWAY_SUMMARY_KEYS = ["fairness_jain"]
+
+
+def in_spans(requests: pd.DataFrame, spans: list[tuple[float, float]], ttft_slo_s: float,
+             tpot_slo_s: float) -> dict:
+    """The requests that arrived while a replica cold-started (within one of ``spans``,
+    ``[start, end)``: a scale-up decided and the replica not yet serving), and the share of
+    them that met the SLOs: ``autoscale_requests_in_cold_starts`` and
+    ``autoscale_cold_start_slo_attainment`` (NaN when none did)."""
+    arr = requests["arrival_s"].to_numpy(float)
+    inside = np.zeros(len(arr), dtype=bool)
+    for start, end in spans:  # a run has tens to hundreds of cold starts
+        inside |= (arr >= start) & (arr < end)
+    n = int(inside.sum())
+    met = int((slo_met(requests, ttft_slo_s, tpot_slo_s) & inside).sum())
+    return {"autoscale_requests_in_cold_starts": n,
+            "autoscale_cold_start_slo_attainment": met / n if n else math.nan}
+
+
+def day_summary(requests: pd.DataFrame, window_s: float, cold_starts: list[tuple[float, float]],
+                ttft_slo_s: float, tpot_slo_s: float) -> dict:
+    """The day's summary keys beyond the autoscaler's own: :func:`worst_window` over
+    windows of ``window_s`` and :func:`in_spans` of the ``cold_starts``."""
+    return (worst_window(requests, window_s, ttft_slo_s, tpot_slo_s)
+            | in_spans(requests, cold_starts, ttft_slo_s, tpot_slo_s))
