@@ -1,5 +1,6 @@
 """Every notebook in notebooks/ runs top to bottom and draws its figures (outputs are not
-kept in git), and every panel reads: its axes are labelled, and no axis label, title or
+kept in git), and every panel reads: its axes are named (a label, a shared axis's label or
+category tick labels), and no axis label, title or
 legend entry is a raw column key (``ttft_p99_s`` where "TTFT p99 (s)" belongs). Importing the
 plotting module leaves the caller's matplotlib backend alone."""
 
@@ -31,18 +32,28 @@ def _raw_key(text):
     return bool(_re.fullmatch(r"[a-z0-9.]+(_[a-z0-9.]+)+", text.strip()))
 
 
+def _named(ax, side):
+    # Named: its own label, a label on an axes it shares the axis with (the bottom panel
+    # of a sharex column), or tick labels that are words (categories).
+    label = ax.get_xlabel if side == "x" else ax.get_ylabel
+    if label().strip():
+        return True
+    shared = (ax.get_shared_x_axes() if side == "x" else ax.get_shared_y_axes())
+    if any((s.get_xlabel() if side == "x" else s.get_ylabel()).strip()
+           for s in shared.get_siblings(ax) if s is not ax):
+        return True
+    ticks = ax.get_xticklabels() if side == "x" else ax.get_yticklabels()
+    return any(_re.search(r"[A-Za-z]", t.get_text()) for t in ticks)
+
+
 def _inspect(fig):
     for ax in fig.axes:
         if not ax.get_visible() or not (ax.lines or ax.patches or ax.collections
                                         or ax.images):
             continue
         where = f"figure {fig.number}, panel {ax.get_title() or ax.get_ylabel()!r}"
-        # a twin axis (twinx) shares its x label with the panel it sits on
-        xlabel = ax.get_xlabel() or next((a.get_xlabel() for a in
-                                          ax.get_shared_x_axes().get_siblings(ax)
-                                          if a is not ax and a.get_xlabel()), "")
-        for side, text in (("x", xlabel), ("y", ax.get_ylabel())):
-            if not text.strip():
+        for side in ("x", "y"):
+            if not _named(ax, side):
                 _label_problems.append(f"{where}: no {side} label")
         legend = ax.get_legend()
         names = [t.get_text() for t in legend.get_texts()] if legend else []
