@@ -144,6 +144,14 @@ class Mixed:
         lay = self.layout
         return (self.node, self.mix_node, lay.dp, self.mix_dp, lay.tp, lay.pp)
 
+    def row(self) -> dict:
+        """The pools' columns of a table row (for
+        :func:`simulator.planner.mixdp.mix_pools`)."""
+        lay = self.layout
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep,
+                "attention_dp": lay.attention_dp, "node": self.node,
+                "mix_node": self.mix_node, "mix_dp": self.mix_dp}
+
 
 Candidate = Colocated | Disaggregated | Mixed
 
