@@ -263,3 +263,47 @@ def test_the_b200_decode_kernels_the_docs_quote():
               & (moe.moe_ep_size == 1) & (moe.moe_dtype == "fp8_block")]
     assert set(one["kernel_source"]) == {"deepgemm"}
     assert round(one["latency"].min() * 1e3) == 98  # us
+
+
+def _sglang_row(**cols):
+    row = {"model_path": "Qwen/Qwen3-32B", "system": "h100_sxm", "backend": "sglang",
+           "isl": 4096.0, "osl": 128.0, "batch_size": 64.0, "tp_size": 4.0, "pp_size": 1.0}
+    return {**row, **cols}
+
+
+@pytest.mark.parametrize("row, mixed, prefill_first", [
+    # Qwen3-32B, H100 TP4, 4096 / 128 at concurrency 64 (measured 4,684 ms / 53.2 ms)
+    (_sglang_row(), (791, 74.1), (4327, 48.0)),
+    # DeepSeek-V3 FP8, H200 TP8, 8192 / 1024 at concurrency 32, SGLang 0.5.9 (measured
+    # 994 ms / 32.0 ms)
+    (_sglang_row(model_path="deepseek-ai/DeepSeek-V3", system="h200_sxm", isl=8192.0,
+                 osl=1024.0, batch_size=32.0, tp_size=8.0, gemm_quant_mode="fp8",
+                 moe_quant_mode="fp8", attention_dp_size=1.0, moe_tp_size=8.0,
+                 moe_ep_size=1.0), (1082, 33.9), (4756, 30.7)),
+])
+def test_sglang_prefill_priority_on_two_measured_runs(row, mixed, prefill_first):
+    # The figures docs/cost-model.md quotes: the "sglang" profile's mixed chunked prefill,
+    # and SGLang's own prefill-first, never-mixed steps (scheduler = "sglang"), under which
+    # the fixed-length closed loop locks into waves: every prompt of a wave is prefilled
+    # before any of them decodes, so all finish at the same step and return together.
+    s, _ = scenario(row)
+    got = []
+    for sched in (None, "sglang"):
+        if sched:
+            s["engine"]["scheduler"] = sched
+        m = simulator.run(simulator.load_scenario(s)).summary
+        got.append((round(m["ttft_mean_s"] * 1e3), round(m["tpot_mean_s"] * 1e3, 1)))
+    assert got == [mixed, prefill_first]
+
+
+@pytest.mark.skipif(not (REPO.parent / "shared" / "validation").is_dir(),
+                    reason="../shared/validation absent")
+def test_the_measured_sglang_059_ttft_grows_as_docs_quote():
+    # H200 TP8 DeepSeek-V3 FP8 under SGLang 0.5.9, 1024 / 1024: 160 ms more TTFT from
+    # concurrency 4 to 64, where a wave's prefill would add about a second
+    df = pd.read_csv(REPO.parent / "shared" / "validation" / "silicon_moe_deepseek_v3.csv")
+    runs = df[(df["mode"] == "agg") & (df["backend"] == "sglang") & (df["system"] == "h200_sxm")
+              & (df["isl"] == 1024) & (df["osl"] == 1024)
+              & (df["backend_version"].astype(str) == "0.5.9")].set_index("concurrency")
+    assert round(runs.loc[64.0, "silicon_ttft_ms"] - runs.loc[4.0, "silicon_ttft_ms"],
+                 -1) == 160
