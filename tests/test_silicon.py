@@ -91,13 +91,29 @@ def test_an_aggregated_dense_row():
     assert s["model"] == {"name": "qwen3-32b", "weight_dtype": "bf16"}  # 16-bit KV
     assert s["parallel"] == {"tp": 4, "pp": 1, "dp": 1}
     assert s["cluster"] == {"topology": "dgx-h100", "nodes": 1}
-    assert s["engine"] == {"profile": "vllm-v1", "max_num_seqs": 32}
+    # AIConfigurator's generator: max-num-seqs = batch size, max-num-batched-tokens =
+    # batch size + ISL + 1500
+    assert s["engine"] == {"profile": "vllm-v1", "max_num_seqs": 32,
+                           "max_num_batched_tokens": 32 + 4096 + 1500}
     # no concurrency column: the batch size is the client's concurrency; AIPerf as
     # AIConfigurator runs it: 20 x C measured requests after C warm-ups
     assert s["workload"] == {"arrival": "closed_loop", "client": "aiperf", "concurrency": 32,
                              "warmup_requests": 32, "num_requests": 640,
                              "prompt_tokens": 4096, "output_tokens": 128}
     simulator.load_scenario(s)
+
+
+@pytest.mark.parametrize("backend, budget", [
+    ("vllm", 24 + 1000 + 1500),  # max-num-batched-tokens: batch size + ISL + 1500
+    ("sglang", 1000 + 1500),  # max-prefill-tokens: ISL + 1500, decodes mixed in
+    ("trtllm", 2528),  # max_num_tokens: 24 + 1000 + 1500 = 2524, up to 32-token blocks
+])
+def test_the_engine_limits_are_those_aiconfigurator_deploys(backend, budget):
+    row = {"model_path": "Qwen/Qwen3-32B", "system": "h100_sxm", "backend": backend,
+           "isl": 1000.0, "osl": 100.0, "batch_size": 24.0, "concurrency": 24.0,
+           "tp_size": 2.0, "pp_size": 1.0}
+    s, _ = scenario(row)
+    assert (s["engine"]["max_num_seqs"], s["engine"]["max_num_batched_tokens"]) == (24, budget)
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
@@ -273,13 +289,13 @@ def _sglang_row(**cols):
 
 @pytest.mark.parametrize("row, mixed, prefill_first", [
     # Qwen3-32B, H100 TP4, 4096 / 128 at concurrency 64 (measured 4,684 ms / 53.2 ms)
-    (_sglang_row(), (791, 74.1), (4327, 48.0)),
+    (_sglang_row(), (614, 75.8), (4416, 48.3)),
     # DeepSeek-V3 FP8, H200 TP8, 8192 / 1024 at concurrency 32, SGLang 0.5.9 (measured
     # 994 ms / 32.0 ms)
     (_sglang_row(model_path="deepseek-ai/DeepSeek-V3", system="h200_sxm", isl=8192.0,
                  osl=1024.0, batch_size=32.0, tp_size=8.0, gemm_quant_mode="fp8",
                  moe_quant_mode="fp8", attention_dp_size=1.0, moe_tp_size=8.0,
-                 moe_ep_size=1.0), (1082, 33.9), (4756, 30.7)),
+                 moe_ep_size=1.0), (848, 34.0), (4867, 30.5)),
 ])
 def test_sglang_prefill_priority_on_two_measured_runs(row, mixed, prefill_first):
     # The figures docs/cost-model.md quotes: the "sglang" profile's mixed chunked prefill,
