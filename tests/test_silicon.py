@@ -16,7 +16,7 @@ import simulator
 from simulator.calibration import engines
 from simulator.hardware.specs import load_gpu
 from simulator.io.silicon import agg_scenario, disagg_scenario, layout, scenario
-from simulator.model.moe_cost import mla_decode
+from simulator.model.moe_cost import expert_time, mla_decode
 from simulator.model.spec import load_model
 
 NAN = math.nan
@@ -323,3 +323,39 @@ def test_the_measured_sglang_059_ttft_grows_as_docs_quote():
               & (df["backend_version"].astype(str) == "0.5.9")].set_index("concurrency")
     assert round(runs.loc[64.0, "silicon_ttft_ms"] - runs.loc[4.0, "silicon_ttft_ms"],
                  -1) == 160
+
+
+def test_the_b200_trtllm_fp8_experts_the_docs_quote():
+    # DeepSeek-V3 FP8 on B200, MoE-TP8 (8 ranks, 256-wide expert slices), decode at 1 and
+    # 4 tokens (8 distinct experts per token): the routed experts of one layer under the
+    # TensorRT-LLM and the SGLang fits, and the MLA module at 4 sequences of 1,536 tokens
+    # (16 heads per GPU). 58 MoE layers and 61 MLA layers per step.
+    m = load_model("deepseek-v3")
+    got = {}
+    for prof in ("trtllm", "sglang"):
+        gpu = engines.engine_gpu(load_gpu("b200"), prof)
+        for n in (1, 4):
+            counts = np.zeros((1, 256))
+            counts[0, :8 * n] = 1
+            got[prof, n] = round(float(expert_time(counts, m, 2048 // 8, gpu, "fp8", 1)[0])
+                                 * 1e6, 1)
+    assert got == {("trtllm", 1): 108.9, ("trtllm", 4): 131.3,
+                   ("sglang", 1): 34.1, ("sglang", 4): 58.5}
+    assert round(58 * got["trtllm", 4] / 1e3, 2) == 7.62
+    gpu = engines.engine_gpu(load_gpu("b200"), "trtllm")
+    mla = float(mla_decode(m, gpu, 16, 4, 4 * 1536, "fp8", "fp8"))
+    assert round(61 * mla * 1e3, 2) == 3.20
+    if not AIC_B200.is_dir():
+        return
+    # the kernels AIConfigurator's B200 tables time for FP8 block-scale MoE-TP8
+    def table(engine, version):
+        moe = pd.read_parquet(AIC_B200 / "moe" / engine / version / "moe_perf.parquet")
+        one = moe[(moe.hidden_size == 7168) & (moe.inter_size == 2048) & (moe.topk == 8)
+                  & (moe.num_experts == 256) & (moe.moe_tp_size == 8)
+                  & (moe.moe_ep_size == 1) & (moe.moe_dtype == "fp8_block")
+                  & moe.num_tokens.isin([1, 4])]
+        return {(k, int(n)): round(v * 1e3, 1) for (k, n), v in
+                one.groupby(["kernel_source", "num_tokens"])["latency"].min().items()}
+    assert table("trtllm", "1.3.0rc20") == {("deepgemm", 1): 97.7, ("deepgemm", 4): 133.2}
+    assert table("sglang", "0.5.14") == {("sglang_flashinfer_trtllm_moe", 1): 35.3,
+                                         ("sglang_flashinfer_trtllm_moe", 4): 41.7}
