@@ -359,3 +359,20 @@ def test_the_b200_trtllm_fp8_experts_the_docs_quote():
     assert table("trtllm", "1.3.0rc20") == {("deepgemm", 1): 97.7, ("deepgemm", 4): 133.2}
     assert table("sglang", "0.5.14") == {("sglang_flashinfer_trtllm_moe", 1): 35.3,
                                          ("sglang_flashinfer_trtllm_moe", 4): 41.7}
+
+
+@pytest.mark.parametrize("cols, deployed, defaults", [
+    # Qwen3-32B on H100 under SGLang 0.5.1.post1 (measured 2,857 / 33.8 ms and 528 / 10.1)
+    ({"isl": 2048.0, "batch_size": 128.0, "tp_size": 8.0}, (322, 49.8), (2691, 31.1)),
+    ({"isl": 1024.0, "osl": 256.0, "batch_size": 16.0}, (146, 10.6), (377, 9.7)),
+])
+def test_the_qwen3_sglang_rows_behave_as_sglangs_defaults(cols, deployed, defaults):
+    # TTFT / TPOT (ms) of the mixed steps with AIConfigurator's limits (the mapping) and of
+    # SGLang's own defaults: prefill first, never mixed, chunked_prefill_size 8192
+    s, _ = scenario(_sglang_row(**cols))
+    got = []
+    for engine in ({}, {"scheduler": "sglang", "max_num_batched_tokens": 8192}):
+        s["engine"].update(engine)
+        m = simulator.run(simulator.load_scenario(s)).summary
+        got.append((round(m["ttft_mean_s"] * 1e3), round(m["tpot_mean_s"] * 1e3, 1)))
+    assert got == [deployed, defaults]
