@@ -376,3 +376,20 @@ def test_the_qwen3_sglang_rows_behave_as_sglangs_defaults(cols, deployed, defaul
         m = simulator.run(simulator.load_scenario(s)).summary
         got.append((round(m["ttft_mean_s"] * 1e3), round(m["tpot_mean_s"] * 1e3, 1)))
     assert got == [deployed, defaults]
+
+
+@pytest.mark.parametrize("cols, hidden, inline", [
+    # Qwen3-32B on H100 under vLLM 0.12.0 (measured TPOT 8.66 ms and 18.52 ms)
+    ({"osl": 128.0, "batch_size": 8.0, "tp_size": 8.0}, 6.85, 10.30),
+    ({"isl": 1024.0, "osl": 512.0, "batch_size": 64.0}, 15.09, 21.67),
+])
+def test_the_vllm_012_tpot_between_hidden_and_inline_host_work(cols, hidden, inline):
+    # TPOT (ms) with the vllm-v1 profile's host work hidden behind the GPU step (async
+    # scheduling) and with it in line (cpu_overlap = false)
+    s, _ = scenario({**_sglang_row(backend="vllm", isl=1024.0), **cols})
+    got = []
+    for overlap in (True, False):
+        s["engine"]["cpu_overlap"] = overlap
+        got.append(round(simulator.run(simulator.load_scenario(s)).summary["tpot_mean_s"]
+                         * 1e3, 2))
+    assert got == [hidden, inline]
