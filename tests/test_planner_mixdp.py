@@ -26,7 +26,7 @@ from simulator.planner.mixdp import ROUTER, MixedDP, mix_pools, mixes
 from simulator.planner.nearmiss import group_of, margins
 from simulator.planner.objectives import est_power_w
 from simulator.planner.report import recommended_scenario
-from simulator.planner.search import Mixed, candidates_of
+from simulator.planner.search import Mixed, candidate, candidates_of
 from simulator.planner.simulate import base_scenario
 from simulator.planner.space import Layout, Limits, engine_limits, workload_stats
 from simulator.sweep import resolve_point
@@ -141,7 +141,8 @@ def test_least_outstanding_sends_more_to_the_faster_kind():
     df = _rows(base, s, st)
     r = df[(df["tp"] == 1) & (df["pp"] == 1) & (df["max_num_seqs"] == 64)
            & (df["max_num_batched_tokens"] == 2048)].iloc[0]
-    point = MixedDP(base, KINDS).point(r)
+    point = MixedDP(base, KINDS).point(candidate(r))
+    assert point["pools"] == mix_pools(r, s)  # the typed candidate's pools are the row's
     assert [(p["topology"], p["nodes"], p["dp"], p["router"]) for p in point["pools"]] == [
         ("dgx-h100", 1, 8, ROUTER), ("dgx-a100", 1, 8, ROUTER)]
     res = run(load_scenario(point))

@@ -39,13 +39,12 @@ from simulator.model.spec import ModelSpec
 from simulator.planner.candidates import layout_plan, layout_rows, without_spec
 from simulator.planner.disagg import pool
 from simulator.planner.estimate import estimate
-from simulator.planner.explain import binds, misses
 from simulator.planner.hetero import pool_nodes
 from simulator.planner.nearmiss import est_slo, margins, objective_values
 from simulator.planner.nearmiss import order as est_order
-from simulator.planner.objectives import two_kind_value
+from simulator.planner.objectives import binds, misses, two_kind_value
 from simulator.planner.ranking import stable_key
-from simulator.planner.search import Rounds, candidates_of, simulate_best
+from simulator.planner.search import Mixed, Rounds, candidates_of, simulate_best
 from simulator.planner.space import (
     Layout,
     Limits,
@@ -223,18 +222,12 @@ class MixedDP:
         df["est_objective"] = self.values(df, objective, stats)
         return df
 
-    def point(self, row) -> dict:
-        """The scenario of a mixed row: the base at the row's engine limits, without
+    def point(self, c: Mixed) -> dict:
+        """The scenario of a mixed candidate: the base at its engine limits, without
         ``[speculative]``, with the pools of :func:`mix_pools`."""
-        lim = Limits.of_row(row)
-        data = without_spec(resolve_point(self.base, lim.overrides(), self.s.seed))
-        data["pools"] = mix_pools(row, self.s)
+        data = without_spec(resolve_point(self.base, c.limits.overrides(), self.s.seed))
+        data["pools"] = mix_pools(c.row(), self.s)
         return data
-
-    def point_of(self, cands: pd.DataFrame):
-        """``scenario(i)`` of :func:`~simulator.planner.search.simulate_best`: the
-        :meth:`point` of row ``i`` of ``cands``."""
-        return lambda i: self.point(cands.loc[i])
 
     def search(self, model: ModelSpec, gpus: int, stats: WorkloadStats, objective: str,
                top: int, jobs: int | None, quantile: float
@@ -254,8 +247,9 @@ class MixedDP:
         cands["simulated"] = False
         typed = candidates_of(cands)
         ranked = cands.loc[est_order(cands, objective, stable_key)]
-        found = simulate_best(cands, typed, lambda m: ranked, self.point_of(cands), objective,
-                              s.slo, Rounds(min(top, MIX_TOP), PER_MIX), quantile, jobs)
+        found = simulate_best(cands, typed, lambda m: ranked, lambda i: self.point(typed[i]),
+                              objective, s.slo, Rounds(min(top, MIX_TOP), PER_MIX), quantile,
+                              jobs)
         if found.interrupted:  # Ctrl-C: the multi-kind plan stops
             raise KeyboardInterrupt
         picked, sims = found.picked, found.sims
