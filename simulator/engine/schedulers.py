@@ -37,6 +37,23 @@ class PrefillFirst(ContinuousBatcher):
         return self._batch(len(self.decoding), chunks)
 
 
+class PrefillPriority(ContinuousBatcher):
+    """SGLang's default: while a prompt waits or is part-way through, a step is prefill
+    only, up to the token budget (``chunked_prefill_size``), chunking the prompt that
+    does not fit; decodes run when no prefill work is left (``Scheduler
+    .get_next_batch_to_run`` runs ``get_new_batch_prefill()`` first; mixed chunks are
+    off, ``ServerArgs.enable_mixed_chunk = False``)."""
+
+    def schedule(self, now: float) -> Batch | None:
+        if not self.swapped and (self.prefilling or self.waiting):
+            chunks: list[tuple[Request, int]] = []
+            budget = self._continue_prefills(self.max_tokens, chunks, now)
+            self._admit(budget, chunks, now)
+            if chunks:
+                return self._batch(0, chunks)
+        return super().schedule(now)
+
+
 class Sarathi(ContinuousBatcher):
     """Sarathi-Serve: stall-free batching with a fixed token budget per step
     (``chunk_size``): decodes first, then prefill chunks fill the rest."""
@@ -112,6 +129,7 @@ class Static(Reserving):
 SCHEDULERS = registry.SCHEDULERS.add({
     "vllm": ContinuousBatcher,
     "vllm_v0": PrefillFirst,
+    "sglang": PrefillPriority,
     "sarathi": Sarathi,
     "orca": Reserving,
     "static": Static,
