@@ -115,8 +115,13 @@ class ContinuousBatcher(Preemption, DecodeRuns):
         self.prefilling: list[Request] = []
         self.dec = (decoders or DecodeSet)(self.bs, gaps, max_num_seqs)
         self.decoding = self.dec.decoding  # the same dict (the decode set never rebinds it)
-        if not self.dec.SPEC:  # nothing to plan or shape: the scheduler's own (hot path)
+        # Hot path: calls that would only pass through go straight to their target.
+        if not self.dec.SPEC:  # nothing to plan or shape: the scheduler's own formation
             self.schedule = self.form
+        if type(self)._decode_need is ContinuousBatcher._decode_need:
+            self._decode_need = self.dec.need
+        if type(self).run_blocks is DecodeRuns.run_blocks:
+            self.run_blocks = self.dec.run_blocks
         self.swapped: deque[Request] = deque()
         self.admitted = 0
         self.preemptions = 0
