@@ -1,7 +1,7 @@
 """Replica schedulers other than vLLM v1, and the registry of all of them.
 
 Each is a :class:`~simulator.engine.batching.ContinuousBatcher` that overrides how a step is
-formed (``schedule``) or how KV blocks are held (the ``_*_blocks`` hooks). ``PARAMS`` lists
+formed (``form``) or how KV blocks are held (the ``_*_blocks`` hooks). ``PARAMS`` lists
 the keyword parameters a scheduler takes (``[engine] scheduler_args``) with defaults.
 """
 
@@ -26,7 +26,10 @@ class PrefillFirst(ContinuousBatcher):
     #: Prompts run whole, so the token budget bounds the context (see build.py).
     CHUNKED = False
 
-    def schedule(self, now: float) -> Batch | None:
+    def _prepare(self) -> None:
+        """Nothing: whether swapped requests come back decides the step's kind (form)."""
+
+    def form(self, now: float) -> Batch | None:
         chunks: list[tuple[Request, int]] = []
         if not self.swapped:
             self._admit(self.max_tokens, chunks, now, chunked=False)
@@ -99,7 +102,7 @@ class Reserving(ContinuousBatcher):
     def _held_blocks(self, req: Request, kv_tokens: int) -> int:
         return req.blocks
 
-    def schedule(self, now: float) -> Batch | None:
+    def form(self, now: float) -> Batch | None:
         chunks: list[tuple[Request, int]] = []
         n_decode = len(self.decoding)
         self._admit(self.max_tokens - n_decode * self._decode_tokens, chunks, now,
@@ -114,7 +117,7 @@ class Static(Reserving):
 
     CHUNKED = True  # the whole batch's prompts run in one step, whatever the token budget
 
-    def schedule(self, now: float) -> Batch | None:
+    def form(self, now: float) -> Batch | None:
         chunks: list[tuple[Request, int]] = []
         if not self.decoding and not self.prefilling:
             self._admit(2**62, chunks, now, chunked=False)  # the whole batch at once
