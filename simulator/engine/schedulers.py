@@ -47,14 +47,14 @@ class PrefillPriority(ContinuousBatcher):
     .get_next_batch_to_run`` runs ``get_new_batch_prefill()`` first; mixed chunks are
     off, ``ServerArgs.enable_mixed_chunk = False``)."""
 
-    def schedule(self, now: float) -> Batch | None:
+    def form(self, now: float) -> Batch | None:
         if not self.swapped and (self.prefilling or self.waiting):
             chunks: list[tuple[Request, int]] = []
             budget = self._continue_prefills(self.max_tokens, chunks, now)
             self._admit(budget, chunks, now)
             if chunks:
                 return self._batch(0, chunks)
-        return super().schedule(now)
+        return super().form(now)
 
 
 class Sarathi(ContinuousBatcher):
