@@ -1,6 +1,7 @@
 """From a validated scenario to a static cluster plan (:mod:`simulator.cluster.plan`):
 hardware, graph, placement, memory, per-stage costs. A colocated scenario builds a cluster of
-one pool here; :mod:`simulator.cluster.pools` builds each ``[[pools]]`` entry with it.
+one pool here; :func:`simulator.cluster.pools.build_plan`, the entry point for any scenario,
+builds each ``[[pools]]`` entry with it.
 Everything here is checked before any simulation starts.
 """
 
@@ -50,8 +51,11 @@ def _check_heads(model: ModelSpec, tp: int, pp: int, engine: str = "vllm",
     return problems
 
 
-def build_plan(scenario: Scenario) -> ClusterPlan:
-    """Check the scenario against model and hardware and derive the static cluster.
+def build_colocated(scenario: Scenario) -> ClusterPlan:
+    """Check a colocated scenario (its ``[[pools]]``, if any, ignored) against model and
+    hardware and derive its static cluster of one pool. The entry point that builds any
+    scenario is :func:`simulator.cluster.pools.build_plan`, which builds each pool with
+    this.
 
     Raises
     ------
