@@ -12,12 +12,12 @@ from dataclasses import replace
 from simulator.calibration.engines import engine_gpu
 from simulator.cluster.plan import ClusterPlan, PoolPlan, ReplicaPlan
 from simulator.engine.host import host_keys
-from simulator.engine.profiles import capture_sizes
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.engine.speculative import SpecConfig, spec_config
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, load_node
 from simulator.io.layout import head_engine, head_problems
+from simulator.io.profiles import capture_sizes
 from simulator.io.scenario import resolve_path
 from simulator.io.schema import Scenario
 from simulator.model.cost import ACT_BYTES, StageCost
