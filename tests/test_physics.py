@@ -170,3 +170,7 @@ def test_stage_work_counts_every_parameter_twice_per_token_and_the_ring_bytes():
     assert flops == pytest.approx(2 * linear * tokens + attn + head, rel=1e-6)
     assert nvlink == pytest.approx(2 * m.layers * 2 * (tp - 1) / tp * tokens * h * 2)
     assert (nic == 0).all() and (hbm > 0).all()
+    # What the link metrics lay on the graph: T * h * 2 per message, two per layer.
+    assert cost.message_bytes(64) == 64 * h * 2
+    assert cost.allreduce_bytes(64) == 2 * m.layers * 64 * h * 2
+    assert nvlink[0] == pytest.approx(2 * (tp - 1) / tp * cost.allreduce_bytes(64))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simulator.model.cost import ACT_BYTES, StageCost
+from simulator.model.cost import StageCost
 
 GPU_COLUMNS = ["window_start_s", "gpu", "replica", "stage", "compute_util", "hbm_util",
                "nvlink_util", "nic_util"]
@@ -47,7 +47,7 @@ def stage_work(st: StageHardware, g: pd.DataFrame) -> tuple[np.ndarray, ...]:
     flops, hbm, nvlink, nic = st.cost.work(
         tokens, g["prefill_pairs"].to_numpy(float), g["prefill_ctx"].to_numpy(float),
         g["decode_kv"].to_numpy(float), g["sampled"].to_numpy(float))
-    send = 0 * tokens if st.last else tokens * st.cost.shapes.model.hidden * ACT_BYTES
+    send = 0 * tokens if st.last else st.cost.message_bytes(tokens)
     if st.send_over_nic:
         return flops, hbm, nvlink, nic + send
     return flops, hbm, nvlink + send, nic

@@ -311,6 +311,16 @@ class StageCost:
             compute = max(compute, launch - comm)
         return compute, comm
 
+    def message_bytes(self, tokens):
+        """Bytes of the activations of ``tokens`` tokens, ``T * h * 2``: one TP all-reduce's
+        message, and the hand-off to the next pipeline stage."""
+        return tokens * self.shapes.model.hidden * ACT_BYTES
+
+    def allreduce_bytes(self, tokens):
+        """Bytes the stage all-reduces over its TP group for ``tokens`` tokens: two
+        all-reduces of :meth:`message_bytes` per layer."""
+        return 2 * self.layers * tokens * self.shapes.model.hidden * ACT_BYTES
+
     def work(self, tokens: np.ndarray, prefill_pairs: np.ndarray, prefill_ctx: np.ndarray,
              decode_kv: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, ...]:
         """FLOPs, HBM bytes, NVLink bytes and NIC bytes on one GPU of the stage for each of
