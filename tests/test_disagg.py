@@ -18,6 +18,7 @@ import tomli_w
 import simulator
 from simulator import DEFAULT_SCENARIO, ScenarioError, load_scenario, run, write_result
 from simulator.cli import main
+from simulator.cluster.build import build_colocated
 from simulator.cluster.disagg import POOL_COLUMNS
 from simulator.cluster.pools import build_plan
 from simulator.cluster.running import check
@@ -133,6 +134,8 @@ def test_the_public_build_plan_builds_pools_and_colocated_alike():
     assert [p.spec.name for p in check(s)[0].pools] == ["p", "d"]
     one = simulator.build_plan(load_scenario(DEFAULT_SCENARIO))
     assert len(one.pools) == 1 and one.pools[0].role == "mixed"
+    with pytest.raises(ValueError, match="build_plan builds it"):
+        build_colocated(s)  # the one-pool step refuses pools rather than drop them
 
 
 def test_two_transfers_sharing_a_nic_split_its_bandwidth():

@@ -52,17 +52,21 @@ def _check_heads(model: ModelSpec, tp: int, pp: int, engine: str = "vllm",
 
 
 def build_colocated(scenario: Scenario) -> ClusterPlan:
-    """Check a colocated scenario (its ``[[pools]]``, if any, ignored) against model and
-    hardware and derive its static cluster of one pool. The entry point that builds any
-    scenario is :func:`simulator.cluster.pools.build_plan`, which builds each pool with
-    this.
+    """Check a colocated scenario against model and hardware and derive its static
+    cluster of one pool. The entry point that builds any scenario is
+    :func:`simulator.cluster.pools.build_plan`, which builds each pool with this.
 
     Raises
     ------
     ScenarioError
         Naming the key: tp not dividing the heads, layout larger than the cluster, a model
         that does not fit (and by how much), a max_model_len beyond the KV cache.
+    ValueError
+        A scenario with ``[[pools]]`` (build it with ``build_plan``).
     """
+    if scenario.pools:
+        raise ValueError("build_colocated: the scenario has [[pools]]; "
+                         "simulator.cluster.pools.build_plan builds it")
     try:
         return _build(scenario)
     except ScenarioError as exc:
