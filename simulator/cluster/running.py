@@ -20,7 +20,6 @@ from tqdm import tqdm
 
 from simulator.cluster.autoscale import Autoscaler
 from simulator.cluster.bench import benchmark
-from simulator.cluster.build import build_plan
 from simulator.cluster.disagg import pool_table, request_columns
 from simulator.cluster.gateway import Gateway, check_gateway
 from simulator.cluster.outcome import (
@@ -30,7 +29,7 @@ from simulator.cluster.outcome import (
     step_fold,
 )
 from simulator.cluster.plan import ClusterPlan
-from simulator.cluster.pools import build_pools
+from simulator.cluster.pools import build_plan
 from simulator.cluster.simulation import (
     Cluster,
     check_faults,
@@ -87,7 +86,7 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
         The plan, and the open-loop requests (None for closed loop).
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    plan = build_pools(s) if s.pools else build_plan(s)
+    plan = build_plan(s)
     check_faults(s, plan)
     return plan, workload_requests(s)
 
@@ -173,7 +172,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
     (docs/disaggregation.md): one path; a pooled run adds the pool columns of requests.csv
     and the pool summary, and its batch efficiency is against ``[engine]``'s token budget."""
     wall0 = time.perf_counter()
-    plan = build_pools(s) if s.pools else build_plan(s)
+    plan = build_plan(s)
     rngs = run_rngs(s.seed)
     env = simpy.Environment()
     stages = stage_hardware(plan)

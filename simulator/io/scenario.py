@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from simulator import files, registry
-from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
 from simulator.io.gateway import parse_gateway
 from simulator.io.layout import translate
 from simulator.io.overrides import apply_overrides
+from simulator.io.profiles import apply_profile
 from simulator.io.schema import (
     LENGTH_DISTS,
     LIMITS,
