@@ -25,6 +25,7 @@ from simulator.model.fitted import DSA_FIT, GDN_FIT
 from simulator.model.hybrid_cost import DSACost, GDNCost
 from simulator.model.memory import (
     ExpertLayout,
+    hybrid_block_tokens,
     moe_weight_bytes_per_gpu,
     plan_moe_memory,
     weight_classes,
@@ -260,6 +261,30 @@ def test_unset_weight_dtype_is_the_release_precision(model, want):
     assert set_.model.weight_dtype == "bf16"  # a value the user sets is kept
 
 
+def test_hybrid_prefix_caching_resumes_at_vllm_state_snapshots():
+    """Qwen3.5-27B under vLLM V1 prefix caching: a 784-token attention block (vLLM logs
+    it for this model on one GPU), 400 at TP8; every hit is a whole number of those blocks
+    (a 2,048-token shared prefix is reused as 1,568 tokens), and each 16-token KV block
+    carries its share of a state snapshot instead of a state set aside per sequence."""
+    m = load_model("qwen3.5-27b")
+    assert hybrid_block_tokens(m, 2, 1) == 16 * -(-3_207_168 // (16 * 4096)) == 784
+    assert hybrid_block_tokens(m, 2, 8) == 400  # 4 KV heads replicated: 1 per GPU
+    base = {"model": {"name": "qwen3.5-27b"}, "cluster": {"topology": "hgx-h200"},
+            "engine": {"max_num_seqs": 64, "prefix_caching": True},
+            "workload": {"arrival": "sessions", "rate_per_s": 2.0, "num_requests": 60,
+                         "shared_prefix_tokens": 2048, "hash_block_tokens": 16,
+                         "prompt_tokens": 300, "output_tokens": 100}}
+    r = run(load_scenario(base))
+    hits = r.requests.cached_prompt_tokens
+    assert (r.requests.status == "completed").all()
+    assert (hits % 784 == 0).all() and 1568 in set(hits) and r.summary["prefix_hit_rate"] > 0
+    state = 48 * (48 * 128 * 128 * 4 + 3 * 10240 * 2)
+    assert r.plan.memory.block_bytes_per_gpu == (16 * 16 * 4096 + round(16 * state / 784),)
+    assert r.plan.memory.state_bytes_per_gpu == 0.0
+    with pytest.raises(ScenarioError, match="allowed: vllm-v1, none"):
+        run(load_scenario(base | {"engine": base["engine"] | {"profile": "sglang"}}))
+
+
 def test_qwen_moe_without_mlp_only_layers_is_all_moe():
     """A Qwen3.5/3.6 MoE text config that leaves out mlp_only_layers (Qwen3.6-35B-A3B)
     has every layer MoE with its shared expert, as one that lists none."""
@@ -286,16 +311,17 @@ def test_nvfp4_on_hopper_is_refused_in_one_line(tmp_path, capsys):
     assert main(["validate", str(_scenario(tmp_path, "glm-5-nvfp4", "hgx-b200"))]) == 0
 
 
-def test_prefix_caching_on_a_hybrid_is_refused(tmp_path, capsys):
+def test_prefix_caching_on_a_hybrid_is_refused_outside_vllm(tmp_path, capsys):
     f = tmp_path / "s.toml"
     f.write_text('[model]\nname = "qwen3.5-27b"\n[cluster]\ntopology = "hgx-h200"\n'
+                 '[engine]\nprofile = "sglang"\n'
                  '[workload]\narrival = "sessions"\nrate_per_s = 1.0\nnum_requests = 4\n')
     code = main(["validate", str(f)])
-    err = capsys.readouterr().err
-    assert code == 2 and "engine.prefix_caching" in err
-    f.write_text(f.read_text().replace("[workload]", "[engine]\nprefix_caching = false\n"
-                                                     "max_num_seqs = 256\n[workload]"))
-    assert main(["validate", str(f)]) == 0
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "engine.prefix_caching" in err and "'sglang'" in err
+    assert len(err.splitlines()) == 1
+    f.write_text(f.read_text().replace('profile = "sglang"', 'profile = "vllm-v1"'))
+    assert main(["validate", str(f)]) == 0  # vLLM V1's block-aligned state snapshots
 
 
 def test_too_many_sequences_for_their_states_says_how_many_fit(tmp_path, capsys):

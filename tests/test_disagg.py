@@ -29,7 +29,7 @@ from simulator.metrics.records import Recorder
 from simulator.model.spec import load_model
 from simulator.paths import ROOT
 from simulator.planner import plan
-from simulator.planner.explain import label
+from simulator.planner.objectives import label
 from simulator.planner.simulate import without_pools
 
 EFF = 0.75  # BANDWIDTH_EFFICIENCY: links run at 75 % of line rate for point-to-point sends

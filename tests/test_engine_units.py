@@ -16,7 +16,8 @@ from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import MIN_RUN, VECTOR_MIN_RECORDS, Inbox, MicroBatch, Replica
 from simulator.engine.request import Request
-from simulator.metrics.records import STEP_COLUMNS
+from simulator.engine.steplog import StepLog
+from simulator.metrics.records import STEP_COLUMNS, Recorder
 
 A = 2.0**-7  # s: fixed compute per step
 B = 2.0**-20  # s per KV entry read by decoders
@@ -104,7 +105,7 @@ def test_decode_run_hand_timeline(output, stages):
     assert rep.union_s == pytest.approx(sum(e[3] + COMM for e in expected), rel=1e-12)
     # The fast path ran (uncut runs double the planned length: 16, 32, 64 extra steps, ...)
     # and the runs of at least VECTOR_MIN_RECORDS steps came as bulk columns.
-    assert rep._run_len[0] > MIN_RUN
+    assert rep.ff.run_len[0] > MIN_RUN
     assert bool(bulks) == (output - 1 > 1 + 16 + 1 + 32 + 1 + VECTOR_MIN_RECORDS)
 
 
@@ -130,7 +131,7 @@ def test_router_views_exact_during_a_decode_run():
         rep.submit(Request(0, 0.0, 40, 300))
         env.run(until=1.0)
         views.append((rep.kv_used_fraction, rep.load_tokens, rep.unclaimed_blocks(0)))
-        assert (rep._runs[0] is not None) == fast  # the fast replica is in a decode run
+        assert (rep.ff.runs[0] is not None) == fast  # the fast replica is in a decode run
     expected, _ = _hand_timeline([40], 300)
     decoded = sum(e[1] <= 1.0 for e in expected[1:])  # decode steps ended by t = 1 s
     kv = 40 + decoded  # KV tokens held: the prompt and every token fed back since
@@ -147,7 +148,7 @@ def test_failure_mid_run_keeps_the_steps_that_ended():
     ends = [e[1] for e in expected]
     t = (ends[10] + ends[11]) / 2  # during the 12th step (the 11th decode step)
     env.run(until=t)
-    assert rep._runs[0] is not None  # in a decode run
+    assert rep.ff.runs[0] is not None  # in a decode run
     lost = rep.fail()
     env.run(until=2 * t)
     assert lost == [req]
@@ -162,8 +163,8 @@ def test_inline_step_record_layout():
     env, rep, *_ = _replica(stages=2)
     rows: list[tuple] = []
     start = 1.0
-    end, busy = rep._inline(start, 96, 1234.0, 7, 500, 3, 64, 32, 35, 12, rows.append,
-                            swap_blocks=0, draft_s=2.0**-8)
+    end, busy = rep.timeline.inline(start, 96, 1234.0, 7, 500, 3, 64, 32, 35, 12, rows.append,
+                                    swap_blocks=0, draft_s=2.0**-8)
     compute = A + B * 500 + C * 96
     s0 = start + OVERHEAD + 2.0**-8  # drafts run before the first stage
     s1 = s0 + compute + COMM + LAT + 96 * PER_TOKEN
@@ -174,15 +175,15 @@ def test_inline_step_record_layout():
     assert end == s1 + compute + COMM
     assert busy == [compute + COMM, compute + COMM]
     # Without a recorder the same times come back and nothing is recorded.
-    assert rep._inline(start, 96, 1234.0, 7, 500, 3, 64, 32, 35, 12, None,
-                       draft_s=2.0**-8) == (end, busy)
+    assert rep.timeline.inline(start, 96, 1234.0, 7, 500, 3, 64, 32, 35, 12, None,
+                               draft_s=2.0**-8) == (end, busy)
 
 
 def test_inline_step_one_stage_with_swap():
     env, rep, *_ = _replica(stages=1)
     rows: list[tuple] = []
-    rep.swap_s = 2.0**-14
-    end, busy = rep._inline(0.5, 10, 0.0, 0, 0, 1, 10, 0, 1, 1, rows.append, swap_blocks=4)
+    rep.timeline.swap_s = 2.0**-14
+    end, busy = rep.timeline.inline(0.5, 10, 0.0, 0, 0, 1, 10, 0, 1, 1, rows.append, swap_blocks=4)
     compute = A + C * 10
     assert rows == [(0, 0, 0, 0.5 + OVERHEAD + 4 * 2.0**-14, end, 10, 0, 1, compute, COMM, 1,
                      0.0, 0, 0, 1)]
@@ -225,3 +226,24 @@ def test_two_streams_overlap_in_the_pipeline():
     # Busy union: stage spans overlap, so it is less than the sum of the busy times.
     assert rep.union_s < sum(rep.stage_busy_s)
     assert rep.steps == 2
+
+
+def test_step_log_takes_every_record_form_and_counts_inline_steps():
+    rows, runs, cols = [], [], []
+    log = StepLog(2, rows.append, runs.append, cols.append)
+    log.count(2, 10, [0.5, 0.25])  # two steps of two stages, nothing overlapping
+    assert (log.steps, log.step_tokens, log.stage_busy_s, log.union_s) == (2, 10, [0.5, 0.25],
+                                                                            0.75)
+    # The first two steps of a run's rows: two stages each.
+    log.keep([(i,) for i in range(6)], None, 2)
+    assert rows == [(0,), (1,), (2,), (3,)]
+    log.keep([], {"end_s": np.arange(6.0)}, 2)  # or its columns
+    assert cols[0]["end_s"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    # A short run in compact form: the scheduled step (lead) and one extra step of three.
+    run = (0, [0.0, 1.0, 2.0, 3.0], 0.25, 4, [0.5, 0.6, 0.7], 0.1, 9, [1, 2, 3], 100)
+    log.compact(run, True, 1)
+    assert runs == [(0, [0.0, 1.0, 2.0], 0.25, 4, [0.5, 0.6], 0.1, 9, [1, 2], 100)]
+    # Without per-step rows there is no compact form either.
+    assert StepLog(1, None, runs.append).run is None
+    # The recorder's steps table has the record's fields, in order.
+    assert list(Recorder().steps_frame().columns) == STEP_COLUMNS

@@ -1,5 +1,5 @@
 """The event loop's shortcuts against their plain definitions: a short decode
-run's times priced in chunks (:meth:`DecodeRunPath._decode_times`), the decode-only
+run's times priced in chunks (:meth:`Timeline.decode_times`), the decode-only
 schedule that builds its Batch at once (:meth:`ContinuousBatcher.schedule`), the blocks
 a planned run allocates counted once (:meth:`DecodeRuns.decode_run`,
 :meth:`DecodeRuns.skip_decode_steps`) and ``pull`` reporting the next arrival.
@@ -64,9 +64,9 @@ def test_chunked_decode_times_equal_the_hand_timeline(estimate, horizon, lag):
     # admission) after three steps that end past it; whatever the chunks' size estimate.
     cost = KVCost()
     rep = _replica(cost)
-    rep._step_s = estimate
+    rep.timeline.step_s = estimate
     batch = Batch(4, 1000 + 4, [], 0, 0.0, 0, 4, 0)
-    ends, computes, comm = rep._decode_times(None, batch, 39, horizon, 0.0, lag)
+    ends, computes, comm = rep.timeline.decode_times(None, batch, 39, horizon, 0.0, lag)
     full = _hand_ends(0.0, 4, 1000, 40)
     assert comm == COMM
     assert ends == full[: len(ends)]  # exact: dyadic costs on the clock grid
@@ -81,7 +81,7 @@ def test_chunked_decode_times_equal_the_hand_timeline(estimate, horizon, lag):
         assert cost.priced <= len(full) - 1
     if not after:
         assert ends == full
-    assert rep._step_s == full[len(computes)] - full[len(computes) - 1]
+    assert rep.timeline.step_s == full[len(computes)] - full[len(computes) - 1]
 
 
 def test_chunked_pricing_skips_the_steps_past_the_horizon():
@@ -90,9 +90,9 @@ def test_chunked_pricing_skips_the_steps_past_the_horizon():
     cost = KVCost()
     rep = _replica(cost)
     step = OVERHEAD + A + B * 1004 + COMM
-    rep._step_s = ticks(step)
+    rep.timeline.step_s = ticks(step)
     batch = Batch(4, 1004, [], 0, 0.0, 0, 4, 0)
-    ends, _, _ = rep._decode_times(None, batch, 199, 10 * step, 0.0)
+    ends, _, _ = rep.timeline.decode_times(None, batch, 199, 10 * step, 0.0)
     assert len(ends) - 1 <= 11
     assert cost.priced <= 13
 

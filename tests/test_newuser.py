@@ -286,6 +286,36 @@ def test_trace_bounded_to_its_first_steps_and_said_so(tmp_path, monkeypatch, cap
         steps)
 
 
+def test_a_large_trace_is_warned_before_it_is_written(tmp_path, monkeypatch, capsys):
+    """The trace's JSON size is estimated from its first events (the bounded window's) and
+    warned above the threshold; the quoted size is the file's, uncompressed, to 10%."""
+    from simulator.io import chrome_trace, writers  # noqa: PLC0415
+
+    sc = tmp_path / "toy.toml"
+    sc.write_text(tomli_w.dumps(toy_scenario(
+        workload={"arrival": "constant", "rate_per_s": 5.0, "num_requests": 40,
+                  "prompt_tokens": 100, "output_tokens": 30},
+        output={"trace_gzip": False})))
+    assert main(["run", str(sc), "--out", str(tmp_path / "small"), "--quiet"]) == 0
+    assert "trace of about" not in capsys.readouterr().err  # under 200 MB: no warning
+    size = (tmp_path / "small" / "trace.json").stat().st_size
+    monkeypatch.setattr(writers, "LARGE_BYTES", size / 2)
+    assert main(["run", str(sc), "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    line = next(ln for ln in err.splitlines() if "trace of about" in ln)
+    assert line.startswith("warning: writing a trace of about ") and "--no-trace" in line
+    assert "output.trace_max_steps bounds its steps" in line
+    quoted = float(line.split("about ")[1].split(" MB")[0]) * 1e6
+    assert abs(quoted - size) <= 0.1 * size + 0.5e6
+    est = chrome_trace.json_bytes(*[pd.read_csv(tmp_path / "r" / f) for f in
+                               ("requests.csv", "steps.csv")])
+    assert abs(est - size) <= 0.1 * size  # the estimate itself, to a few percent
+    # A bounded trace is estimated over the steps it keeps: 20 of them, under the threshold.
+    assert main(["run", str(sc), "--out", str(tmp_path / "b"), "--quiet",
+                 "--set", "output.trace_max_steps=20"]) == 0
+    assert "trace of about" not in capsys.readouterr().err
+
+
 def test_howto_links_name_existing_sections():
     """docs/howto.md points to sections as docs/<page>.md, "<heading>": each exists."""
     text = (ROOT / "docs" / "howto.md").read_text()

@@ -18,7 +18,7 @@ from simulator.io.schema import SloKeys
 from simulator.model.memory import GIB, activation_bytes, split_layers, weight_bytes_per_gpu
 from simulator.model.spec import BYTES_PER_DTYPE, load_model
 from simulator.planner import capacity, plan
-from simulator.planner.explain import no_slo
+from simulator.planner.objectives import no_slo
 from simulator.planner.plots import pareto_front
 from simulator.planner.report import write_plan
 from simulator.planner.simulate import keep_up

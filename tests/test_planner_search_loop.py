@@ -11,7 +11,7 @@ from test_planner_search import CONST, search_setup
 
 from simulator.io.schema import SloKeys
 from simulator.planner.disagg import pools_of
-from simulator.planner.nearmiss import group_of
+from simulator.planner.nearmiss import group_of, groups_of
 from simulator.planner.search import (
     Colocated,
     Disaggregated,
@@ -19,6 +19,7 @@ from simulator.planner.search import (
     candidate,
     candidates_of,
     enumerate_candidates,
+    group_series,
     simulate_best,
 )
 from simulator.planner.space import Layout, Limits
@@ -34,6 +35,7 @@ def test_candidates_of_a_plan_read_as_their_kind():
     c = enumerate_candidates(base, s, 2, st, "goodput_per_gpu", 1, disagg=True)
     typed = candidates_of(c)
     assert [t.group for t in typed.values()] == [group_of(r) for _, r in c.iterrows()]
+    assert group_series(typed).equals(groups_of(c))  # what rerank takes instead
     kinds = {type(t).__name__ for t in typed.values()}
     assert kinds == {"Colocated", "Disaggregated"}
     disagg = [i for i, t in typed.items() if isinstance(t, Disaggregated)]

@@ -183,3 +183,15 @@ def test_disaggregated_speculative_pick_speculates_on_its_decode_pool(tmp_path):
             assert s.pools[1].speculative_of(s.speculative).num_speculative_tokens == 3
         else:
             assert "speculative" not in dec and s.pools[1].speculative_of(None) is None
+
+
+@pytest.mark.parametrize("scheduler", ["vllm_v0", "sarathi", "orca", "static"])
+def test_decode_pools_of_every_scheduler_speculate_and_keep_every_token(scheduler):
+    data = _three_decode_pools()
+    for pool in data["pools"][1:]:
+        pool["engine"]["scheduler"] = scheduler
+    req = run(data).requests
+    assert (req["status"] == "completed").all()
+    assert (req["generated_tokens"] == req["output_tokens"]).all()
+    assert req["spec_steps"].sum() > 0
+    assert (req["accepted_tokens"] <= 3 * req["spec_steps"]).all()

@@ -92,10 +92,29 @@ def test_an_aggregated_dense_row():
     assert s["parallel"] == {"tp": 4, "pp": 1, "dp": 1}
     assert s["cluster"] == {"topology": "dgx-h100", "nodes": 1}
     assert s["engine"] == {"profile": "vllm-v1", "max_num_seqs": 32}
-    # no concurrency column: the batch size is the client's concurrency
-    assert s["workload"] == {"arrival": "closed_loop", "concurrency": 32, "num_requests": 64,
+    # no concurrency column: the batch size is the client's concurrency; AIPerf as
+    # AIConfigurator runs it: 20 x C measured requests after C warm-ups
+    assert s["workload"] == {"arrival": "closed_loop", "client": "aiperf", "concurrency": 32,
+                             "warmup_requests": 32, "num_requests": 640,
                              "prompt_tokens": 4096, "output_tokens": 128}
     simulator.load_scenario(s)
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
+def test_every_aggregated_row_is_aiperf_with_twenty_rounds_after_one_warm_up_round(backend):
+    row = {"model_path": "Qwen/Qwen3-32B", "system": "h100_sxm", "backend": backend,
+           "isl": 1024.0, "osl": 128.0, "batch_size": 4.0, "tp_size": 2.0, "pp_size": 1.0}
+    s, _ = scenario(row)
+    w = s["workload"]
+    assert (w["client"], w["concurrency"], w["warmup_requests"], w["num_requests"]) == (
+        "aiperf", 4, 4, 80)
+    r = simulator.run(simulator.load_scenario(s))
+    # the 4 warm-ups are served and left out: 80 measured requests, each through the API
+    # front end, and the measured run starts after the warm-ups' last token
+    assert len(r.requests) == 80
+    assert r.requests["arrival_s"].min() > 0.0
+    first = r.requests.nsmallest(4, "arrival_s")["arrival_s"]
+    assert first.max() == first.min()  # the first 4 measured requests are sent together
 
 
 def test_an_aggregated_moe_row_over_two_nodes_with_fp8_kv_on_trtllm():
@@ -105,7 +124,7 @@ def test_an_aggregated_moe_row_over_two_nodes_with_fp8_kv_on_trtllm():
     assert s["model"] == {"name": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8"}
     assert s["parallel"] == {"tp": 16, "pp": 1, "dp": 1, "ep": 16, "attention_dp": True}
     assert s["cluster"] == {"topology": "hgx-h200", "nodes": 2}
-    assert s["workload"]["concurrency"] == 2 and s["workload"]["num_requests"] == 8
+    assert s["workload"]["concurrency"] == 2 and s["workload"]["num_requests"] == 40
     # SGLang keeps the 16-bit cache; NVFP4 weights are fp4
     s, _ = agg_scenario(_moe(backend="sglang", system="b200_sxm", gemm_quant_mode="nvfp4"))
     assert s["model"] == {"name": "deepseek-v3", "weight_dtype": "fp4"}

@@ -273,8 +273,6 @@ def test_draft_model_must_exist_and_share_the_vocabulary(toy):
     with pytest.raises(simulator.ScenarioError, match="vocabulary"):
         simulator.run(toy(speculative={"method": "draft_model", "draft_model": "llama-3.2-1b",
                                        "acceptance": 0.8}))
-    with pytest.raises(simulator.ScenarioError, match="engine.scheduler"):
-        simulator.run(toy(engine={"scheduler": "sarathi"}, speculative=SPEC))
 
 
 # -- interplay: failures, pipeline streams, prefix caching ---------------------------------
@@ -406,3 +404,69 @@ def test_deepseek_v3_mtp_drafts_with_its_moe_layer_and_pays_at_low_load():
     assert (spec.requests["generated_tokens"] == spec.requests["output_tokens"]).all()
     assert 0 < spec.summary["draft_time_share"] < 0.1  # one layer of 62
     assert spec.summary["tpot_mean_s"] < 0.8 * plain.summary["tpot_mean_s"]
+
+
+# -- speculation as a decode policy of every scheduler ---------------------------------------
+
+OTHER_SCHEDULERS = ["vllm_v0", "sarathi", "orca", "static"]
+
+
+@pytest.mark.parametrize("scheduler", OTHER_SCHEDULERS)
+@pytest.mark.parametrize("out", [1 + 5 * 4, 1 + 5 * 4 + 2])
+def test_every_scheduler_with_acceptance_one_gives_k_plus_one_tokens_per_step(toy, scheduler,
+                                                                               out):
+    """One request alone, acceptance 1.0, k = 3: after the prefill's first token each
+    verification step brings 4 tokens, ceil((out - 1) / 4) steps, the last one cut to the
+    tokens left."""
+    res = _one(toy, out, {**SPEC, "acceptance": 1.0}, scheduler=scheduler)
+    r = res.requests.iloc[0]
+    steps = -(-(out - 1) // 4)
+    assert r["status"] == "completed" and r["generated_tokens"] == out
+    assert r["spec_steps"] == steps and r["accepted_tokens"] == 3 * steps
+    decode = res.steps[res.steps["prefill_tokens"] == 0]
+    assert len(decode) == steps
+    assert (decode["decode_tokens"] == 4).all()  # k + 1 positions verified per step
+    # Verification after c KV tokens: c = 100 prompt tokens, then 4 more per step.
+    assert decode["prefill_ctx"].tolist() == [100 + 4 * j for j in range(steps)]
+
+
+@pytest.mark.parametrize("scheduler", OTHER_SCHEDULERS)
+def test_every_scheduler_speculating_accounts_for_every_request(toy, scheduler):
+    w = {"arrival": "poisson", "rate_per_s": 40.0, "num_requests": 80,
+         "prompt_tokens": {"dist": "uniform", "min": 50, "max": 600},
+         "output_tokens": {"dist": "uniform", "min": 1, "max": 300}}
+    sc = toy(workload=w, engine={"scheduler": scheduler, "max_num_seqs": 16,
+                                 "max_num_batched_tokens": 1024, "max_model_len": 1000},
+             speculative={**SPEC, "acceptance": 0.6})
+    res = simulator.run(with_kv_tokens(sc, 12000))
+    req, steps = res.requests, res.steps
+    assert len(req) == 80 and (req["status"] == "completed").all()
+    assert (req["generated_tokens"] == req["output_tokens"]).all()
+    assert (req["accepted_tokens"] <= 3 * req["spec_steps"]).all()
+    assert res.summary["acceptance_length_mean"] > 1
+    cap = res.summary["kv_blocks_per_replica"] // res.plan.streams_per_replica
+    assert steps["kv_blocks"].between(0, cap).all()
+    assert steps["batch_size"].le(16).all()
+    if scheduler == "vllm_v0":  # a step is all prefill or all decode
+        assert ((steps["prefill_tokens"] == 0) | (steps["decode_tokens"] == 0)).all()
+    if scheduler in ("orca", "static"):  # memory reserved at admission: decodes take none
+        only = (steps["prefill_tokens"] == 0).to_numpy()
+        grew = steps["kv_blocks"].diff().to_numpy()[1:] > 0
+        assert not (grew & only[1:] & only[:-1]).any()
+
+
+@pytest.mark.parametrize("scheduler", OTHER_SCHEDULERS)
+def test_every_scheduler_with_speculation_always_disabled_is_plain_decoding(toy, scheduler):
+    """disable_by_batch_size = 1: the speculative decoding set steps one token at a time and
+    gives the scheduler's plain results bit for bit."""
+    sc = toy(workload={"arrival": "poisson", "rate_per_s": 100.0, "num_requests": 60,
+                       "prompt_tokens": {"dist": "uniform", "min": 50, "max": 600},
+                       "output_tokens": {"dist": "uniform", "min": 1, "max": 400}},
+             engine={"scheduler": scheduler, "max_num_batched_tokens": 1024,
+                     "max_model_len": 1000})
+    plain = simulator.run(sc)
+    spec = simulator.run({**sc, "speculative": {"method": "ngram", "acceptance": 0.9,
+                                                "disable_by_batch_size": 1}})
+    assert spec.summary["spec_step_fraction"] == 0.0
+    pd.testing.assert_frame_equal(plain.requests, spec.requests[plain.requests.columns])
+    pd.testing.assert_frame_equal(plain.steps, spec.steps)

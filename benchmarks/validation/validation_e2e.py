@@ -6,7 +6,8 @@
 Reproduces runs of ``../shared/validation/`` (NVIDIA AIConfigurator's silicon data,
 Apache-2.0: DeepSeek-V3 and Qwen3-32B at fixed ISL/OSL and fixed concurrency) as
 closed-loop scenarios under the run's engine profile (``simulator.io.silicon``: aggregated
-runs as one replica of the run's layout, disaggregated runs as a prefill and a decode pool
+runs as one replica of the run's layout driven by AIPerf as AIConfigurator ran it, 20 x
+concurrency requests after one round of warm-ups, disaggregated runs as a prefill and a decode pool
 of the run's worker counts and layouts), and prints the signed error of the simulated mean
 TPOT and TTFT per row and their medians per (GPU, engine, mode). A seeded sample of
 ``--per-group`` rows per (model, GPU, engine, mode) keeps it to minutes; rows that cannot

@@ -24,6 +24,7 @@ from simulator.model.memory import (
     GIB,
     ExpertLayout,
     MemoryPlan,
+    hybrid_block_tokens,
     plan_memory,
     plan_moe_memory,
     split_layers,
@@ -31,7 +32,7 @@ from simulator.model.memory import (
 from simulator.model.moe_cost import A2APaths
 from simulator.model.moe_stage import LayoutComm, MoEStageCost
 from simulator.model.routing import Routing, popularity, read_weights
-from simulator.model.spec import KV_DTYPES, ModelSpec, load_model
+from simulator.model.spec import BYTES_PER_DTYPE, KV_DTYPES, ModelSpec, load_model
 from simulator.model.speculative import DraftCost, draft_kv_bytes_per_token, draft_weight_bytes
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, allreduce, group_cost
 from simulator.parallel.placement import ReplicaPlacement, place
@@ -264,12 +265,14 @@ def _build(s: Scenario) -> ClusterPlan:
                              head_engine(s.parallel.heads_rule, s.engine.profile),
                              "parallel.attention_tp" if s.parallel.attention_dp else
                              "parallel.tp")
-    if model.linear is not None and prefix_unit(s):
-        problems.append(f"engine.prefix_caching: true with a hash-block workload is not "
-                        f"modelled for {model.name}, a hybrid linear-attention model (vLLM "
-                        f"keeps its Gated DeltaNet state only at block-aligned checkpoints, "
-                        f"mamba_cache_mode 'align'; docs/model.md); set engine.prefix_caching "
-                        f"= false")
+    if (model.linear is not None and prefix_unit(s)
+            and s.engine.profile not in HYBRID_PREFIX_PROFILES):
+        problems.append(f"engine.prefix_caching: true for {model.name}, a hybrid "
+                        f"linear-attention model, is modelled as vLLM V1 keeps its Gated "
+                        f"DeltaNet state (block-aligned checkpoints, docs/model.md), not "
+                        f"under engine.profile = {s.engine.profile!r} (allowed: "
+                        f"{', '.join(HYBRID_PREFIX_PROFILES)}); or set "
+                        f"engine.prefix_caching = false")
     if problems:
         raise ScenarioError(problems)
     for key, allowed in (("weight_dtype", node.gpu.weight_dtypes), ("kv_dtype", KV_DTYPES)):
@@ -289,7 +292,8 @@ def _build(s: Scenario) -> ClusterPlan:
                                    expert_setup(s, model, node)[0], s.model.weight_dtype,
                                    s.model.kv_dtype, eng.block_size,
                                    eng.gpu_memory_utilization, eng.max_num_batched_tokens,
-                                   eng.max_num_seqs, reserve)
+                                   eng.max_num_seqs, reserve,
+                                   snapshot_tokens=prefix_snapshot_tokens(s, model))
         return plan_memory(model, node.gpu.memory_bytes, tp, pp, s.model.weight_dtype,
                            s.model.kv_dtype, eng.block_size, eng.gpu_memory_utilization,
                            eng.max_num_batched_tokens, eng.max_num_seqs, reserve)
@@ -400,9 +404,6 @@ def drafter_of(s: Scenario, model: ModelSpec, tp: int,
     sp = s.speculative
     if sp is None:
         return None, 0.0
-    if s.engine.scheduler != "vllm":
-        raise ScenarioError(f"speculative: needs engine.scheduler = \"vllm\" (got "
-                            f"{s.engine.scheduler!r})")
     if sp.method == "mtp" and not model.mtp_layers:
         raise ScenarioError(f"speculative.method: \"mtp\" needs a model with MTP layers "
                             f"(num_nextn_predict_layers in its config.json); {model.name} "
@@ -436,6 +437,21 @@ def _offload_units(s: Scenario, memory: MemoryPlan, streams: int) -> int:
                             f"caching maps each hash block onto whole KV blocks")
     per_block = max(memory.block_bytes_per_gpu) * max(1, w.hash_block_tokens // eng.block_size)
     return int(eng.kv_offload_gib * GIB // per_block) // streams
+
+
+#: Engine profiles whose prefix caching of a hybrid model is modelled: vLLM V1's
+#: block-aligned state checkpoints (``mamba_cache_mode = "align"``), and no profile.
+HYBRID_PREFIX_PROFILES = ("vllm-v1", "none")
+
+
+def prefix_snapshot_tokens(s: Scenario, model: ModelSpec) -> int:
+    """Tokens between the recurrent-state snapshots of a hybrid model under prefix caching
+    (vLLM V1 keeps one per attention block, :func:`~simulator.model.memory.hybrid_block_tokens`,
+    and a hit resumes only from one), or 0: no hybrid model, or no prefix cache."""
+    if model.linear is None or not prefix_unit(s):
+        return 0
+    attn_tp = (s.parallel.attention_tp or 1) if s.parallel.attention_dp else s.parallel.tp
+    return hybrid_block_tokens(model, BYTES_PER_DTYPE[s.model.kv_dtype], attn_tp)
 
 
 def prefix_unit(s: Scenario) -> int:

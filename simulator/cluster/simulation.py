@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from simulator.cluster.build import prefix_unit, replica_costs
+from simulator.cluster.build import prefix_snapshot_tokens, prefix_unit, replica_costs
 from simulator.cluster.contention import shared_sends
 from simulator.cluster.disagg import Handoff, pool_tags
 from simulator.cluster.faults import (
@@ -35,7 +35,7 @@ from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
 from simulator.engine.request import WAITING, Request
 from simulator.engine.schedulers import SCHEDULERS
-from simulator.engine.speculative import SpecStats, SpeculativeBatcher
+from simulator.engine.speculative import SpecStats, speculating
 from simulator.errors import ScenarioError
 from simulator.io.scenario import resolve_path
 from simulator.io.schema import Scenario
@@ -183,14 +183,17 @@ class Cluster:
         if "reserve_tokens" in cls.PARAMS:
             kwargs["max_model_len"] = plan.max_model_len
         blocks = plan.memory.kv_blocks // plan.streams_per_replica
-        if plan.speculative is not None:  # build checked: the vLLM v1 scheduler
-            cls = SpeculativeBatcher
+        if plan.speculative is not None:  # speculation: a decode policy of any scheduler
+            cls = speculating(cls)
             kwargs.update(spec=plan.speculative, stats=self.spec_stats)
-        return cls(KVCache(blocks, eng.block_size), eng.max_num_seqs,
-                   eng.max_num_batched_tokens, preemption=eng.preemption,
-                   swap_blocks=plan.swap_blocks_per_stream, gaps=self.gaps,
-                   prefix_tokens=prefix_unit(plan.scenario),
-                   offload_units=plan.offload_units_per_stream, **kwargs)
+        sched = cls(KVCache(blocks, eng.block_size), eng.max_num_seqs,
+                    eng.max_num_batched_tokens, preemption=eng.preemption,
+                    swap_blocks=plan.swap_blocks_per_stream, gaps=self.gaps,
+                    prefix_tokens=prefix_unit(plan.scenario),
+                    offload_units=plan.offload_units_per_stream, **kwargs)
+        if sched.prefix is not None:  # a hybrid model's hits resume at state snapshots
+            sched.prefix.resume = prefix_snapshot_tokens(plan.scenario, plan.model)
+        return sched
 
     def submit(self, req: Request, now: float | None = None) -> None:
         """Route a new request to an up replica (or hold it until one is back), or reject

@@ -90,6 +90,11 @@ class ContinuousBatcher(Preemption, DecodeRuns):
     CHUNKED = True
     #: Whether the scheduler can share cached prefix blocks (paged KV).
     PREFIX = True
+    #: Whether decoders take KV blocks as they grow (else memory is reserved at admission).
+    PAGED = True
+    #: Tokens each decoder takes from a step's token budget (a speculative decode policy
+    #: sets ``k + 1`` for the step it schedules).
+    _decode_tokens = 1
 
     def __init__(self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption: str = "recompute", swap_blocks: int = 0, gaps=None,
@@ -347,7 +352,7 @@ class ContinuousBatcher(Preemption, DecodeRuns):
                 return Batch(n, self.sum_kv + n, [], 0, 0.0, 0, n, kv.in_use, swap)
         n_decode = self._schedule_decodes(now)
         chunks: list[tuple[Request, int]] = []
-        budget = self.max_tokens - n_decode
+        budget = self.max_tokens - n_decode * self._decode_tokens
         if self.prefilling:
             budget = self._continue_prefills(budget, chunks, now)
         if self.waiting:

@@ -58,6 +58,10 @@ class PrefixCache:
         self.host_units = host_units
         self.evicted = 0  # units evicted from the GPU
         self.loaded = 0  # units brought back from the host tier
+        #: Tokens between the points a hit may resume from (0: every unit boundary). A
+        #: hybrid model's recurrent state is kept only every ``resume`` tokens (vLLM's
+        #: block-aligned checkpoints), so a hit ends at the last such point it covers.
+        self.resume = 0
         kv.prefix = self
 
     # -- queries (no side effects) -------------------------------------------------------
@@ -84,6 +88,12 @@ class PrefixCache:
             else:
                 break
             n += 1
+        if self.resume:
+            cut = n * self.unit // self.resume * self.resume // self.unit
+            if cut < n:  # count again over the units kept
+                loads = sum(1 for h in hashes[:cut] if h not in refs)
+                pinned = self.ub * sum(1 for h in hashes[:cut] if refs.get(h) == 0)
+                n = cut
         return n, loads, pinned
 
     def cached_tokens(self, req: Request) -> int:

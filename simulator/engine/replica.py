@@ -13,13 +13,20 @@ the same timeline as the stage processes would give, with a fraction of the even
 decode-only steps go further: many steps in one event (see :meth:`Replica._decode_run`).
 
 This module owns the :class:`Replica` itself: its construction, the stream process
-(:meth:`Replica.serve`), request submission and the load views routers read. The rest
-lives in mixins, one responsibility each:
+(:meth:`Replica.serve`), request submission, failure and restart, and the load views
+routers read. It is composed of components that each own their state, behind small
+interfaces:
 
-- :mod:`simulator.engine.pipeline`: micro-batches, stage inboxes, the stage processes;
-- :mod:`simulator.engine.stepping`: a step run inline, its records and aggregates;
-- :mod:`simulator.engine.fastpath`: runs of decode steps in one event, running ahead;
-- :mod:`simulator.engine.failure`: failure, restart, repricing.
+- :class:`~simulator.engine.stepping.Timeline` (``timeline``): the step timeline, stage and
+  hand-off costs, a step run inline, decode runs priced;
+- :class:`~simulator.engine.steplog.StepLog` (``log``): the step aggregates and the one sink
+  of step records;
+- :class:`~simulator.engine.fastpath.FastForward` (``ff``): runs of decode steps in one
+  event, running ahead;
+- :class:`~simulator.engine.pipeline.StagePipeline` (``pipeline``): micro-batches, stage
+  inboxes, the stage processes;
+- the batch streams (``streams``, one scheduler each, whose KV cache is theirs) and
+  :func:`~simulator.engine.failure.lost_requests` (what a failure does to the requests).
 
 ``MicroBatch``, ``Inbox`` and the run constants are re-exported here.
 """
@@ -27,29 +34,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import simpy
 
 from simulator.engine.batching import ContinuousBatcher
 from simulator.engine.clock import ticks
-from simulator.engine.failure import Failures
+from simulator.engine.failure import lost_requests
 from simulator.engine.fastpath import (
     MAX_RUN,
     MIN_RUN,
     VECTOR_MIN,
     VECTOR_MIN_RECORDS,
-    DecodeRunPath,
+    FastForward,
 )
 from simulator.engine.pipeline import Inbox, MicroBatch, StagePipeline
 from simulator.engine.request import Request
-from simulator.engine.stepping import InlineSteps
+from simulator.engine.steplog import StepLog
+from simulator.engine.stepping import Timeline
 from simulator.model.cost import StageCost
 
 __all__ = ["MAX_RUN", "MIN_RUN", "VECTOR_MIN", "VECTOR_MIN_RECORDS", "Inbox", "MicroBatch",
            "Replica"]
 
 
-class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
+class Replica:
     """One model replica on ``tp * pp`` GPUs.
 
     Parameters
@@ -95,12 +102,8 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
 
     Attributes
     ----------
-    steps, step_tokens : int
-        Micro-batches run and their tokens (for batching efficiency).
-    stage_busy_s : list of float
-        Time each stage computed or communicated.
-    union_s : float
-        Time during which at least one stage of the replica was busy (for bubbles).
+    steps, step_tokens, stage_busy_s, union_s
+        The step aggregates (:class:`~simulator.engine.steplog.StepLog`).
     """
 
     def __init__(self, env: simpy.Environment, index: int, streams: list[ContinuousBatcher],
@@ -112,18 +115,14 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                  token_delay_s: float = 0.0, async_admission: bool = False,
                  record_run: Callable[[tuple], None] | None = None):
         self.env, self.index = env, index
-        self.streams, self.stages, self.sends = streams, stages, sends
-        self.overhead = step_overhead_s
-        self.swap_s = swap_s_per_block
+        self.streams = streams
         self.token_delay = token_delay_s
-        self._one_stage, self._stage0 = len(stages) == 1, stages[0]
-        self.on_finish, self.record_step = on_finish, record_step
-        self.record_bulk = record_bulk
-        self.record_run = record_run if record_step is not None else None
+        self.on_finish = on_finish
+        self.timeline = Timeline(index, stages, sends, step_overhead_s, swap_s_per_block)
+        self.log = StepLog(len(stages), record_step, record_run, record_bulk)
+        self.ff = FastForward(self, self.timeline, self.log, len(streams))
+        self.pipeline = StagePipeline(self, self.timeline, self.log)
         self._idle: list[simpy.Event | None] = [None] * len(streams)
-        self._running = [False] * len(streams)  # in a decode run that an arrival may cut
-        self._run_len = [MIN_RUN] * len(streams)  # steps to plan in the next decode run
-        self._runs: list[tuple | None] = [None] * len(streams)  # the run in progress
         self.fast = fast and len(streams) == 1
         self.lag = async_admission and len(streams) == 1 and len(stages) == 1
         #: When set, returns the time of the next request to arrive at this replica.
@@ -136,41 +135,48 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         #: returns when the next one arrives: until then a call would change nothing.
         self.pull: Callable[[float], float] | None = None
         self.outstanding = 0
-        self.steps = self.step_tokens = 0
-        self.stage_busy_s = [0.0] * len(stages)
-        self.union_s = 0.0
         self.up = True
         self.generation = 0  # bumped at each failure: older processes stop when they wake
         self.failed_at: dict[int, float] = {}  # generation -> when it failed
         self._start()
 
     def _start(self) -> None:
-        env = self.env
-        self._active, self._active_since = 0, 0.0
         self._started: float | None = None  # start of the last step (None: went idle)
         if len(self.streams) > 1:
-            self.inboxes = [Inbox() for _ in self.stages]
-            for i in range(len(self.stages)):
-                env.process(self.forward(i, self.generation))
-        self.procs = [env.process(self.serve(s, self.generation))
+            self.pipeline.start(self.generation)
+        self.procs = [self.env.process(self.serve(s, self.generation))
                       for s in range(len(self.streams))]
-    # -- load view for routers (exact at the current time, also during decode runs) --------
-    def _run_progress(self, s: int) -> tuple[int, int]:
-        """(decode steps completed, extra steps allocated) of stream s's run, at now."""
-        run = self._runs[s]
-        if run is None:
-            return 0, 0
-        ends, extra = run[0], run[1]
-        done = int(np.searchsorted(ends, self.env.now, side="right"))
-        return done, min(done, extra)
 
+    # -- the step aggregates and costs, as the cluster reads them --------------------------
+    @property
+    def steps(self) -> int:
+        return self.log.steps
+
+    @property
+    def step_tokens(self) -> int:
+        return self.log.step_tokens
+
+    @property
+    def stage_busy_s(self) -> list[float]:
+        return self.log.stage_busy_s
+
+    @property
+    def union_s(self) -> float:
+        return self.log.union_s
+
+    @property
+    def stages(self) -> list[StageCost]:
+        return self.timeline.stages
+
+    # -- load view for routers (exact at the current time, also during decode runs) --------
     @property
     def kv_used_fraction(self) -> float:
         """KV blocks in use over capacity, as a step-by-step run would show now."""
         used = cap = 0
+        ff, now = self.ff, self.env.now
         for s, st in enumerate(self.streams):
-            used += st.kv.in_use + (st.run_blocks(self._run_progress(s)[1])
-                                  if self._runs[s] else 0)
+            used += st.kv.in_use + (st.run_blocks(ff.progress(s, now)[1])
+                                  if ff.runs[s] else 0)
             cap += st.kv.capacity
         return used / max(cap, 1)
 
@@ -178,8 +184,9 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
     def load_tokens(self) -> int:
         """Prompt tokens still to prefill plus KV tokens held by running requests."""
         total = 0
+        ff, now = self.ff, self.env.now
         for s, st in enumerate(self.streams):
-            done = self._run_progress(s)[0] if self._runs[s] else 0
+            done = ff.progress(s, now)[0] if ff.runs[s] else 0
             total += (st.pending_tokens + st.prefilled_tokens + st.sum_kv
                       + done * len(st.decoding))
         return total
@@ -205,9 +212,9 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         streams = self.streams
         s = 0 if len(streams) == 1 else min(range(len(streams)),
                                             key=lambda i: streams[i].outstanding)
-        stream = streams[s]
-        if self._running[s] and stream.can_admit():
-            self._running[s] = False
+        stream, running = streams[s], self.ff.running
+        if running[s] and stream.can_admit():
+            running[s] = False
             self.procs[s].interrupt()
         stream.add(req)
         idle = self._idle[s]
@@ -218,7 +225,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
     def unclaimed_blocks(self, s: int) -> int:
         """KV blocks of stream ``s`` free for a newcomer: free now, less what a decode run
         in progress allocates for its planned steps (it takes them when it ends)."""
-        st, run = self.streams[s], self._runs[s]
+        st, run = self.streams[s], self.ff.runs[s]
         return st.kv.free - (st.run_blocks(run[1]) if run is not None else 0)
 
     def submit_prefilled(self, req: Request, s: int, last_token_s: float) -> None:
@@ -226,8 +233,8 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         (disaggregated serving; its blocks already allocated and counted in
         ``outstanding``): it joins the decoders at the stream's next step."""
         req.replica = self.index
-        if self._running[s]:  # a decode run cannot take a new decoder: cut it
-            self._running[s] = False
+        if self.ff.running[s]:  # a decode run cannot take a new decoder: cut it
+            self.ff.running[s] = False
             self.procs[s].interrupt()
         self.streams[s].add_prefilled(req, last_token_s)
         idle = self._idle[s]
@@ -247,6 +254,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
         """
         env, stream = self.env, self.streams[s]
         single = len(self.streams) == 1
+        tl, log, ff = self.timeline, self.log, self.ff
         now = env.now
         # The next arrival that pull() reported (running ahead, pull alone submits: it
         # stays next_arrival() until the next call).
@@ -279,48 +287,52 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                 continue
             self._started = now
             if single:
-                extra = (stream.decode_run(self._run_len[s]) if self.fast and not batch.chunks
+                extra = (stream.decode_run(ff.run_len[s]) if self.fast and not batch.chunks
                          else 0)
-                if extra and self._one_stage and not batch.swap_blocks and extra < (
-                        VECTOR_MIN if self.record_step is None else VECTOR_MIN_RECORDS):
+                if extra and tl.one_stage and not batch.swap_blocks and extra < (
+                        VECTOR_MIN if log.row is None else VECTOR_MIN_RECORDS):
                     # A short run: the scheduled step is its first, in the same loop.
-                    now = yield from self._decode_run(s, batch, None, extra, gen, now)
+                    now, started = yield from ff.decode_run(s, batch, None, extra, gen, now)
+                    if started is not None:
+                        self._started = started
                 else:
                     # The step's records wait for it to end: a failure in between drops them.
                     rows: list[tuple] = []
-                    end, busy = self._inline(now, batch.tokens, batch.prefill_pairs,
+                    end, busy = tl.inline(now, batch.tokens, batch.prefill_pairs,
                                              batch.prefill_ctx, batch.decode_kv, batch.sampled,
                                              batch.prefill_tokens,
                                              batch.tokens - batch.prefill_tokens,
                                              batch.batch_size, batch.kv_blocks,
-                                             rows.append if self.record_step else None,
+                                             rows.append if log.row else None,
                                              batch.swap_blocks, batch.draft_s,
                                              batch.kernel_seqs)
                     # Counted once it happened, as recorded: a failure cuts it from both.
                     if extra:
-                        now = yield from self._decode_run(s, batch, end, extra, gen, now, rows,
-                                                          (batch.tokens, busy))
+                        now, started = yield from ff.decode_run(s, batch, end, extra, gen, now,
+                                                                rows, (batch.tokens, busy))
+                        if started is not None:
+                            self._started = started
                     elif self.run_ahead and end < pull_at:  # pull_at: next_arrival()
                         now = end  # apply it now: nothing arrives before it ends
-                        if self._one_stage:  # _count and _record, unrolled (hot path)
-                            self.steps += 1
-                            self.step_tokens += batch.tokens
+                        if tl.one_stage:  # log.count and log.rows, unrolled (hot path)
+                            log.steps += 1
+                            log.step_tokens += batch.tokens
                             busy = float(busy)
-                            self.stage_busy_s[0] += busy
-                            self.union_s += busy
+                            log.stage_busy_s[0] += busy
+                            log.union_s += busy
                             if rows:
-                                self.record_step(rows[0])
+                                log.row(rows[0])
                         else:
-                            self._count(1, batch.tokens, busy)
-                            self._record(rows)
+                            log.count(1, batch.tokens, busy)
+                            log.rows(rows)
                     else:
                         yield env.timeout(end - env.now)
                         now = env.now
                         if self.generation == gen:
-                            self._count(1, batch.tokens, busy)
-                            self._record(rows)
+                            log.count(1, batch.tokens, busy)
+                            log.rows(rows)
             else:
-                lead = self.overhead + batch.swap_blocks * self.swap_s
+                lead = tl.overhead + batch.swap_blocks * tl.swap_s
                 if batch.draft_s:  # speculative drafts, before the first stage
                     lead += batch.draft_s
                 if lead:
@@ -328,7 +340,7 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                     if self.generation != gen:
                         return
                 mb = MicroBatch(batch, env.event(), s)
-                self.inboxes[0].put(mb)
+                self.pipeline.inboxes[0].put(mb)
                 yield mb.done
                 now = env.now
             if self.generation != gen:
@@ -339,3 +351,34 @@ class Replica(InlineSteps, DecodeRunPath, StagePipeline, Failures):
                     req.first_token_s += self.token_delay
                     req.finish_s += self.token_delay
                 self.on_finish(req)
+
+    # -- failure and restart ---------------------------------------------------------------
+    def fail(self) -> list[Request]:
+        """The replica goes down: its processes stop at their next wake-up, and every
+        request it held loses its KV. Returns them (with their progress so far) for the
+        cluster to reroute or drop."""
+        now = self.env.now
+        self.failed_at[self.generation] = now
+        self.generation += 1
+        self.up = False
+        lost = lost_requests(self.streams, self.ff.runs, now)
+        self._idle = [None] * len(self.streams)
+        self.ff.reset()
+        self.outstanding = 0
+        return lost
+
+    def reprice(self, stages: list[StageCost], sends: list[tuple[float, float]]) -> None:
+        """Price the steps that start from now on with new stage and hand-off costs (the
+        graph changed under the replica)."""
+        self.timeline.reprice(stages, sends)
+
+    def restart(self, streams: list[ContinuousBatcher], stages: list[StageCost] | None = None,
+                sends: list[tuple[float, float]] | None = None) -> None:
+        """Back up with empty schedulers (weights reloaded, KV cache empty), and the stage
+        costs of the topology as it is now."""
+        self.streams = streams
+        if stages is not None:
+            self.reprice(stages, sends if sends is not None else self.timeline.sends)
+        self.up = True
+        self.generation += 1
+        self._start()

@@ -57,6 +57,7 @@ class Reserving(ContinuousBatcher):
     PARAMS = {"reserve_tokens": None}
     CHUNKED = False
     PREFIX = False  # memory is reserved per request, never shared
+    PAGED = False
 
     def __init__(self, *args, reserve_tokens: int | None = None, max_model_len: int = 0,
                  **kwargs):
@@ -84,7 +85,8 @@ class Reserving(ContinuousBatcher):
     def schedule(self, now: float) -> Batch | None:
         chunks: list[tuple[Request, int]] = []
         n_decode = len(self.decoding)
-        self._admit(self.max_tokens - n_decode, chunks, now, chunked=False)
+        self._admit(self.max_tokens - n_decode * self._decode_tokens, chunks, now,
+                    chunked=False)
         return self._batch(n_decode, chunks)
 
 

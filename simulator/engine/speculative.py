@@ -12,18 +12,24 @@ where the schedule does. A draw is one uniform ``u`` per sequence and step; the 
 count is ``#{i : u < S_i}`` with ``S_i = P(A >= i)`` the survival function of the accepted
 length (non-increasing, so the accepted positions form a prefix, as in rejection sampling).
 
-:class:`SpeculativeBatcher` replaces the one-token-per-step aggregates of
+:class:`SpeculativeDecoding` is a decode policy that any scheduler of
+:mod:`simulator.engine.schedulers` takes (:func:`speculating` makes the combined class;
+:class:`SpeculativeBatcher` is vLLM v1's). It replaces the one-token-per-step aggregates of
 :class:`~simulator.engine.batching.ContinuousBatcher` for decoders by per-sequence numpy
 arrays (KV length, tokens left, tokens generated, time of the last token) indexed by slot:
 a step is a handful of vectorised operations plus O(1) Python work per request that starts,
-stops or finishes. KV blocks for the ``k`` speculative positions are reserved when the step
-is scheduled and the rejected ones released when it completes; the token budget counts
-``k + 1`` tokens per decoder (vLLM v1: ``num_tokens_with_spec - num_computed_tokens``).
-Decode runs are not fast-forwarded: each speculative step is one event.
+stops or finishes. The scheduler still decides what a step holds; the policy decides the
+step's lookahead before it does, so that the token budget counts ``k + 1`` tokens per decoder
+(vLLM v1: ``num_tokens_with_spec - num_computed_tokens``) and, for a paged scheduler, the
+blocks of the ``k`` speculative positions are allocated with the step and the rejected ones
+released when it completes (a scheduler that reserves memory at admission, Orca and static
+batching, holds them already). Decode runs are not fast-forwarded: each speculative step is
+one event.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -134,13 +140,17 @@ def _ceil(x: np.ndarray, bs: int) -> np.ndarray:
     return -(-x // bs)
 
 
-class SpeculativeBatcher(ContinuousBatcher):
-    """vLLM v1 continuous batching with speculative decoding (see the module docstring).
+class SpeculativeDecoding:
+    """Speculative decoding as a decode policy of any scheduler (see the module docstring):
+    combined with a :class:`~simulator.engine.batching.ContinuousBatcher` subclass by
+    :func:`speculating`, it replaces the scheduler's decoding set by per-sequence arrays and
+    turns the decode part of each batch the scheduler forms into a verification; how the
+    scheduler admits, chunks and reserves memory is its own.
 
     Parameters
     ----------
     *args, **kwargs
-        As :class:`~simulator.engine.batching.ContinuousBatcher`.
+        As the scheduler's.
     spec : SpecConfig
     stats : SpecStats, optional
         Receives the draft time and step counts.
@@ -216,8 +226,9 @@ class SpeculativeBatcher(ContinuousBatcher):
         return [float(self._last[self._slot[rid]]) for rid in self.decoding]
 
     def _decode_need(self, step: int) -> int:
-        """Blocks that hold every decoder's next ``1 + lookahead`` positions."""
-        if not self.decoding:
+        """Blocks that hold every decoder's next ``1 + lookahead`` positions (none where the
+        scheduler reserves memory per request at admission)."""
+        if not self.decoding or not self.PAGED:
             return 0
         kv = self._kv[self._on]
         bs = self.bs
@@ -235,8 +246,11 @@ class SpeculativeBatcher(ContinuousBatcher):
 
     # -- building a step -------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
-        if self.swapped:
-            self._swap_in()
+        """The scheduler's batch, its decoders verifying ``k`` drafts each: the step's
+        lookahead is decided first (vLLM: none at ``disable_by_batch_size`` or when the
+        decoders' ``k + 1`` tokens overflow the budget), so that the scheduler allocates
+        the blocks of every verified position and counts ``k + 1`` tokens per decoder
+        against its token budget."""
         spec = self.spec
         k = spec.k
         dbs = spec.disable_by_batch_size
@@ -244,30 +258,20 @@ class SpeculativeBatcher(ContinuousBatcher):
                 len(self.decoding) * (k + 1) > self.max_tokens:
             k = 0  # plain decoding this step (vLLM: disable_by_batch_size, budget)
         self._lookahead = k
-        n_decode = self._schedule_decodes(now)
-        chunks: list[tuple[Request, int]] = []
-        budget = self.max_tokens - n_decode * (k + 1)
-        if self.prefilling:
-            budget = self._continue_prefills(budget, chunks, now)
-        if self.waiting:
-            self._admit(budget, chunks, now)
-        return self._batch(len(self.decoding), chunks)
-
-    def _batch(self, n_decode: int, chunks: list) -> Batch | None:
-        """The base batch, with the decoders verified as chunks of ``k + 1`` tokens after
-        their KV (a prefill-like shape) when the step speculates."""
-        b = super()._batch(n_decode, chunks)
-        k = self._lookahead
-        if b is None or not n_decode or not k:
+        self._decode_tokens = k + 1
+        b = super().schedule(now)
+        if b is None or not b.n_decode or not k:
             return b
-        kv = self.sum_kv
+        # The decoders verified as chunks of ``k + 1`` tokens after their KV (a
+        # prefill-like shape).
+        n_decode, kv = b.n_decode, self.sum_kv
         b.tokens = b.prefill_tokens + n_decode * (k + 1)
         b.prefill_pairs += (k + 1) * kv + n_decode * (k + 1) * (k + 2) / 2
         b.prefill_ctx += kv
         b.decode_kv = 0
         b.sampled += n_decode * k  # logits at every verified position
         b.spec = k
-        b.draft_s = self.spec.draft(n_decode, kv, k)
+        b.draft_s = spec.draft(n_decode, kv, k)
         return b
 
     # -- applying a step -----------------------------------------------------------------
@@ -291,8 +295,9 @@ class SpeculativeBatcher(ContinuousBatcher):
             self._steps[idx] += 1
             self._acc[idx] += a
             adv = np.minimum(a + 1, left)
-            bs = self.bs
-            self.kv.release(int((_ceil(kv + (k + 1), bs) - _ceil(kv + adv, bs)).sum()))
+            if self.PAGED:  # the blocks of the rejected positions
+                bs = self.bs
+                self.kv.release(int((_ceil(kv + (k + 1), bs) - _ceil(kv + adv, bs)).sum()))
         else:
             adv = np.ones_like(left)
         self._kv[idx], self._gen[idx] = kv + adv, gen + adv
@@ -339,3 +344,18 @@ def spec_config(method: str, k: int, acceptance, mean_accepted: float | None,
         acc = Acceptance.geometric(acceptance, k)
     key = int(np.random.SeedSequence([seed, 0x5BEC]).generate_state(1, np.uint64)[0])
     return SpecConfig(k, acc, draft.time, disable_by_batch_size, key)
+
+
+@functools.cache
+def speculating(scheduler: type[ContinuousBatcher]) -> type[ContinuousBatcher]:
+    """The scheduler class ``scheduler`` with speculative decoding as its decode policy (one
+    class per scheduler, made once); its instances take ``spec=`` and ``stats=`` on top of
+    the scheduler's parameters."""
+    if scheduler is ContinuousBatcher:
+        return SpeculativeBatcher
+    return type(f"Speculative{scheduler.__name__}", (SpeculativeDecoding, scheduler),
+                {"__doc__": f"{scheduler.__name__} with speculative decoding."})
+
+
+class SpeculativeBatcher(SpeculativeDecoding, ContinuousBatcher):
+    """vLLM v1 continuous batching with speculative decoding."""

@@ -28,6 +28,16 @@ keeps the 16-bit cache, and so does every engine for Qwen3-32B, whose quantized
 checkpoints carry no KV-cache scales. Every request has the row's ISL and OSL; the client
 keeps ``concurrency`` requests in flight (a closed loop).
 
+The benchmark client of an aggregated row: AIConfigurator benchmarks every deployment with
+AIPerf (``aiperf profile --concurrency C``; ``src/aiconfigurator/generator/sflow.py``
+``_build_bench_script`` and ``generator/config/backend_templates/benchmark/bench_run.sh.j2``):
+``--request-count`` ``MULTI_ROUND x C`` requests (``MULTI_ROUND`` 20 by default) after
+``--warmup-request-count C`` warm-up requests, streamed through the server's OpenAI API
+front end with ``ignore_eos``. The scenario is the ``aiperf`` client (docs/scenario.md,
+"Benchmark clients") with ``ROUNDS x C`` measured requests and ``C`` warm-ups, so the
+first wave's lockstep is one of twenty, as in the measurement. Disaggregated rows keep
+the plain closed loop of ``2 x C`` requests (docs/disaggregation.md judges them on TPOT).
+
 A row is any mapping of column name to value (a ``dict`` or a pandas row); missing values
 are ``None`` or NaN.
 """
@@ -52,6 +62,9 @@ MOE_MODELS = ("deepseek-v3",)
 WEIGHTS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "": "bf16"}
 #: (engine, model) pairs whose quantized runs keep an FP8 KV cache.
 FP8_KV = (("trtllm", "deepseek-v3"),)
+#: The client that measured every aggregated row, its measured requests per unit of
+#: concurrency (AIConfigurator's ``MULTI_ROUND``) and its warm-ups per unit of concurrency.
+CLIENT, ROUNDS, WARMUP_ROUNDS = "aiperf", 20, 1
 
 Row = Mapping[str, Any]
 Refusable = tuple[dict | None, str]
@@ -129,6 +142,14 @@ def _workload(row: Row, conc: int) -> dict:
             "output_tokens": int(row["osl"])}
 
 
+def agg_workload(row: Row, conc: int) -> dict:
+    """The ``[workload]`` of an aggregated row: AIPerf at concurrency ``conc``,
+    ``ROUNDS x conc`` measured requests after ``WARMUP_ROUNDS x conc`` warm-ups."""
+    return {"arrival": "closed_loop", "client": CLIENT, "concurrency": conc,
+            "warmup_requests": WARMUP_ROUNDS * conc, "num_requests": ROUNDS * conc,
+            "prompt_tokens": int(row["isl"]), "output_tokens": int(row["osl"])}
+
+
 def _name(row: Row, model: str, conc: int) -> str:
     mode = "" if row.get("mode", "agg") == "agg" else "-disagg"
     return (f"{model}-{row['system']}-{row['backend']}{mode}-{int(row['isl'])}x"
@@ -152,7 +173,7 @@ def agg_scenario(row: Row) -> Refusable:
                         "nodes": max(1, -(-par["tp"] * par["pp"] // per_node))},
             "parallel": par,
             "engine": {"profile": PROFILE[str(row["backend"])], "max_num_seqs": max(conc, 1)},
-            "workload": _workload(row, conc),
+            "workload": agg_workload(row, conc),
             "output": {"steps": False, "trace": False}}, ""
 
 
@@ -216,5 +237,5 @@ def scenario(row: Row) -> Refusable:
     return None, f"mode {mode!r}: not one of 'agg', 'disagg'"
 
 
-__all__ = ["agg_scenario", "concurrency", "disagg_scenario", "layout",
-           "scenario"]
+__all__ = ["CLIENT", "ROUNDS", "WARMUP_ROUNDS", "agg_scenario", "agg_workload",
+           "concurrency", "disagg_scenario", "layout", "scenario"]

@@ -26,7 +26,7 @@ import tomli_w
 
 from simulator.errors import ScenarioError
 from simulator.files import nearest_existing, out_folder
-from simulator.io.chrome_trace import bounded, trace_window, write_trace
+from simulator.io.chrome_trace import bounded, json_bytes, trace_window, write_trace
 from simulator.io.scenario import to_dict
 
 #: Files a run writes; a folder holding only these (and plots) may be replaced by a run.
@@ -94,7 +94,7 @@ def write_result(result, out_dir: str | Path, steps: bool = True, trace: bool = 
     return out
 
 
-#: Above this estimated size, ``run`` warns before writing steps.csv.
+#: Above this estimated size, ``run`` warns before writing steps.csv or the trace.
 LARGE_BYTES = 200e6
 #: Rows formatted to estimate steps.csv's size.
 SAMPLE_ROWS = 2000
@@ -110,8 +110,9 @@ def steps_csv_bytes(steps: pd.DataFrame) -> float:
 
 
 def size_notes(result, steps: bool, trace: bool) -> list[str]:
-    """What the CLI says before writing a large run: steps.csv's estimated size above
-    :data:`LARGE_BYTES`, and the window a bounded trace covers."""
+    """What the CLI says before writing a large run: steps.csv's and the trace's estimated
+    sizes above :data:`LARGE_BYTES` (the trace's as uncompressed JSON), and the window a
+    bounded trace covers."""
     notes, n = [], len(result.steps)
     size = steps_csv_bytes(result.steps) if steps else 0.0
     if size > LARGE_BYTES and result.scenario.output.format == "csv":
@@ -119,6 +120,14 @@ def size_notes(result, steps: bool, trace: bool) -> list[str]:
                      f"rows); --no-steps or output.steps = false keeps none, output.format = "
                      f"\"parquet\" is several times smaller")
     until = trace_window(result.steps, result.scenario.output.trace_max_steps)
+    if steps and trace and not result.steps.empty:
+        traced = json_bytes(*bounded(result.requests, result.steps, until))
+        if traced > LARGE_BYTES:
+            gz = " (the .gz file about a ninth of it)" if result.scenario.output.trace_gzip \
+                else ""
+            notes.append(f"warning: writing a trace of about {traced / 1e6:,.0f} MB of JSON"
+                         f"{gz}, which Perfetto holds in memory uncompressed; "
+                         f"output.trace_max_steps bounds its steps, --no-trace writes none")
     if steps and trace and until is not None:
         end = float(result.steps["end_s"].max())
         notes.append(f"trace: the first {result.scenario.output.trace_max_steps:,} of {n:,} "

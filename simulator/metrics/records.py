@@ -8,14 +8,12 @@ import numpy as np
 import pandas as pd
 
 from simulator.engine.request import Request
+from simulator.engine.steplog import STEP_COLUMNS
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "replica", "prompt_tokens", "output_tokens",
                    "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
                    "e2e_s", "preemptions", "status", "retries", "reason", "generated_tokens",
                    "cached_prompt_tokens"]
-STEP_COLUMNS = ["replica", "stage", "stream", "start_s", "end_s", "prefill_tokens", "decode_tokens",
-                "batch_size", "compute_s", "comm_s", "kv_blocks", "prefill_pairs", "prefill_ctx",
-                "decode_kv", "sampled"]
 
 _FLOAT_STEP = {"start_s", "end_s", "compute_s", "comm_s", "prefill_pairs"}
 STEP_DTYPE = np.dtype([(c, np.float64 if c in _FLOAT_STEP else np.int64) for c in STEP_COLUMNS])

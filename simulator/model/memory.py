@@ -254,15 +254,30 @@ def moe_activation_bytes(model: ModelSpec, tp: int, layout: ExpertLayout, max_to
     return dense + routed * (2 * model.hidden + 4 * m.intermediate / moe_tp) * ACT_BYTES
 
 
+def hybrid_block_tokens(model: ModelSpec, kv_bytes: float, tp: int) -> int:
+    """vLLM's attention block of a hybrid model, tokens: the fewest multiple of 16 whose
+    page (one layer's KV of that many tokens on one GPU of a TP group of ``tp``) holds one
+    layer's recurrent state of one sequence, so that both share one block pool (vLLM
+    ``HybridAttentionMambaModelConfig.verify_and_update_config``: ``16 * cdiv(mamba_page,
+    16 * attn_page_1_token)``; Qwen3.5-27B in bf16 on one GPU: 784)."""
+    attn = 2 * kv_heads_per_gpu(model.kv_heads, tp) * model.head_dim * kv_bytes
+    return 16 * math.ceil(model.linear.state_bytes_per_seq(tp, 1) / (16 * attn))
+
+
 def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
                     layout: ExpertLayout, weight_dtype: str, kv_dtype: str, block_size: int,
                     utilization: float, max_tokens: int, max_seqs: int,
-                    reserve_bytes: float) -> MemoryPlan:
+                    reserve_bytes: float, snapshot_tokens: int = 0) -> MemoryPlan:
     """:func:`plan_memory` for a MoE or MLA model, one rank at a time.
 
     The replica's KV blocks are those of its tightest stage, times ``tp`` under attention
     DP (each attention group caches its own requests). Raises a :class:`ScenarioError` that says by
     how much the tightest rank misses.
+
+    ``snapshot_tokens`` > 0 (a hybrid model under vLLM's prefix caching, ``mamba_cache_mode
+    = "align"``): the recurrent state is kept as one snapshot per ``snapshot_tokens`` of
+    every sequence, in the same block pool as the KV, instead of one state per running
+    sequence; each KV block then carries ``block_size / snapshot_tokens`` of a snapshot.
     """
     stages = split_layers(model.layers, pp)
     starts = [sum(stages[:i]) for i in range(pp)]
@@ -278,6 +293,10 @@ def plan_moe_memory(model: ModelSpec, gpu_memory_bytes: float, tp: int, pp: int,
     rank_seqs = math.ceil(max_seqs / groups)
     state = [state_bytes_per_gpu(model, kv_tp, starts[i], layers, rank_seqs)
              for i, layers in enumerate(stages)]
+    if snapshot_tokens:
+        block = [b + round(block_size * st / rank_seqs / snapshot_tokens)
+                 for b, st in zip(block, state, strict=True)]
+        state = [0.0] * len(stages)
     act = moe_activation_bytes(model, tp, layout, max_tokens, max_seqs)
     how = (f"ep={layout.ep}, attention_dp={str(layout.attention_dp).lower()}, "
            + (f"attention_tp={layout.attention_tp}, " if layout.attn_tp(tp) > 1

@@ -29,7 +29,10 @@ from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.model.spec import load_model
-from simulator.planner.explain import (
+from simulator.planner.hetero import CrossPairs
+from simulator.planner.mixdp import MIX_COLUMNS, MixedDP
+from simulator.planner.nearmiss import group_of
+from simulator.planner.objectives import (
     compare,
     label,
     no_slo,
@@ -37,9 +40,6 @@ from simulator.planner.explain import (
     versus,
     versus_groups,
 )
-from simulator.planner.hetero import CrossPairs
-from simulator.planner.mixdp import MIX_COLUMNS, MixedDP
-from simulator.planner.nearmiss import group_of
 from simulator.planner.plan import DEFAULT_REQUESTS, DEFAULT_TOP, PlanResult, plan
 from simulator.planner.ranking import RULE, group_correlations, rank_correlation, rank_key
 from simulator.planner.simulate import base_scenario, own_pools

@@ -39,11 +39,10 @@ from simulator.model.spec import ModelSpec
 from simulator.planner.candidates import layout_plan, layout_rows, without_spec
 from simulator.planner.disagg import pool
 from simulator.planner.estimate import estimate
-from simulator.planner.explain import binds, misses
 from simulator.planner.hetero import pool_nodes
 from simulator.planner.nearmiss import est_slo, margins, objective_values
 from simulator.planner.nearmiss import order as est_order
-from simulator.planner.objectives import two_kind_value
+from simulator.planner.objectives import binds, misses, two_kind_value
 from simulator.planner.ranking import stable_key
 from simulator.planner.search import Rounds, candidates_of, simulate_best
 from simulator.planner.space import (

@@ -58,8 +58,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.io.schema import SloKeys
-from simulator.planner.explain import sig
-from simulator.planner.objectives import est_value, spearman
+from simulator.planner.objectives import est_value, sig, spearman
 from simulator.planner.space import cross_kind, speculating
 
 #: Quantile of the estimate / simulation ratios that sets the margin.

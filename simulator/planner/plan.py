@@ -26,19 +26,19 @@ from simulator.io.schema import Scenario
 from simulator.model.spec import load_model
 from simulator.planner.candidates import point_overrides, without_spec
 from simulator.planner.disagg import pools_of
-from simulator.planner.explain import (
-    compare,
-    no_fit,
-    no_slo,
-    reason,
-    versus_groups,
-)
 from simulator.planner.hetero import CrossPairs, cross_pools
 from simulator.planner.nearmiss import (
     MAX_DOUBLINGS,
     MAX_REQUESTS,
     flags,
     group_of,
+)
+from simulator.planner.objectives import (
+    compare,
+    no_fit,
+    no_slo,
+    reason,
+    versus_groups,
 )
 from simulator.planner.ranking import (
     group_correlations,
@@ -51,6 +51,7 @@ from simulator.planner.search import (
     Rounds,
     candidates_of,
     enumerate_candidates,
+    group_series,
     per_group,
     rerank,
     simulate,
@@ -279,12 +280,16 @@ def _search(base, s, node, model, total, cap, stats, cands, objective, top, jobs
     feasible = cands.index[cands["status"] == "feasible"]
     how = Rounds(per_group(top, typed, feasible), PER_LAYOUT, MAX_ROUNDS, CHASE_ROUNDS,
                  rule_idx)
-    found = simulate_best(cands, typed, lambda m: rerank(cands, s, stats, objective, m, cross),
-                          job, objective, s.slo, how, slo_quantile, jobs, bar, backend,
-                          address)
+    kinds = group_series(typed)
+
+    def rank(m: dict) -> pd.DataFrame:
+        return rerank(cands, s, stats, objective, m, cross, kinds)
+
+    found = simulate_best(cands, typed, rank, job, objective, s.slo, how, slo_quantile, jobs,
+                          bar, backend, address)
     picked, sims, m, interrupted = found.picked, found.sims, found.margins, found.interrupted
     cands.loc[picked, "simulated"] = True
-    ranked = rerank(cands, s, stats, objective, m, cross)
+    ranked = rank(m)
     cands["est_slo"], cands["est_objective"] = ranked["est_slo"], ranked["est_objective"]
 
     if not picked:

@@ -11,9 +11,8 @@ import math
 
 import pandas as pd
 
-from simulator.planner.explain import binds, misses, sig
 from simulator.planner.nearmiss import correlations, group_of
-from simulator.planner.objectives import SIM_COLUMN, spearman
+from simulator.planner.objectives import SIM_COLUMN, binds, misses, sig, spearman
 from simulator.planner.space import layout_label
 
 #: Columns of a plan with disaggregated candidates (the prefill pool; the decode pool is

@@ -20,11 +20,11 @@ from simulator.io.scenario import load_scenario, to_dict
 from simulator.io.schema import Scenario
 from simulator.planner.capacity import TOO_SHORT, CapacityResult
 from simulator.planner.disagg import pools_of
-from simulator.planner.explain import side_by_side
 from simulator.planner.hetero import cross_pools
 from simulator.planner.launch import ENGINES, dynamo, launch, llmd
 from simulator.planner.mixdp import mix_kind, mix_pools
 from simulator.planner.nearmiss import MARGIN_QUANTILE
+from simulator.planner.objectives import side_by_side
 from simulator.planner.plan import PlanResult
 from simulator.planner.plots import capacity_plot, pareto_plot
 from simulator.planner.space import Limits, cross_kind, layout_label

@@ -313,6 +313,12 @@ def simulate(todo: dict, sims: dict, slo: SloKeys, quantile: float, jobs: int | 
                    lambda row: meets(row, slo))
 
 
+def group_series(typed: dict) -> pd.Series:
+    """The simulation group of each candidate of ``typed`` (:func:`candidates_of`), by
+    index (as :func:`simulator.planner.nearmiss.groups_of` reads them from the rows)."""
+    return pd.Series([c.group for c in typed.values()], index=list(typed), dtype=object)
+
+
 def per_group(top: int, typed: dict, feasible) -> int:
     """Candidates a round simulates per group: ``top`` shared among the groups of the
     ``feasible`` candidates, at least 2."""
@@ -387,14 +393,19 @@ def enumerate_candidates(base: dict, s: Scenario, gpus: int, stats: WorkloadStat
 
 
 def rerank(df: pd.DataFrame, s: Scenario, stats: WorkloadStats, objective: str,
-           m: dict[str, float], cross: CrossPairs | None = None) -> pd.DataFrame:
+           m: dict[str, float], cross: CrossPairs | None = None,
+           groups: pd.Series | None = None) -> pd.DataFrame:
     """``df`` with ``est_slo`` and ``est_objective`` at the near-miss ratios ``m``
     (:mod:`simulator.planner.nearmiss`; cross-kind pairs at each pool's own price and
-    power), sorted in ranking order (index kept)."""
+    power), sorted in ranking order (index kept); ``groups``: the candidates' simulation
+    groups when the caller has them (:func:`group_series`)."""
     node = load_node(s.cluster.topology, s.base_dir)
     price = gpu_hour_usd(node.gpu.name, s.cluster.gpu_hour_usd)
     df = df.copy()
-    groups = groups_of(df) if m.get("groups") else None  # once for both
+    if m.get("groups"):  # once for both
+        groups = groups if groups is not None else groups_of(df)
+    else:
+        groups = None
     df["est_slo"] = est_slo(df, s.slo, m, groups)
     p = chance(df, s.slo, m, groups)  # measured error: the likely ones first (nearmiss.order)
     if p is not None:
