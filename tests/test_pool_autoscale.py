@@ -18,6 +18,7 @@ from simulator.cluster import running
 from simulator.cluster.autoscale import SOURCE_BPS, Autoscaler
 from simulator.cluster.pools import build_pools
 from simulator.io.scenario import read_toml
+from simulator.plotting import run_figures
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,10 +142,10 @@ def test_pool_gpu_hours_are_the_replica_time_paid(monkeypatch):
     assert s["autoscale_gpu_hours"] == pytest.approx(sum(s["autoscale_pool_gpu_hours"]
                                                          .values()))
     # The time series: one column per pool, summing to replicas.
-    assert (ts["replicas"] == ts["replicas_p"] + ts["replicas_d"]).all()
+    assert (ts["replicas"] == ts["replicas_pool_p"] + ts["replicas_pool_d"]).all()
     before = ts[ts["window_end_s"] < 120.0]
-    assert (before["replicas_d"] == 1).all() and (before["replicas_p"] == 2).all()
-    assert ts["replicas_d"].max() == 4
+    assert (before["replicas_pool_d"] == 1).all() and (before["replicas_pool_p"] == 2).all()
+    assert ts["replicas_pool_d"].max() == 4
 
 
 def test_draining_replicas_take_nothing_new_and_hold_nothing_when_parked(monkeypatch):
@@ -193,6 +194,13 @@ def test_compare_day_shows_gpu_hours_per_pool(tmp_path, monkeypatch, capsys):
     line = next(x for x in out.splitlines() if "GPU-hours paid, pool d" in x)
     assert f"{hours['d']:.3g}" in line.replace(",", "") or f"{hours['d']:.2f}" in line
     assert np.isfinite(hours["d"])
+    # autoscaling.png: the total and each pool's replicas on the right axis, as stored.
+    fig = run_figures(auto)["autoscaling"]
+    lines = {ln.get_label(): ln for ax in fig.axes for ln in ax.get_lines()}
+    ts = r.timeseries
+    for name in ("p", "d"):
+        assert list(lines[f"replicas, pool {name}"].get_ydata()) == \
+            ts[f"replicas_pool_{name}"].tolist()
 
 
 def test_the_worked_run_of_the_docs(monkeypatch):

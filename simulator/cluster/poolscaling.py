@@ -96,10 +96,10 @@ class PoolScaling:
         return np.sum(list(self.pool_replicas(edges).values()), axis=0)
 
     def timeseries_columns(self, edges: np.ndarray) -> dict[str, np.ndarray]:
-        """``replicas`` and one ``replicas_<pool>`` column per pool at ``edges``."""
+        """``replicas`` and one ``replicas_pool_<pool>`` column per pool at ``edges``."""
         per = self.pool_replicas(edges)
         return {"replicas": np.sum(list(per.values()), axis=0),
-                **{f"replicas_{name}": v for name, v in per.items()}}
+                **{f"replicas_pool_{name}": v for name, v in per.items()}}
 
     def summary(self, end_s: float, gpu_hour_usd: float | None,
                 output_tokens: float) -> dict:
