@@ -245,3 +245,55 @@ def test_the_worked_run_of_the_docs(monkeypatch):
                    "within 0.7 s", "4,400 requests", "2.4 replicas", "0.20 GPU-hours",
                    "301.7 s", "= 0.17, 0.37 in all", "against 0.50"):
         assert quoted in doc, quoted
+
+
+def _held_drain_scenario() -> dict:
+    """A prefill pool that starts with 2 replicas and wants 1 at its first decision, while
+    a static decode replica of 4 sequences keeps a backlog: prefilled KV waits on the
+    prefill replicas for decode admission. Prompts go round robin, so both hold some."""
+    sc = _scenario(decode=None, prefill={"policy": "load", "min_replicas": 1,
+                                         "max_replicas": 2, "initial_replicas": 2,
+                                         "interval_s": 20.0, "target": 1000.0,
+                                         "down_intervals": 1, "cooldown_down_s": 0.0},
+                   rates=(4.0,), at=(0,), duration=40.0)
+    sc["pools"][0]["router"] = "round_robin"  # both prefill replicas take prompts
+    sc["pools"][1] |= {"dp": 1, "engine": {"max_num_seqs": 4}}
+    return sc
+
+
+def test_a_draining_prefill_replica_hands_its_held_kv_over_before_it_is_parked(monkeypatch):
+    r, scaling, checks = _spied(_held_drain_scenario(), monkeypatch)
+    req = r.requests
+    log = scaling.scalers["p"].log
+    (t0, k), = [(t, i) for t, i, st in log.changes if st == "draining"]
+    (t1,) = [t for t, i, st in log.changes if st == "parked" and i == k]
+    assert t0 == 20.0
+    mine = req["prefill_replica"] == scaling.scalers["p"].first + k
+    moved_end = req["kv_transfer_start_s"] + req["kv_transfer_s"]
+    # It held prefilled KV when it was told to drain: requests it prefilled before 20 s
+    # whose KV left it later. It is parked when the last of them has been handed over,
+    # and took no new prompt in between.
+    held = mine & (req["arrival_s"] < t0) & (moved_end > t0)
+    assert held.sum() >= 1
+    assert t1 == pytest.approx(moved_end[mine].max())
+    assert not (mine & (req["arrival_s"] >= t0)).any()
+    assert (req["status"] == "completed").all() and req["request_id"].is_unique
+    assert len(req) == r.summary["requests_total"] == 160
+    assert checks and all(checks)
+
+
+def test_the_sla_policy_sizes_a_decode_pool_from_its_capacity(monkeypatch):
+    # 10 req/s flat, a decode replica serving 5 req/s within the SLOs at 80%: the first
+    # decision (20 s; the arrivals at 0.1, 0.2, ..., 19.9 s before it, 199 / 20 s = 9.95
+    # req/s the forecast; TPOT within its SLO so no correction) wants
+    # ceil(9.95 / (5 x 0.8)) = 3, and the pool settles there.
+    sla = {"policy": "sla", "min_replicas": 1, "max_replicas": 4, "interval_s": 20.0,
+           "replica_capacity_per_s": 5.0, "forecaster": "last"}
+    r, scaling, _ = _spied(_scenario(decode=sla, rates=(10.0,), at=(0,), duration=120.0),
+                           monkeypatch)
+    d = scaling.scalers["d"]
+    wants = [n for _, n, _ in d.log.decisions]
+    assert d.log.decisions[0][2] == pytest.approx(9.95) and wants[0] == 3
+    assert set(wants[:5]) == {3}
+    assert r.summary["autoscale_pool_scale_ups"]["d"] == 2
+    assert r.summary["autoscale_pool_scale_downs"]["d"] == 0
