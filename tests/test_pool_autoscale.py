@@ -12,13 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator import load_scenario, run, write_result
+from simulator import load_scenario, run, sweep, write_result
 from simulator.cli import main
 from simulator.cluster import running
 from simulator.cluster.autoscale import SOURCE_BPS, Autoscaler
 from simulator.cluster.pools import build_pools
+from simulator.errors import ScenarioError
 from simulator.io.scenario import read_toml
 from simulator.plotting import run_figures
+from simulator.sweep import parse_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -297,3 +299,16 @@ def test_the_sla_policy_sizes_a_decode_pool_from_its_capacity(monkeypatch):
     assert set(wants[:5]) == {3}
     assert r.summary["autoscale_pool_scale_ups"]["d"] == 2
     assert r.summary["autoscale_pool_scale_downs"]["d"] == 0
+
+
+def test_a_sweep_varies_a_pools_autoscale_key():
+    # Two decode targets on the first 140 s of the step: the tighter one wants more decode
+    # replicas. A misspelt key is named before any run.
+    base = _scenario(duration=140.0)
+    df = sweep(base, {"pools.d.autoscale.target": [8.0, 1000.0]}, jobs=1)
+    assert df["status"].tolist() == ["ok", "ok"]
+    assert df["autoscale_scale_ups"].tolist() == [3, 0]
+    assert df["autoscale_gpu_hours"].iloc[0] > df["autoscale_gpu_hours"].iloc[1]
+    with pytest.raises(ScenarioError, match=r"pools.d.autoscale.targt: unknown key \(did "
+                                            r"you mean 'target'\?\)"):
+        parse_grid({"pools.d.autoscale.targt": [1.0]})
