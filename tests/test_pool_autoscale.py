@@ -20,6 +20,7 @@ from simulator.cluster.pools import build_pools
 from simulator.errors import ScenarioError
 from simulator.io.scenario import read_toml
 from simulator.plotting import run_figures
+from simulator.printout import format_summary
 from simulator.sweep import parse_grid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -242,6 +243,9 @@ def test_the_worked_run_of_the_docs(monkeypatch):
     del static["pools"][1]["autoscale"]
     fixed = run(load_scenario(static | {"_base_dir": str(path.parent)})).summary
     assert round(fixed["gpus"] * fixed["simulated_time_s"] / 3600.0, 2) == 0.50
+    # The printout's line per pool.
+    assert ("replicas per pool              prefill 2.0 mean (2 to 2), 0.17 GPU-hours; "
+            "decode 2.4 mean (1 to 4), 0.20 GPU-hours") in format_summary("pd", s, req)
     doc = (ROOT / "docs" / "autoscaling.md").read_text()
     for quoted in ("16.06 GB / 25 GB/s", "= 15.6 s", "at 135.6 s", "(220, 240 and 260 s)",
                    "within 0.7 s", "4,400 requests", "2.4 replicas", "0.20 GPU-hours",
