@@ -37,7 +37,11 @@ def _inspect(fig):
                                         or ax.images):
             continue
         where = f"figure {fig.number}, panel {ax.get_title() or ax.get_ylabel()!r}"
-        for side, text in (("x", ax.get_xlabel()), ("y", ax.get_ylabel())):
+        # a twin axis (twinx) shares its x label with the panel it sits on
+        xlabel = ax.get_xlabel() or next((a.get_xlabel() for a in
+                                          ax.get_shared_x_axes().get_siblings(ax)
+                                          if a is not ax and a.get_xlabel()), "")
+        for side, text in (("x", xlabel), ("y", ax.get_ylabel())):
             if not text.strip():
                 _label_problems.append(f"{where}: no {side} label")
         legend = ax.get_legend()
