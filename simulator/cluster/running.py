@@ -30,6 +30,7 @@ from simulator.cluster.outcome import (
 )
 from simulator.cluster.plan import ClusterPlan
 from simulator.cluster.pools import build_plan
+from simulator.cluster.poolscaling import PoolScaling
 from simulator.cluster.simulation import (
     Cluster,
     check_faults,
@@ -154,6 +155,9 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
         cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo,
                                      None if w.arrival == "closed_loop" else df)
         env.process(cluster.scaling.run())
+    elif any(p.autoscale is not None for p in s.pools):  # per pool (docs/autoscaling.md)
+        cluster.scaling = PoolScaling(env, cluster, s.slo)
+        env.process(cluster.scaling.run())
     if s.gateway is not None:
         cluster.gateway = Gateway(env, cluster, check_gateway(s.gateway), s.seed)
     return total
@@ -230,12 +234,21 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
         summary.update(cluster.gateway.summary(requests, s.slo))
     if cluster.scaling is not None:  # docs/autoscaling.md
         done = requests[requests["status"] == "completed"]
-        summary.update(cluster.scaling.summary(
-            summary["simulated_time_s"], plan.gpus_used // s.parallel.dp,
-            summary["gpu_hour_usd"], float(done["output_tokens"].sum())))
-        ts = with_attainment(ts.assign(replicas=cluster.scaling.replicas_over_time(
-            ts["window_end_s"].to_numpy())), requests, s.slo.ttft_s, s.slo.tpot_s)
-        summary.update(day_summary(requests, s.autoscale.interval_s,
+        edges = ts["window_end_s"].to_numpy()
+        if s.autoscale is None:  # pools that scale, each by its own table
+            summary.update(cluster.scaling.summary(summary["simulated_time_s"],
+                                                   summary.get("gpu_hour_usd"),
+                                                   float(done["output_tokens"].sum())))
+            ts = ts.assign(**cluster.scaling.timeseries_columns(edges))
+        else:
+            summary.update(cluster.scaling.summary(
+                summary["simulated_time_s"], plan.gpus_used // s.parallel.dp,
+                summary["gpu_hour_usd"], float(done["output_tokens"].sum())))
+            ts = ts.assign(replicas=cluster.scaling.replicas_over_time(edges))
+        ts = with_attainment(ts, requests, s.slo.ttft_s, s.slo.tpot_s)
+        interval = (s.autoscale.interval_s if s.autoscale is not None
+                    else min(a.interval_s for a in cluster.scaling.scaler_keys()))
+        summary.update(day_summary(requests, interval,
                                    cluster.scaling.cold_start_spans(), s.slo.ttft_s,
                                    s.slo.tpot_s))
     summary["wall_time_s"] = time.perf_counter() - wall0
