@@ -5,7 +5,8 @@ Public API: :func:`load_scenario`, :func:`run` (returns a :class:`Result`),
 and :class:`ScenarioError`.
 """
 
-from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.cluster.plan import ClusterPlan
+from simulator.cluster.pools import build_plan
 from simulator.cluster.running import Result, check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError

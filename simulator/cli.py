@@ -12,7 +12,7 @@ import pandas as pd
 from simulator import arguments
 from simulator.calibration.engines import describe as describe_kernels
 from simulator.cluster.build import cluster_node, expert_setup
-from simulator.cluster.pools import describe_pools
+from simulator.cluster.pools import build_plan, describe_pools
 from simulator.cluster.running import check, run
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import NoAnswer, ScenarioError
@@ -352,7 +352,6 @@ def cmd_topology(args) -> int:
 def _show_pools(sc, args) -> int:
     """``topology show`` of a scenario with ``[[pools]]``: the graph that joins every pool's
     nodes (docs/disaggregation.md), and which nodes each pool holds."""
-    from simulator.cluster.pools import build_pools  # noqa: PLC0415 - light, on use
     from simulator.topology.summary import draw, format_summary, summary  # noqa: PLC0415
 
     given = [f for f, v in (("--nodes", args.nodes), ("--fabric", args.fabric),
@@ -361,7 +360,7 @@ def _show_pools(sc, args) -> int:
         raise ScenarioError(f"topology show {' '.join(given)}: not with [[pools]] (each pool "
                             f"sets its nodes; --set cluster.fabric=... changes the fabric)",
                             source=sc.source)
-    plan = build_pools(sc)
+    plan = build_plan(sc)
     print(format_summary(summary(plan.graph)))
     for p in plan.pools:
         nodes = sorted({plan.graph.nodes[g]["node"] for rp in p.replicas

@@ -266,6 +266,10 @@ def autoscaling(ts: pd.DataFrame, ax=None, capacity_per_s: float | None = None):
     right = ax.twinx()
     right.step(t, ts["replicas"].to_numpy(), where="post", color="C0", linewidth=1.6,
                label="replicas paid for")
+    pools = [c for c in ts.columns if c.startswith("replicas_pool_")]
+    for k, col in enumerate(pools):  # disaggregated: each pool's replicas
+        right.step(t, ts[col].to_numpy(), where="post", color=f"C{k + 2}", linewidth=1.0,
+                   label=f"replicas, pool {col.removeprefix('replicas_pool_')}")
     right.set_ylabel("replicas")
     right.set_ylim(0, max(1, ts["replicas"].max()) * 1.15)
     lines = ax.get_lines() + right.get_lines()

@@ -159,6 +159,13 @@ def mode_lines(summary: dict, alerts: pd.DataFrame | None = None) -> list[str]:
                            f"scale-ups{cold}")
         row("GPU-hours paid", f"{g('autoscale_gpu_hours'):,.1f} (${g('autoscale_cost_usd'):,.0f})"
             if _num(g("autoscale_cost_usd")) else f"{g('autoscale_gpu_hours'):,.1f}")
+        per = g("autoscale_pool_replicas_mean") or {}
+        if per:  # disaggregated: each pool's replicas and GPU-hours
+            lo, hi = g("autoscale_pool_replicas_min"), g("autoscale_pool_replicas_max")
+            hours = g("autoscale_pool_gpu_hours")
+            row("replicas per pool", "; ".join(
+                f"{n} {m:.1f} mean ({lo[n]} to {hi[n]}), {hours[n]:,.2f} GPU-hours"
+                for n, m in per.items()))
         if g("autoscale_requests_in_cold_starts"):
             row("arrived during cold starts", f"{g('autoscale_requests_in_cold_starts'):,} "
                 f"requests, {g('autoscale_cold_start_slo_attainment'):.1%} within the SLOs")

@@ -94,8 +94,8 @@ class Family:
 
 ROUTERS = Family("router.policy", "simulator.cluster.router")
 SCHEDULERS = Family("engine.scheduler", "simulator.engine.schedulers")
-PROFILES = Family("engine.profile", "simulator.engine.profiles")
-CAPTURE_RULES = Family("engine.cuda_graphs", "simulator.engine.profiles")
+PROFILES = Family("engine.profile", "simulator.io.profiles")
+CAPTURE_RULES = Family("engine.cuda_graphs", "simulator.io.profiles")
 CLIENTS = Family("workload.client", "simulator.workload.clients")
 AUTOSCALE_POLICIES = Family("autoscale.policy", "simulator.cluster.autoscale")
 FORECASTERS = Family("autoscale.forecaster", "simulator.cluster.autoscale")

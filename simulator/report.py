@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -263,11 +264,23 @@ def day_figures(run: str | Path, window_s: float | None = None) -> dict:
         out["day_replicas_max"] = summary.get("autoscale_replicas_max")
         out["day_cold_starts"] = summary.get("autoscale_scale_ups")
     else:
-        replicas = run_scenario(run).get("parallel", {}).get("dp")
+        sc = run_scenario(run)
+        pools = sc.get("pools") or []
+        replicas = (sum(p.get("dp", 1) for p in pools) if pools
+                    else sc.get("parallel", {}).get("dp"))
         out["day_gpu_hours"] = gpus * hours
         out["day_cost_usd"] = gpus * hours * price if isinstance(price, (int, float)) else None
         out["day_replicas_mean"] = out["day_replicas_max"] = replicas
         out["day_cold_starts"] = 0
+        for p in pools:  # a static pool pays its GPUs for the whole run
+            name = p.get("name")
+            out[f"day_replicas_mean_pool_{name}"] = p.get("dp", 1)
+            out[f"day_gpu_hours_pool_{name}"] = (summary.get("pool_gpus") or {}).get(
+                name, math.nan) * hours
+    for name, v in (summary.get("autoscale_pool_replicas_mean") or {}).items():
+        out[f"day_replicas_mean_pool_{name}"] = v
+    for name, v in (summary.get("autoscale_pool_gpu_hours") or {}).items():
+        out[f"day_gpu_hours_pool_{name}"] = v
     window = window_s or summary.get("slo_window_s")
     if window and (window_s or "slo_attainment_worst_window" not in summary):
         slo = run_scenario(run).get("slo", {})
@@ -282,7 +295,14 @@ def day_table(runs: list[str | Path]) -> pd.DataFrame:
     if len(runs) < 2:
         raise ScenarioError("compare --day: give at least two run folders")
     window = next((w for w in (read_run(r)[0].get("slo_window_s") for r in runs) if w), None)
-    return _table([day_figures(r, window) for r in runs], _names(runs), DAY)
+    figures = [day_figures(r, window) for r in runs]
+    # Disaggregated days: the replicas and GPU-hours of each pool after the totals.
+    pools = list(dict.fromkeys(k.removeprefix("day_gpu_hours_pool_") for f in figures
+                               for k in f if k.startswith("day_gpu_hours_pool_")))
+    rows = DAY + [row for p in pools for row in (
+        (f"day_replicas_mean_pool_{p}", f"replicas (time mean), pool {p}"),
+        (f"day_gpu_hours_pool_{p}", f"GPU-hours paid, pool {p}"))]
+    return _table(figures, _names(runs), rows)
 
 
 def _shown(value) -> bool:

@@ -91,6 +91,10 @@ def _known_key(key: str) -> str | None:
                                      or parts[3] not in EngineKeys.__dataclass_fields__):
             return ("unknown key" + _did_you_mean(parts[3], list(EngineKeys.__dataclass_fields__))
                     if len(parts) == 4 else "expected pools.<pool name>.engine.<key>")
+        auto = AutoscaleKeys.__dataclass_fields__  # a pool's autoscale table
+        if parts[2] == "autoscale" and (len(parts) != 4 or parts[3] not in auto):
+            return ("unknown key" + _did_you_mean(parts[3], list(auto)) if len(parts) == 4
+                    else "expected pools.<pool name>.autoscale.<key>")
         return None
     if section == "autoscale":  # [autoscale] (docs/autoscaling.md)
         fields = AutoscaleKeys.__dataclass_fields__
@@ -199,10 +203,13 @@ def run_id(resolved: dict) -> str:
 
 
 def _day_columns(base: dict, keys: list[str]) -> list[str]:
-    """The autoscaling columns when the base scenario autoscales or the grid sets
-    ``autoscale.*``; the gateway's, per class of the base's gateway, when it has one."""
+    """The autoscaling columns when the base scenario autoscales (a pool of it included)
+    or the grid sets ``autoscale.*`` (or a pool's); the gateway's, per class of the
+    base's gateway, when it has one."""
     out = []
-    if "autoscale" in base or any(k.startswith("autoscale.") for k in keys):
+    pools = base.get("pools") if isinstance(base.get("pools"), list) else []
+    if ("autoscale" in base or any(isinstance(p, dict) and "autoscale" in p for p in pools)
+            or any(k.startswith("autoscale.") or ".autoscale." in k for k in keys)):
         out += AUTOSCALE_SUMMARY_KEYS
     gateway = base.get("gateway")
     if isinstance(gateway, dict):

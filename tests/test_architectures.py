@@ -16,7 +16,7 @@ import pytest
 
 from simulator import run
 from simulator.cli import main
-from simulator.cluster.build import build_plan
+from simulator.cluster.pools import build_plan
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_gpu
 from simulator.io.scenario import load_scenario

@@ -20,7 +20,7 @@ from simulator.cluster.autoscale import (
     Observation,
     cold_start_s,
 )
-from simulator.cluster.build import build_plan
+from simulator.cluster.pools import build_plan
 from simulator.errors import ScenarioError
 from simulator.io.schema import AutoscaleKeys
 from simulator.topology.graph import Paths

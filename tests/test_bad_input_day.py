@@ -139,7 +139,52 @@ GATEWAY_CLASSES = [
     pytest.param(_with(GATEWAY, "gateway", classes=[3]), ["gateway.classes[0]"],
                  id="class-not-a-table"),
 ]
-CASES = AUTOSCALE_NUMBERS + AUTOSCALE_CHOICES + AUTOSCALE_CROSS + GATEWAY_TOP + GATEWAY_CLASSES
+
+
+def _pooled(decode: object = None, prefill: object = None, role: str = "decode",
+            **workload) -> dict:
+    """BASE as one prefill and one decode pool (2 decode replicas), with ``autoscale``
+    tables on them (``role`` = "mixed": two mixed pools)."""
+    data = {k: v for k, v in copy.deepcopy(BASE).items() if k != "parallel"}
+    data["workload"] = {**data["workload"], **workload}
+    roles = ("prefill", "decode") if role == "decode" else ("mixed", "mixed")
+    pools = [{"name": "p", "role": roles[0]}, {"name": "d", "role": roles[1], "dp": 2}]
+    for pool, table in zip(pools, (prefill, decode), strict=True):
+        if table is not None:
+            pool["autoscale"] = table
+    return data | {"pools": pools}
+
+
+POOL_AUTOSCALE = [
+    pytest.param(_pooled({"policy": "load"}, role="mixed"),
+                 ["pools[1].autoscale", "mixed pools do not scale"], id="pool-mixed-cannot-scale"),
+    pytest.param(_pooled(3), ["pools[1].autoscale", "expected a table"],
+                 id="pool-autoscale-not-a-table"),
+    pytest.param(_pooled({"policy": "load", "max_replicas": 3}),
+                 ["pools[1].autoscale.max_replicas", "pools[1].dp = 2"],
+                 id="pool-max-beyond-its-dp"),
+    pytest.param(_pooled({"policy": "load", "min_replicas": 2, "max_replicas": 1}),
+                 ["pools[1].autoscale.min_replicas", "more than max_replicas 1"],
+                 id="pool-min-above-max"),
+    pytest.param(_pooled({"policy": "load", "interval_s": 0.0}),
+                 ["pools[1].autoscale.interval_s"], id="pool-interval-zero"),
+    pytest.param(_pooled({"policy": "load", "metric": "ttft"}),
+                 ["pools[1].autoscale.metric", "kv_util"], id="pool-metric-unknown"),
+    pytest.param(_pooled(prefill={"policy": "sla", "forecaster": "arima",
+                                  "replica_capacity_per_s": 5.0}),
+                 ["pools[0].autoscale.forecaster", "kalman"], id="pool-forecaster-unknown"),
+    pytest.param(_pooled({"policy": "sla"}), ["pools[1].autoscale.replica_capacity_per_s",
+                                              "required"], id="pool-sla-needs-capacity"),
+    pytest.param(_pooled({"policy": "load", "scale_down_below": 1.5}),
+                 ["pools[1].autoscale.scale_down_below", "< 1"], id="pool-down-above-1"),
+    pytest.param(_pooled({"policy": "load", "polcy": "x"}),
+                 ["pools[1].autoscale.polcy", "unknown key"], id="pool-autoscale-unknown-key"),
+    pytest.param(_pooled({"policy": "load"}, arrival="closed_loop", rate_per_s=None,
+                         concurrency=2), ["pools[1].autoscale", "open-loop"],
+                 id="pool-autoscale-closed-loop"),
+]
+CASES = (AUTOSCALE_NUMBERS + AUTOSCALE_CHOICES + AUTOSCALE_CROSS + GATEWAY_TOP
+         + GATEWAY_CLASSES + POOL_AUTOSCALE)
 
 
 def test_every_autoscale_number_has_bad_cases():

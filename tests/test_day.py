@@ -13,7 +13,7 @@ import pytest
 from simulator import load_scenario, run, sweep, write_result
 from simulator.cli import main
 from simulator.cluster import running
-from simulator.cluster.build import build_plan
+from simulator.cluster.pools import build_plan
 from simulator.cluster.sizing import replica_sizing
 from simulator.errors import ScenarioError
 from simulator.io.scenario import read_toml

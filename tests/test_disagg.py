@@ -15,10 +15,12 @@ import pytest
 import simpy
 import tomli_w
 
+import simulator
 from simulator import DEFAULT_SCENARIO, ScenarioError, load_scenario, run, write_result
 from simulator.cli import main
+from simulator.cluster.build import build_colocated
 from simulator.cluster.disagg import POOL_COLUMNS
-from simulator.cluster.pools import build_pools
+from simulator.cluster.pools import build_plan
 from simulator.cluster.running import check
 from simulator.cluster.simulation import Cluster, open_loop_workload, run_rngs
 from simulator.cluster.transfer import KVTransfers, kv_flows
@@ -119,10 +121,27 @@ def test_layerwise_transfer_leaves_the_last_layer_exposed():
     assert row["kv_transfer_s"] == pytest.approx(expected, abs=3 * TICK)
 
 
+def test_the_public_build_plan_builds_pools_and_colocated_alike():
+    """``simulator.build_plan`` is the one build entry point: a ``[[pools]]`` scenario gets
+    its pools (a 1-GPU prefill pool on node 0, a TP2 decode pool on node 1: 3 GPUs, two
+    nodes joined by the fabric switch), as ``check`` and ``run`` build it; a colocated one
+    is a cluster of one mixed pool."""
+    s = load_scenario(pools_scenario({"nodes": 1, "tp": 1}, {"nodes": 1, "tp": 2}))
+    built = simulator.build_plan(s)
+    assert [(p.name, p.role, p.gpus) for p in built.pools] == [
+        ("p", "prefill", 1), ("d", "decode", 2)]
+    assert built.gpus_used == 3 and "switch" in built.graph
+    assert [p.spec.name for p in check(s)[0].pools] == ["p", "d"]
+    one = simulator.build_plan(load_scenario(DEFAULT_SCENARIO))
+    assert len(one.pools) == 1 and one.pools[0].role == "mixed"
+    with pytest.raises(ValueError, match="build_plan builds it"):
+        build_colocated(s)  # the one-pool step refuses pools rather than drop them
+
+
 def test_two_transfers_sharing_a_nic_split_its_bandwidth():
     # Two prefill GPUs of node 0 send to the one decode GPU of node 1 at the same time:
     # both flows cross that GPU's NIC link, so each gets half of it and takes twice as long.
-    plan = build_pools(load_scenario(pools_scenario({"nodes": 1, "tp": 1, "dp": 2},
+    plan = build_plan(load_scenario(pools_scenario({"nodes": 1, "tp": 1, "dp": 2},
                                                     {"nodes": 1, "tp": 1})))
     env = simpy.Environment()
     kv = KVTransfers(env, plan.graph, plan.model, 0.0)
@@ -337,7 +356,7 @@ def test_waiting_requests_hold_their_blocks_on_the_prefill_side():
                                                "output_tokens": 200}))
     env = simpy.Environment()
     rngs = run_rngs(s.seed)
-    cluster = Cluster(env, build_pools(s), Recorder(), rngs)
+    cluster = Cluster(env, build_plan(s), Recorder(), rngs)
     cluster.expected = 6
     env.process(cluster.arrive(open_loop_workload(s, rngs)))
     prefill, decode = cluster.replicas

@@ -10,7 +10,7 @@ from test_profiles import _cost
 
 import simulator
 from simulator.engine.host import host_keys
-from simulator.engine.profiles import HOST, PROFILES
+from simulator.io.profiles import HOST, PROFILES
 from simulator.io.schema import EngineKeys
 
 FIXED, PER_SEQ, PER_TOKEN = 0.003, 56e-6, 1e-7

@@ -77,6 +77,16 @@ def test_packages_import_only_their_layer_or_below():
     assert not bad, f"imports that climb a layer: {bad[:5]}"
 
 
+def test_loading_a_scenario_never_reaches_the_engine():
+    """Scenario loading flows one way (parse, fill the engine profile's defaults, validate,
+    freeze): no module of ``simulator.io`` imports, through any chain, one of
+    ``simulator.engine``; the profiles are the scenario's defaults and live in io."""
+    g = _graph()
+    bad = sorted((m, d) for m in g if _package(m) == "io"
+                 for d in nx.descendants(g, m) if _package(d) == "engine")
+    assert not bad, f"io modules reaching the engine: {bad[:5]}"
+
+
 #: Private names imported from another module, outside the planner: (importer, module).
 #: The planner has none; a new entry says the name should be public or move.
 PRIVATE_IMPORTS = {

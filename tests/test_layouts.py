@@ -12,7 +12,7 @@ import pytest
 
 from simulator import run
 from simulator.cli import main
-from simulator.cluster.build import build_plan
+from simulator.cluster.pools import build_plan
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.model.memory import ExpertLayout, moe_weight_bytes_per_gpu

@@ -12,7 +12,7 @@ import pytest
 from simulator import run
 from simulator.calibration import moe_forms
 from simulator.cli import main
-from simulator.cluster.build import build_plan
+from simulator.cluster.pools import build_plan
 from simulator.default_scenario import DEFAULT_SCENARIO
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario, to_dict

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from conftest import DATA, toy_scenario
 
@@ -147,3 +148,29 @@ def test_equal_microbatches_follow_the_gpipe_bubble(tmp_path, pp, m):
     s0 = steps[steps.stage == 0].sort_values("start_s")
     s1 = steps[steps.stage == 1].sort_values("start_s")
     assert s1["start_s"].iloc[0] < s0["end_s"].iloc[1]
+
+
+def test_stage_work_counts_every_parameter_twice_per_token_and_the_ring_bytes():
+    """A dense stage's own work (what GPU utilization sums): per token 2 FLOPs per linear
+    parameter on the GPU (plus 4 * heads * d per attention pair), the LM head over the
+    sampled rows on the last stage, and two ring all-reduces of ``T * h * 2`` bytes per
+    layer, each sending ``2(n-1)/n`` of them per GPU; no NIC bytes of its own."""
+    m = load_model("llama-3.1-8b")
+    sc = {"name": "w", "model": {"name": "llama-3.1-8b"}, "cluster": {"topology": "dgx-h100"},
+          "parallel": {"tp": 2}, "workload": {"arrival": "constant", "rate_per_s": 1.0,
+                                              "num_requests": 1}}
+    cost = simulator.build_plan(simulator.load_scenario(sc)).replicas[0].stages[0]
+    tokens, pairs = np.array([64.0, 8.0]), np.array([64 * 65 / 2, 0.0])
+    kv, sampled = np.array([0.0, 8 * 500.0]), np.array([1.0, 8.0])
+    flops, hbm, nvlink, nic = cost.work(tokens, pairs, np.zeros(2), kv, sampled)
+    tp, h, d = 2, m.hidden, m.head_dim
+    linear = m.layers * (m.attn_params_per_layer + m.mlp_params_per_layer) / tp
+    attn = m.layers * 4 * (m.q_heads // tp) * d * (pairs + kv)
+    head = 2 * sampled * (m.vocab // tp) * h
+    assert flops == pytest.approx(2 * linear * tokens + attn + head, rel=1e-6)
+    assert nvlink == pytest.approx(2 * m.layers * 2 * (tp - 1) / tp * tokens * h * 2)
+    assert (nic == 0).all() and (hbm > 0).all()
+    # What the link metrics lay on the graph: T * h * 2 per message, two per layer.
+    assert cost.message_bytes(64) == 64 * h * 2
+    assert cost.allreduce_bytes(64) == 2 * m.layers * 64 * h * 2
+    assert nvlink[0] == pytest.approx(2 * (tp - 1) / tp * cost.allreduce_bytes(64))

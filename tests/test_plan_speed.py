@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.calibration import forms, moe_forms
-from simulator.cluster.build import build_plan
+from simulator.cluster.pools import build_plan
 from simulator.hardware.specs import load_gpu
 from simulator.io.scenario import load_scenario
 from simulator.model import moe_stage

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.cluster.build import build_plan
+from simulator.cluster.pools import build_plan
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import SloKeys

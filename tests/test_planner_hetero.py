@@ -17,8 +17,7 @@ import pytest
 import tomli_w
 from test_planner_search import CONST
 
-from simulator.cluster.build import build_plan
-from simulator.cluster.pools import build_pools
+from simulator.cluster.pools import build_plan
 from simulator.cluster.simulation import workload_requests
 from simulator.errors import ScenarioError
 from simulator.hardware.prices import gpu_hour_usd
@@ -179,7 +178,7 @@ def test_leaf_spine_cross_pairs_priced_on_the_leaf_spine(tmp_path):
     assert [r["est_kv_transfer_s"] for r in rows] == [r["est_kv_transfer_s"] for r in plain]
     point = {**copy.deepcopy(ls_base), "pools": cross_pools(pd.Series(rows[0]), ls)}
     assert point["cluster"]["fabric"] == "leaf_spine"
-    pooled = build_pools(load_scenario(point))
+    pooled = build_plan(load_scenario(point))
     assert [p.node.name for p in pooled.pools] == KINDS
     assert pooled.graph.graph["name"] == "1 x dgx-h100 + 1 x dgx-a100"
     racks_base = resolve_point(base, {"cluster.fabric": "leaf_spine",
@@ -244,7 +243,7 @@ def test_cross_kind_recommended_toml_runs(cross_plan, tmp_path):
     assert [(p["role"], p["topology"], p["nodes"]) for p in pools] == [
         ("prefill", "dgx-h100", 1), ("decode", "dgx-a100", 1)]
     assert "same_nodes_as" not in pools[1]
-    built = build_pools(load_scenario(copy.deepcopy(pick)))
+    built = build_plan(load_scenario(copy.deepcopy(pick)))
     assert [p.node.name for p in built.pools] == ["dgx-h100", "dgx-a100"]
     path = tmp_path / "recommended.toml"
     path.write_text(tomli_w.dumps(pick))

@@ -13,7 +13,7 @@ import pytest
 from test_planner_search import CONST
 
 from simulator import run
-from simulator.cluster.build import build_plan
+from simulator.cluster.pools import build_plan
 from simulator.cluster.simulation import workload_requests
 from simulator.hardware.prices import gpu_hour_usd
 from simulator.hardware.specs import load_node

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from test_planner_search import CONST, search_setup
 
-from simulator.cluster.build import build_plan
+from simulator.cluster.pools import build_plan
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import SloKeys
 from simulator.model.spec import load_model

@@ -17,7 +17,7 @@ import pytest
 from test_planner_search import CONST, SPEC, search_setup
 
 from simulator import run
-from simulator.cluster.build import build_plan
+from simulator.cluster.pools import build_plan
 from simulator.io.scenario import load_scenario
 from simulator.model.spec import load_model
 from simulator.planner import plan

@@ -10,8 +10,7 @@ import math
 import pandas as pd
 import pytest
 
-from simulator.cluster.build import build_plan
-from simulator.cluster.pools import build_pools
+from simulator.cluster.pools import build_plan
 from simulator.cluster.simulation import workload_requests
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
@@ -125,7 +124,7 @@ def test_disaggregated_pools_build_where_the_estimate_placed_them():
            "max_num_seqs": 64, "max_num_batched_tokens": 2048}
     data = copy.deepcopy(base)
     data["pools"] = pools_of(row, 1, s)
-    p = build_pools(load_scenario(data))
+    p = build_plan(load_scenario(data))
     gpus = [sorted(g for rp in pool.replicas for g in rp.placement.gpus)
             for pool in p.pools]
     assert gpus == [[f"gpu{i}" for i in range(3)], [f"gpu{i}" for i in range(3, 8)]]
@@ -225,7 +224,7 @@ def test_recommended_scenario_of_a_disaggregated_pick_builds(mixed_plan):
     t = mixed_plan.table
     row = t[t["kind"] == "disaggregated"].iloc[0]
     data = recommended_scenario(dataclasses.replace(mixed_plan, best=row))
-    pools = build_pools(load_scenario(data)).pools
+    pools = build_plan(load_scenario(data)).pools
     assert [(p.spec.role, p.spec.tp, p.spec.dp) for p in pools] == [
         ("prefill", int(row["prefill_tp"]), int(row["prefill_dp"])),
         ("decode", int(row["tp"]), int(row["dp"]))]

@@ -30,8 +30,8 @@ def test_router_and_scheduler_registries_hold_the_documented_names():
                               "least_tokens", "power_of_two", "prefix_aware", "kv_aware",
                               "session_affinity")
     assert {n: tuple(c.PARAMS) for n, c in SCHEDULERS.items()} == {
-        "vllm": (), "vllm_v0": (), "sarathi": ("chunk_size",), "orca": ("reserve_tokens",),
-        "static": ("reserve_tokens",)}
+        "vllm": (), "vllm_v0": (), "sglang": (), "sarathi": ("chunk_size",),
+        "orca": ("reserve_tokens",), "static": ("reserve_tokens",)}
 
 
 def test_round_robin_cycles_and_least_policies_pick_the_minimum():
@@ -95,6 +95,39 @@ def test_vllm_v0_never_mixes_prefill_and_decode():
     assert ((mixed["prefill_tokens"] > 0) & (mixed["decode_tokens"] > 0)).any()
 
 
+def test_sglang_runs_prefill_alone_and_first_and_chunks_within_the_budget():
+    steps = simulator.run(_sched("sglang", max_num_batched_tokens=512)).steps
+    assert ((steps["prefill_tokens"] == 0) | (steps["decode_tokens"] == 0)).all()
+    assert steps["prefill_tokens"].max() == 512  # prompts of up to 2048 tokens are chunked
+    assert (steps["decode_tokens"] > 0).any()
+
+
+def test_sglang_stalls_every_decode_until_the_waiting_prompts_are_prefilled(toy):
+    # Four 1,000-token prompts sent together with a 1,000-token budget: one prompt per
+    # step. Under "sglang" the first decode step comes after all four prefills, so every
+    # request's second token waits for them and all four decode in lockstep; under "vllm"
+    # each step decodes the prompts already prefilled first and a chunk fills the rest of
+    # the budget (step 1: A decodes, 999 tokens of B; step 2: A, B's last token, C's
+    # first 998; step 3: A and B decode).
+    wl = {"arrival": "closed_loop", "concurrency": 4, "num_requests": 4,
+          "prompt_tokens": 1000, "output_tokens": 8}
+    eng = {"max_num_batched_tokens": 1000, "max_model_len": 2048}
+
+    def run(scheduler):
+        s = toy(engine={"scheduler": scheduler, **eng}, workload=wl)
+        del s["workload"]["rate_per_s"]  # all four sent at once
+        return simulator.run(s).steps
+
+    st = run("sglang")
+    assert st["prefill_tokens"].head(4).tolist() == [1000] * 4
+    assert (st["decode_tokens"].head(4) == 0).all()
+    assert (st["decode_tokens"].iloc[4:] == 4).all()  # then 7 steps of all four decodes
+    assert len(st) == 4 + 7
+    mixed = run("vllm")
+    assert mixed["decode_tokens"].head(4).tolist() == [0, 1, 1, 2]
+    assert mixed["prefill_tokens"].head(3).tolist() == [1000, 999, 999]
+
+
 def test_sarathi_keeps_every_step_within_its_chunk():
     steps = simulator.run(_sched("sarathi", {"chunk_size": 256})).steps
     assert (steps["prefill_tokens"] + steps["decode_tokens"]).max() <= 256
@@ -120,7 +153,8 @@ def test_static_batches_run_to_completion_before_the_next():
     assert (starts[1:] >= ends[:-1]).all()  # no batch starts before the last one ended
 
 
-@pytest.mark.parametrize("name,args", [("vllm_v0", {}), ("sarathi", {"chunk_size": 128}),
+@pytest.mark.parametrize("name,args", [("vllm_v0", {}), ("sglang", {}),
+                                       ("sarathi", {"chunk_size": 128}),
                                        ("orca", {}), ("static", {})])
 def test_fast_path_is_exact_for_every_scheduler(name, args):
     _assert_identical(*_both(_sched(name, args)))

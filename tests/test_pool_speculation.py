@@ -13,8 +13,7 @@ from test_planner_search import SPEC, search_setup
 
 from simulator import run
 from simulator.cli import main
-from simulator.cluster.build import build_plan
-from simulator.cluster.pools import build_pools, describe_pools
+from simulator.cluster.pools import build_plan, describe_pools
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.planner import plan
@@ -89,7 +88,7 @@ def test_each_pool_pays_for_its_own_drafter(three):
     assert pre == plain
     assert k3 == k1 < plain  # one EAGLE layer, whatever k
     assert three.summary["acceptance_length_mean"] > 1.5
-    pools = build_pools(load_scenario(_three_decode_pools()))
+    pools = build_plan(load_scenario(_three_decode_pools()))
     text = describe_pools(pools)
     assert "pool k1 (decode)" in text and "speculative eagle k=1" in text
     assert "speculative eagle k=3" in text

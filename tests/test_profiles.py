@@ -10,16 +10,16 @@ import pytest
 
 import simulator
 from simulator.default_scenario import DEFAULT_SCENARIO
-from simulator.engine.profiles import (
+from simulator.errors import ScenarioError
+from simulator.hardware.specs import load_gpu, load_node
+from simulator.io import schema
+from simulator.io.profiles import (
     PROFILES,
     capture_sizes,
     sglang_sizes,
     trtllm_sizes,
     vllm_v1_sizes,
 )
-from simulator.errors import ScenarioError
-from simulator.hardware.specs import load_gpu, load_node
-from simulator.io import schema
 from simulator.io.schema import EngineKeys
 from simulator.io.writers import write_result
 from simulator.model.cost import StageCost
@@ -202,7 +202,7 @@ def test_cpu_overlap_hides_the_step_overhead_behind_the_gpu_step():
 
 
 def test_default_profile_switch_applies_to_scenarios_that_name_none(monkeypatch):
-    from simulator.engine import profiles
+    from simulator.io import profiles
     monkeypatch.setattr(profiles, "DEFAULT_PROFILE", "sglang")
     eng = simulator.load_scenario(_scenario()).engine
     assert eng.profile == "sglang" and eng.cuda_graphs == "sglang"
@@ -274,7 +274,7 @@ def test_cpu_overlap_floors_moe_steps_too():
 def test_vllm_v1_batch_limits_follow_the_gpu_as_vllm_does():
     """vLLM V1 (arg_utils.get_batch_defaults, API server): 8192 tokens and 1024 sequences
     on GPUs with >= 70 GiB other than A100; 2048 and 256 on A100 and smaller GPUs."""
-    from simulator.engine.profiles import vllm_v1_batch_limits
+    from simulator.io.profiles import vllm_v1_batch_limits
 
     def limits(**cluster):
         e = simulator.load_scenario({**_scenario(), "cluster": cluster}).engine

@@ -8,7 +8,7 @@ from test_prefix_workloads import sessions
 from test_profiles import _files, _scenario
 
 import simulator
-from simulator.engine.profiles import PROFILES
+from simulator.io.profiles import PROFILES
 
 
 @pytest.mark.parametrize(("name", "on"), [("vllm-v0.6", False), ("vllm-v1", True),

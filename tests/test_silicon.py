@@ -16,7 +16,7 @@ import simulator
 from simulator.calibration import engines
 from simulator.hardware.specs import load_gpu
 from simulator.io.silicon import agg_scenario, disagg_scenario, layout, scenario
-from simulator.model.moe_cost import mla_decode
+from simulator.model.moe_cost import expert_time, mla_decode
 from simulator.model.spec import load_model
 
 NAN = math.nan
@@ -91,13 +91,29 @@ def test_an_aggregated_dense_row():
     assert s["model"] == {"name": "qwen3-32b", "weight_dtype": "bf16"}  # 16-bit KV
     assert s["parallel"] == {"tp": 4, "pp": 1, "dp": 1}
     assert s["cluster"] == {"topology": "dgx-h100", "nodes": 1}
-    assert s["engine"] == {"profile": "vllm-v1", "max_num_seqs": 32}
+    # AIConfigurator's generator: max-num-seqs = batch size, max-num-batched-tokens =
+    # batch size + ISL + 1500
+    assert s["engine"] == {"profile": "vllm-v1", "max_num_seqs": 32,
+                           "max_num_batched_tokens": 32 + 4096 + 1500}
     # no concurrency column: the batch size is the client's concurrency; AIPerf as
     # AIConfigurator runs it: 20 x C measured requests after C warm-ups
     assert s["workload"] == {"arrival": "closed_loop", "client": "aiperf", "concurrency": 32,
                              "warmup_requests": 32, "num_requests": 640,
                              "prompt_tokens": 4096, "output_tokens": 128}
     simulator.load_scenario(s)
+
+
+@pytest.mark.parametrize("backend, budget", [
+    ("vllm", 24 + 1000 + 1500),  # max-num-batched-tokens: batch size + ISL + 1500
+    ("sglang", 1000 + 1500),  # max-prefill-tokens: ISL + 1500, decodes mixed in
+    ("trtllm", 2528),  # max_num_tokens: 24 + 1000 + 1500 = 2524, up to 32-token blocks
+])
+def test_the_engine_limits_are_those_aiconfigurator_deploys(backend, budget):
+    row = {"model_path": "Qwen/Qwen3-32B", "system": "h100_sxm", "backend": backend,
+           "isl": 1000.0, "osl": 100.0, "batch_size": 24.0, "concurrency": 24.0,
+           "tp_size": 2.0, "pp_size": 1.0}
+    s, _ = scenario(row)
+    assert (s["engine"]["max_num_seqs"], s["engine"]["max_num_batched_tokens"]) == (24, budget)
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
@@ -263,3 +279,117 @@ def test_the_b200_decode_kernels_the_docs_quote():
               & (moe.moe_ep_size == 1) & (moe.moe_dtype == "fp8_block")]
     assert set(one["kernel_source"]) == {"deepgemm"}
     assert round(one["latency"].min() * 1e3) == 98  # us
+
+
+def _sglang_row(**cols):
+    row = {"model_path": "Qwen/Qwen3-32B", "system": "h100_sxm", "backend": "sglang",
+           "isl": 4096.0, "osl": 128.0, "batch_size": 64.0, "tp_size": 4.0, "pp_size": 1.0}
+    return {**row, **cols}
+
+
+@pytest.mark.parametrize("row, mixed, prefill_first", [
+    # Qwen3-32B, H100 TP4, 4096 / 128 at concurrency 64 (measured 4,684 ms / 53.2 ms)
+    (_sglang_row(), (614, 75.8), (4416, 48.3)),
+    # DeepSeek-V3 FP8, H200 TP8, 8192 / 1024 at concurrency 32, SGLang 0.5.9 (measured
+    # 994 ms / 32.0 ms)
+    (_sglang_row(model_path="deepseek-ai/DeepSeek-V3", system="h200_sxm", isl=8192.0,
+                 osl=1024.0, batch_size=32.0, tp_size=8.0, gemm_quant_mode="fp8",
+                 moe_quant_mode="fp8", attention_dp_size=1.0, moe_tp_size=8.0,
+                 moe_ep_size=1.0), (848, 34.0), (4867, 30.5)),
+])
+def test_sglang_prefill_priority_on_two_measured_runs(row, mixed, prefill_first):
+    # The figures docs/cost-model.md quotes: the "sglang" profile's mixed chunked prefill,
+    # and SGLang's own prefill-first, never-mixed steps (scheduler = "sglang"), under which
+    # the fixed-length closed loop locks into waves: every prompt of a wave is prefilled
+    # before any of them decodes, so all finish at the same step and return together.
+    s, _ = scenario(row)
+    got = []
+    for sched in (None, "sglang"):
+        if sched:
+            s["engine"]["scheduler"] = sched
+        m = simulator.run(simulator.load_scenario(s)).summary
+        got.append((round(m["ttft_mean_s"] * 1e3), round(m["tpot_mean_s"] * 1e3, 1)))
+    assert got == [mixed, prefill_first]
+
+
+@pytest.mark.skipif(not (REPO.parent / "shared" / "validation").is_dir(),
+                    reason="../shared/validation absent")
+def test_the_measured_sglang_059_ttft_grows_as_docs_quote():
+    # H200 TP8 DeepSeek-V3 FP8 under SGLang 0.5.9, 1024 / 1024: 160 ms more TTFT from
+    # concurrency 4 to 64, where a wave's prefill would add about a second
+    df = pd.read_csv(REPO.parent / "shared" / "validation" / "silicon_moe_deepseek_v3.csv")
+    runs = df[(df["mode"] == "agg") & (df["backend"] == "sglang") & (df["system"] == "h200_sxm")
+              & (df["isl"] == 1024) & (df["osl"] == 1024)
+              & (df["backend_version"].astype(str) == "0.5.9")].set_index("concurrency")
+    assert round(runs.loc[64.0, "silicon_ttft_ms"] - runs.loc[4.0, "silicon_ttft_ms"],
+                 -1) == 160
+
+
+def test_the_b200_trtllm_fp8_experts_the_docs_quote():
+    # DeepSeek-V3 FP8 on B200, MoE-TP8 (8 ranks, 256-wide expert slices), decode at 1 and
+    # 4 tokens (8 distinct experts per token): the routed experts of one layer under the
+    # TensorRT-LLM and the SGLang fits, and the MLA module at 4 sequences of 1,536 tokens
+    # (16 heads per GPU). 58 MoE layers and 61 MLA layers per step.
+    m = load_model("deepseek-v3")
+    got = {}
+    for prof in ("trtllm", "sglang"):
+        gpu = engines.engine_gpu(load_gpu("b200"), prof)
+        for n in (1, 4):
+            counts = np.zeros((1, 256))
+            counts[0, :8 * n] = 1
+            got[prof, n] = round(float(expert_time(counts, m, 2048 // 8, gpu, "fp8", 1)[0])
+                                 * 1e6, 1)
+    assert got == {("trtllm", 1): 108.9, ("trtllm", 4): 131.3,
+                   ("sglang", 1): 34.1, ("sglang", 4): 58.5}
+    assert round(58 * got["trtllm", 4] / 1e3, 2) == 7.62
+    gpu = engines.engine_gpu(load_gpu("b200"), "trtllm")
+    mla = float(mla_decode(m, gpu, 16, 4, 4 * 1536, "fp8", "fp8"))
+    assert round(61 * mla * 1e3, 2) == 3.20
+    if not AIC_B200.is_dir():
+        return
+    # the kernels AIConfigurator's B200 tables time for FP8 block-scale MoE-TP8
+    def table(engine, version):
+        moe = pd.read_parquet(AIC_B200 / "moe" / engine / version / "moe_perf.parquet")
+        one = moe[(moe.hidden_size == 7168) & (moe.inter_size == 2048) & (moe.topk == 8)
+                  & (moe.num_experts == 256) & (moe.moe_tp_size == 8)
+                  & (moe.moe_ep_size == 1) & (moe.moe_dtype == "fp8_block")
+                  & moe.num_tokens.isin([1, 4])]
+        return {(k, int(n)): round(v * 1e3, 1) for (k, n), v in
+                one.groupby(["kernel_source", "num_tokens"])["latency"].min().items()}
+    assert table("trtllm", "1.3.0rc20") == {("deepgemm", 1): 97.7, ("deepgemm", 4): 133.2}
+    assert table("sglang", "0.5.14") == {("sglang_flashinfer_trtllm_moe", 1): 35.3,
+                                         ("sglang_flashinfer_trtllm_moe", 4): 41.7}
+
+
+@pytest.mark.parametrize("cols, deployed, defaults", [
+    # Qwen3-32B on H100 under SGLang 0.5.1.post1 (measured 2,857 / 33.8 ms and 528 / 10.1)
+    ({"isl": 2048.0, "batch_size": 128.0, "tp_size": 8.0}, (322, 49.8), (2691, 31.1)),
+    ({"isl": 1024.0, "osl": 256.0, "batch_size": 16.0}, (146, 10.6), (377, 9.7)),
+])
+def test_the_qwen3_sglang_rows_behave_as_sglangs_defaults(cols, deployed, defaults):
+    # TTFT / TPOT (ms) of the mixed steps with AIConfigurator's limits (the mapping) and of
+    # SGLang's own defaults: prefill first, never mixed, chunked_prefill_size 8192
+    s, _ = scenario(_sglang_row(**cols))
+    got = []
+    for engine in ({}, {"scheduler": "sglang", "max_num_batched_tokens": 8192}):
+        s["engine"].update(engine)
+        m = simulator.run(simulator.load_scenario(s)).summary
+        got.append((round(m["ttft_mean_s"] * 1e3), round(m["tpot_mean_s"] * 1e3, 1)))
+    assert got == [deployed, defaults]
+
+
+@pytest.mark.parametrize("cols, hidden, inline", [
+    # Qwen3-32B on H100 under vLLM 0.12.0 (measured TPOT 8.66 ms and 18.52 ms)
+    ({"osl": 128.0, "batch_size": 8.0, "tp_size": 8.0}, 6.85, 10.30),
+    ({"isl": 1024.0, "osl": 512.0, "batch_size": 64.0}, 15.09, 21.67),
+])
+def test_the_vllm_012_tpot_between_hidden_and_inline_host_work(cols, hidden, inline):
+    # TPOT (ms) with the vllm-v1 profile's host work hidden behind the GPU step (async
+    # scheduling) and with it in line (cpu_overlap = false)
+    s, _ = scenario({**_sglang_row(backend="vllm", isl=1024.0), **cols})
+    got = []
+    for overlap in (True, False):
+        s["engine"]["cpu_overlap"] = overlap
+        got.append(round(simulator.run(simulator.load_scenario(s)).summary["tpot_mean_s"]
+                         * 1e3, 2))
+    assert got == [hidden, inline]

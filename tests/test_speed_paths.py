@@ -1,6 +1,6 @@
 """The engine's speed paths give the results of stepping one by one.
 
-``DecodeRuns.run_blocks`` sums residue slices instead of looping over steps, and a decode
+``DecodeSet.run_blocks`` sums residue slices instead of looping over steps, and a decode
 run's aggregates and records are applied inline on a one-stage replica: checked against the
 per-step definition and against ``fast_forward = false`` on small scenarios whose runs end
 at completions, are cut by arrivals and by a fault, and on a one-stream pipeline (prefix
@@ -28,7 +28,7 @@ from test_fast_forward import _assert_identical, _both
 
 import simulator
 from simulator.engine.clock import SCALE
-from simulator.engine.decoderun import DecodeRuns
+from simulator.engine.decoders import DecodeSet
 from simulator.engine.request import Request
 from simulator.io import chrome_trace, writers
 from simulator.metrics import alerts as alerts_module
@@ -45,7 +45,7 @@ from simulator.metrics.records import (
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class _Stream(DecodeRuns):
+class _Stream(DecodeSet):
     """Just the aggregates run_blocks reads."""
 
     def __init__(self, bs: int, residue: list[int], k: int):

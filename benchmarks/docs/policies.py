@@ -187,6 +187,7 @@ a simulation result, not a hand-entered value).
 |---|---|---|
 | `vllm` (default) | vLLM v1: every running decode gets a token, in-progress prefills continue, then waiting requests are admitted with chunked prefill, within `max_num_batched_tokens` and `max_num_seqs`; paged KV, blocks on demand | - |
 | `vllm_v0` | vLLM v0: a step is all prefill (whole prompts, no chunking) or all decode; prefills first, so decodes stall while prompts run; swapped requests come back before new prompts | - |
+| `sglang` | SGLang's default: while a prompt waits or is part-way through, a step is prefill only (never mixed with decodes), up to `max_num_batched_tokens` (SGLang's `chunked_prefill_size`), chunking the prompt that does not fit; decodes run when no prefill work is left | - |
 | `sarathi` | Sarathi-Serve stall-free batching: decodes first, prefill chunks fill a fixed token budget per step, `max(chunk_size, max_num_seqs)` so that every decode fits (the rows below set `max_num_seqs = 256`, since the profile's 1024 would raise any smaller chunk to 1024) | `chunk_size` (512) |
 | `orca` | iteration-level batching with KV reserved at admission for the longest sequence (no paging, no preemption); prompts run whole | `reserve_tokens` (default `max_model_len`; never less than the request's prompt + output) |
 | `static` | request-level batching (FasterTransformer): a batch of up to `max_num_seqs` requests is prefilled together and decoded until all finish; then the next batch | `reserve_tokens` |

@@ -205,18 +205,22 @@ class NonePolicy:
 
 # ----------------------------------------------------------------------------- cold start
 
-def cold_start_s(a: AutoscaleKeys, plan, replica: int, peer: int | None) -> float:
+def cold_start_s(a: AutoscaleKeys, plan, replica: int, peer: int | None,
+                 pool=None) -> float:
     """Seconds from a scale-up decision to the router seeing replica ``replica``:
     ``provision_s + weights + graph_capture_s``. The weights: each GPU loads its own shard
     (``plan.memory.weights_per_gpu`` of its stage); from storage, the GPUs of one node share
     the node's read bandwidth; from a ``peer`` (a serving replica, NIXL-style), each GPU
-    reads the matching GPU of the peer over its path in the topology graph."""
-    placement = plan.replicas[replica].placement
-    weights = plan.memory.weights_per_gpu
+    reads the matching GPU of the peer over its path in the topology graph. With ``pool``
+    (a :class:`~simulator.cluster.plan.PoolPlan`), ``replica`` and ``peer`` index its
+    replicas and its memory plan gives the shards; the graph is ``plan``'s."""
+    group = plan if pool is None else pool
+    placement = group.replicas[replica].placement
+    weights = group.memory.weights_per_gpu
     shards = [(g, weights[i]) for i, stage in enumerate(placement.stages) for g in stage]
     if a.weights_from == "peer" and peer is not None:
         paths = Paths(plan.graph)
-        src = plan.replicas[peer].placement
+        src = group.replicas[peer].placement
         pairs = zip((g for st in src.stages for g in st), shards, strict=True)
         load = max(paths.transfer_time(s, d, w) for s, (d, w) in pairs)
     else:
@@ -250,12 +254,17 @@ class ScaleLog:
 
 
 class Autoscaler:
-    """Decides every ``interval_s`` and moves replicas between the states above."""
+    """Decides every ``interval_s`` and moves replicas between the states above: every
+    replica of the cluster, or with ``pool`` (a :class:`~simulator.cluster.plan.PoolPlan`
+    of a disaggregated cluster) that pool's replicas, ``state[k]`` being the pool's
+    replica ``k`` (cluster-wide ``pool.first_replica + k``)."""
 
-    def __init__(self, env, cluster, a: AutoscaleKeys, slo, requests=None):
-        self.env, self.cluster, self.a = env, cluster, a
+    def __init__(self, env, cluster, a: AutoscaleKeys, slo, requests=None, pool=None):
+        self.env, self.cluster, self.a, self.pool = env, cluster, a, pool
         self.sizing: Sizing | None = None  # the cost model's, when a policy asks for it
-        n = len(cluster.replicas)
+        self.first = 0 if pool is None else pool.first_replica
+        n = len(cluster.replicas) if pool is None else len(pool.replicas)
+        self.reps = cluster.replicas[self.first:self.first + n]
         self.max = a.max_replicas or n
         start = a.initial_replicas or a.min_replicas
         self.state = ["serving" if i < start else "parked" for i in range(n)]
@@ -278,21 +287,29 @@ class Autoscaler:
 
     # -- what the cluster asks
     def routable(self, replica) -> bool:
-        return self.state[replica.index] == "serving"
+        return self.state[replica.index - self.first] == "serving"
 
     def serving(self) -> list:
-        return [r for r, st in zip(self.cluster.replicas, self.state, strict=True)
-                if st == "serving"]
+        return [r for r, st in zip(self.reps, self.state, strict=True) if st == "serving"]
 
     def on_submit(self) -> None:
         self.arrivals += 1
 
     def on_finish(self, req) -> None:
+        self.record(req)
+        self.release(req.replica)
+
+    def record(self, req) -> None:
+        """A finished request's TTFT and TPOT, for the interval's percentiles."""
         if req.status == "completed":
             self.ttfts.append(req.first_token_s - req.arrival_s)
             if req.output > 1:
                 self.tpots.append((req.finish_s - req.first_token_s) / (req.output - 1))
-        i = req.replica
+
+    def release(self, index: int) -> None:
+        """Cluster-wide replica ``index`` let go of a request (or of held KV): a draining
+        replica that now holds nothing is parked."""
+        i = index - self.first
         if 0 <= i < len(self.state) and self.state[i] == "draining":
             self._park_if_empty(i)
 
@@ -314,6 +331,10 @@ class Autoscaler:
             total = sum(sum(st.outstanding - st.running for st in r.streams) for r in serving)
         else:
             total = sum(r.outstanding for r in serving)
+        handoff = self.cluster.handoff
+        if (self.pool is not None and self.pool.role == "decode"
+                and a.metric != "kv_util"):  # prefilled requests waiting for admission
+            total += len(handoff.queue)
         obs = Observation(len(serving), self.arrivals / a.interval_s, float(total),
                           float(np.percentile(self.ttfts, 90)) if self.ttfts else math.nan,
                           float(np.percentile(self.tpots, 90)) if self.tpots else math.nan)
@@ -352,7 +373,8 @@ class Autoscaler:
             return
         i = parked[0]
         peers = [j for j, st in enumerate(self.state) if st == "serving"]
-        delay = cold_start_s(self.a, self.cluster.plan, i, peers[0] if peers else None)
+        delay = cold_start_s(self.a, self.cluster.plan, i, peers[0] if peers else None,
+                             self.pool)
         self._set(i, "starting")
         self.log.cold_starts_s.append(delay)
         self.env.process(self._warm(i, delay))
@@ -371,12 +393,15 @@ class Autoscaler:
             return
         if len(serving) <= 1:
             return
-        i = min(serving, key=lambda j: (self.cluster.replicas[j].outstanding, -j))
+        i = min(serving, key=lambda j: (self.reps[j].outstanding, -j))
         self._set(i, "draining")
         self._park_if_empty(i)
 
     def _park_if_empty(self, i: int) -> None:
-        if self.cluster.replicas[i].outstanding == 0:
+        """Park draining replica ``i`` once it holds no request: none running or queued
+        and, on a prefill replica, no KV still held for the decode side."""
+        rep, handoff = self.reps[i], self.cluster.handoff
+        if rep.outstanding == 0 and (handoff is None or not handoff.holding.get(rep.index)):
             self._set(i, "parked")
 
     # -- what a day costs

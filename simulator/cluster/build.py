@@ -1,6 +1,7 @@
 """From a validated scenario to a static cluster plan (:mod:`simulator.cluster.plan`):
 hardware, graph, placement, memory, per-stage costs. A colocated scenario builds a cluster of
-one pool here; :mod:`simulator.cluster.pools` builds each ``[[pools]]`` entry with it.
+one pool here; :func:`simulator.cluster.pools.build_plan`, the entry point for any scenario,
+builds each ``[[pools]]`` entry with it.
 Everything here is checked before any simulation starts.
 """
 
@@ -11,12 +12,12 @@ from dataclasses import replace
 from simulator.calibration.engines import engine_gpu
 from simulator.cluster.plan import ClusterPlan, PoolPlan, ReplicaPlan
 from simulator.engine.host import host_keys
-from simulator.engine.profiles import capture_sizes
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.engine.speculative import SpecConfig, spec_config
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, load_node
 from simulator.io.layout import head_engine, head_problems
+from simulator.io.profiles import capture_sizes
 from simulator.io.scenario import resolve_path
 from simulator.io.schema import Scenario
 from simulator.model.cost import ACT_BYTES, StageCost
@@ -51,15 +52,22 @@ def _check_heads(model: ModelSpec, tp: int, pp: int, engine: str = "vllm",
     return problems
 
 
-def build_plan(scenario: Scenario) -> ClusterPlan:
-    """Check the scenario against model and hardware and derive the static cluster.
+def build_colocated(scenario: Scenario) -> ClusterPlan:
+    """Check a colocated scenario against model and hardware and derive its static
+    cluster of one pool. The entry point that builds any scenario is
+    :func:`simulator.cluster.pools.build_plan`, which builds each pool with this.
 
     Raises
     ------
     ScenarioError
         Naming the key: tp not dividing the heads, layout larger than the cluster, a model
         that does not fit (and by how much), a max_model_len beyond the KV cache.
+    ValueError
+        A scenario with ``[[pools]]`` (build it with ``build_plan``).
     """
+    if scenario.pools:
+        raise ValueError("build_colocated: the scenario has [[pools]]; "
+                         "simulator.cluster.pools.build_plan builds it")
     try:
         return _build(scenario)
     except ScenarioError as exc:

@@ -59,6 +59,9 @@ class Handoff:
         self._output: dict[int, int] = {}  # true output length of requests in prefill
         self._held: dict[int, list] = {}  # request id -> [replica, stream, held blocks, t]
         self._incoming: list[int] = []  # per replica: admitted, KV still moving
+        # Prefill replica index -> requests whose KV it still holds (waiting for decode
+        # admission or moving): a draining prefill replica is parked only at 0.
+        self.holding: dict[int, int] = {}
 
     def prefill(self, rep: Replica, req) -> None:
         """``req`` goes to prefill instance ``rep``: it runs there as a one-token request;
@@ -91,6 +94,8 @@ class Handoff:
         blocks = min(blocks_for(req.target, st.bs), st.kv.free)
         st.kv.allocate(blocks)
         held[2], held[3] = blocks, self.cluster.env.now
+        index = held[0].index
+        self.holding[index] = self.holding.get(index, 0) + 1
         # The decode side neither reuses nor caches its prefix blocks (KV arrives whole).
         req.units, req.shared, req.next_unit, req.hashes = [], 0, 0, None
         self.queue.append(req)
@@ -100,10 +105,13 @@ class Handoff:
         """Admit queued requests, in order, to decode instances that can take them now."""
         if not self._incoming:
             self._incoming = [0] * len(self.cluster.replicas)
+        scaling = self.cluster.scaling
         while self.queue:
             req = self.queue[0]
             ok = []
             for rep in self.cluster.back:
+                if scaling is not None and not scaling.routable(rep):
+                    continue  # cold-starting, draining or parked (autoscaling)
                 free = [rep.unclaimed_blocks(i) for i in range(len(rep.streams))]
                 s = free.index(max(free))
                 st = rep.streams[s]
@@ -143,6 +151,7 @@ class Handoff:
         yield ev
         now = env.now
         self._incoming[dst.index] -= 1
+        self._let_go(src)  # its blocks are released below, on either branch
         if src.generation != src_gen or dst.generation != dst_gen:
             # Either end failed during the transfer: the KV is lost (blocks of a failed
             # replica went with it); the request starts over by the recovery rules.
@@ -168,6 +177,13 @@ class Handoff:
             req.first_token_s = ready = now
         dst.submit_prefilled(req, s, ready)
 
+    def _let_go(self, src: Replica) -> None:
+        """Prefill replica ``src`` no longer holds one request's KV; autoscaling may park
+        it if it was draining and holds nothing else."""
+        self.holding[src.index] -= 1
+        if self.cluster.scaling is not None:
+            self.cluster.scaling.release(src.index)
+
     def decoded(self, req) -> None:
         self.cluster.finish(req)
         self.admit()
@@ -180,7 +196,7 @@ class Handoff:
         if lost:
             self.queue = deque(r for r in self.queue if self._held[r.id][0].up)
             for req in lost:
-                del self._held[req.id]
+                self._let_go(self._held.pop(req.id)[0])
                 req.blocks = req.computed = 0
                 req.target = req.prompt + req.generated
                 cluster._retry(req, "its prefill replica went down before decode admission",

@@ -3,8 +3,8 @@ of replicas (:class:`ReplicaPlan`) on one graph.
 
 A colocated scenario (``[parallel]``, no ``[[pools]]``) is a cluster of one pool; a scenario
 with ``[[pools]]`` has one pool per entry, in file order. Everything here is derived from the
-scenario and never written back into it: :func:`simulator.cluster.build.build_plan` builds a
-colocated plan, :func:`simulator.cluster.pools.build_pools` a pooled one.
+scenario and never written back into it: :func:`simulator.cluster.pools.build_plan` builds
+either (a colocated scenario as one pool).
 """
 
 from __future__ import annotations

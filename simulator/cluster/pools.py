@@ -1,9 +1,11 @@
-"""Build a cluster of pools (``[[pools]]``): one graph joining the nodes of every pool, and
-per pool its replicas placed on that graph, with the memory and step costs of the pool's own
-GPU, layout and engine settings.
+"""Build the static cluster of any scenario (:func:`build_plan`, the one entry point): a
+colocated scenario is a cluster of one pool (:func:`simulator.cluster.build.build_colocated`);
+a scenario with ``[[pools]]`` gets one graph joining the nodes of every pool, and per pool its
+replicas placed on that graph, with the memory and step costs of the pool's own GPU, layout
+and engine settings.
 
 Each pool is checked as a scenario of its own (its node preset, ``tp``/``pp``/``dp`` and
-engine overrides): :func:`simulator.cluster.build.build_plan` says whether the model fits,
+engine overrides): :func:`simulator.cluster.build.build_colocated` says whether the model fits,
 whether tp divides the heads, and sizes the KV cache. Its replicas are then placed on the
 joined graph (the GPUs of the pool's nodes that earlier pools sharing them left free) and
 priced on that graph. Every node's NICs sit on one fabric switch, so a KV transfer between
@@ -18,7 +20,7 @@ from dataclasses import replace
 
 import networkx as nx
 
-from simulator.cluster.build import build_plan, cluster_node, replica_costs
+from simulator.cluster.build import build_colocated, cluster_node, replica_costs
 from simulator.cluster.plan import ClusterPlan, PoolPlan, ReplicaPlan
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import NodeSpec, transfer_note
@@ -83,23 +85,28 @@ def fabric_graph(s: Scenario, nodes: list[NodeSpec]) -> nx.DiGraph:
                             c.nodes_per_leaf)
 
 
-def build_pools(s: Scenario) -> ClusterPlan:
-    """Check every pool and derive the joined cluster.
+def build_plan(s: Scenario) -> ClusterPlan:
+    """Check the scenario against model and hardware and derive its static cluster: one
+    pool for a colocated scenario, one per ``[[pools]]`` entry (in file order) on the graph
+    joining their nodes.
 
     Raises
     ------
     ScenarioError
-        One message naming the pool and the key: a layout the model does not fit (from the
-        pool's own build), a ``same_nodes_as`` naming no earlier pool or another preset, a
-        KV dtype that differs between prefill and decode pools.
+        Naming the key: tp not dividing the heads, a layout larger than the cluster, a model
+        that does not fit (and by how much), a max_model_len beyond the KV cache; with
+        pools, naming the pool too: a ``same_nodes_as`` naming no earlier pool or another
+        preset, a KV dtype that differs between prefill and decode pools.
     """
+    if not s.pools:
+        return build_colocated(s)
     try:
-        return _build(s)
+        return _join_pools(s)
     except ScenarioError as exc:
         raise exc.with_source(s.source) from None
 
 
-def _build(s: Scenario) -> ClusterPlan:
+def _join_pools(s: Scenario) -> ClusterPlan:
     model = load_model(s.model.name, s.base_dir)
     # Node groups: each pool either brings nodes of its own or shares an earlier pool's.
     specs: list[NodeSpec] = []
@@ -119,7 +126,7 @@ def _build(s: Scenario) -> ClusterPlan:
             topo, count, start = pool.topology or s.cluster.topology, pool.nodes, len(specs)
         sub = pool_scenario(s, pool, topo, count)
         try:
-            plan = build_plan(sub).pool
+            plan = build_colocated(sub).pool
         except ScenarioError as exc:
             raise ScenarioError([f"{key}: {p}" for p in exc.problems]) from None
         if pool.same_nodes_as is None:

@@ -20,7 +20,6 @@ from tqdm import tqdm
 
 from simulator.cluster.autoscale import Autoscaler
 from simulator.cluster.bench import benchmark
-from simulator.cluster.build import build_plan
 from simulator.cluster.disagg import pool_table, request_columns
 from simulator.cluster.gateway import Gateway, check_gateway
 from simulator.cluster.outcome import (
@@ -30,7 +29,8 @@ from simulator.cluster.outcome import (
     step_fold,
 )
 from simulator.cluster.plan import ClusterPlan
-from simulator.cluster.pools import build_pools
+from simulator.cluster.pools import build_plan
+from simulator.cluster.poolscaling import PoolScaling
 from simulator.cluster.simulation import (
     Cluster,
     check_faults,
@@ -87,7 +87,7 @@ def check(scenario: Scenario | dict | str) -> tuple[ClusterPlan, pd.DataFrame | 
         The plan, and the open-loop requests (None for closed loop).
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    plan = build_pools(s) if s.pools else build_plan(s)
+    plan = build_plan(s)
     check_faults(s, plan)
     return plan, workload_requests(s)
 
@@ -155,6 +155,9 @@ def _start(env: simpy.Environment, cluster: Cluster, s: Scenario,
         cluster.scaling = Autoscaler(env, cluster, s.autoscale, s.slo,
                                      None if w.arrival == "closed_loop" else df)
         env.process(cluster.scaling.run())
+    elif any(p.autoscale is not None for p in s.pools):  # per pool (docs/autoscaling.md)
+        cluster.scaling = PoolScaling(env, cluster, s.slo)
+        env.process(cluster.scaling.run())
     if s.gateway is not None:
         cluster.gateway = Gateway(env, cluster, check_gateway(s.gateway), s.seed)
     return total
@@ -173,7 +176,7 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
     (docs/disaggregation.md): one path; a pooled run adds the pool columns of requests.csv
     and the pool summary, and its batch efficiency is against ``[engine]``'s token budget."""
     wall0 = time.perf_counter()
-    plan = build_pools(s) if s.pools else build_plan(s)
+    plan = build_plan(s)
     rngs = run_rngs(s.seed)
     env = simpy.Environment()
     stages = stage_hardware(plan)
@@ -231,12 +234,21 @@ def _run(s: Scenario, progress: bool, keep_steps: bool, energy: bool = True,
         summary.update(cluster.gateway.summary(requests, s.slo))
     if cluster.scaling is not None:  # docs/autoscaling.md
         done = requests[requests["status"] == "completed"]
-        summary.update(cluster.scaling.summary(
-            summary["simulated_time_s"], plan.gpus_used // s.parallel.dp,
-            summary["gpu_hour_usd"], float(done["output_tokens"].sum())))
-        ts = with_attainment(ts.assign(replicas=cluster.scaling.replicas_over_time(
-            ts["window_end_s"].to_numpy())), requests, s.slo.ttft_s, s.slo.tpot_s)
-        summary.update(day_summary(requests, s.autoscale.interval_s,
+        edges = ts["window_end_s"].to_numpy()
+        if s.autoscale is None:  # pools that scale, each by its own table
+            summary.update(cluster.scaling.summary(summary["simulated_time_s"],
+                                                   summary.get("gpu_hour_usd"),
+                                                   float(done["output_tokens"].sum())))
+            ts = ts.assign(**cluster.scaling.timeseries_columns(edges))
+        else:
+            summary.update(cluster.scaling.summary(
+                summary["simulated_time_s"], plan.gpus_used // s.parallel.dp,
+                summary["gpu_hour_usd"], float(done["output_tokens"].sum())))
+            ts = ts.assign(replicas=cluster.scaling.replicas_over_time(edges))
+        ts = with_attainment(ts, requests, s.slo.ttft_s, s.slo.tpot_s)
+        interval = (s.autoscale.interval_s if s.autoscale is not None
+                    else min(a.interval_s for a in cluster.scaling.scaler_keys()))
+        summary.update(day_summary(requests, interval,
                                    cluster.scaling.cold_start_spans(), s.slo.ttft_s,
                                    s.slo.tpot_s))
     summary["wall_time_s"] = time.perf_counter() - wall0

@@ -35,7 +35,7 @@ from simulator.engine.kvcache import KVCache
 from simulator.engine.replica import Replica
 from simulator.engine.request import WAITING, Request
 from simulator.engine.schedulers import SCHEDULERS
-from simulator.engine.speculative import SpecStats, speculating
+from simulator.engine.speculative import SpecStats, speculative_decoders
 from simulator.errors import ScenarioError
 from simulator.io.scenario import resolve_path
 from simulator.io.schema import Scenario
@@ -183,9 +183,8 @@ class Cluster:
         if "reserve_tokens" in cls.PARAMS:
             kwargs["max_model_len"] = plan.max_model_len
         blocks = plan.memory.kv_blocks // plan.streams_per_replica
-        if plan.speculative is not None:  # speculation: a decode policy of any scheduler
-            cls = speculating(cls)
-            kwargs.update(spec=plan.speculative, stats=self.spec_stats)
+        if plan.speculative is not None:  # speculation: a decode set any scheduler takes
+            kwargs["decoders"] = speculative_decoders(plan.speculative, self.spec_stats)
         sched = cls(KVCache(blocks, eng.block_size), eng.max_num_seqs,
                     eng.max_num_batched_tokens, preemption=eng.preemption,
                     swap_blocks=plan.swap_blocks_per_stream, gaps=self.gaps,

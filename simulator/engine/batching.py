@@ -7,23 +7,25 @@ running request cannot get a KV block, the most recently admitted request is pre
 by recompute (its blocks are freed and it re-prefills prompt plus generated tokens later) or
 by swap (a decoder's blocks are copied to CPU memory and back when blocks free up).
 
-Decoding requests are kept in aggregate form: their count, the sum of their KV lengths,
-a count per residue class of KV length modulo ``block_size`` (which says how many need a new
-block on the next step), and a heap of the steps at which they finish. A step therefore
-costs O(1) Python work plus O(1) per request that is admitted, finishes a prefill, finishes,
-or is preempted. Other schedulers (:mod:`simulator.engine.schedulers`) override the hooks.
+The decoding requests are a component, the stream's decode set (``dec``,
+:class:`~simulator.engine.decoders.DecodeSet`: aggregate form, O(1) Python work per step
+plus O(1) per request that starts or stops decoding); a decode policy may bring its own
+(speculative decoding: :func:`simulator.engine.speculative.speculative_decoders`). Other
+schedulers (:mod:`simulator.engine.schedulers`) override how a step is formed
+(:meth:`ContinuousBatcher.form`) and the ``_*_blocks`` hooks.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
+from collections.abc import Callable
 
+from simulator.engine.decoders import DecodeSet
 from simulator.engine.decoderun import DecodeRuns
 from simulator.engine.kvcache import KVCache, blocks_for
 from simulator.engine.preemption import Preemption
 from simulator.engine.prefix import PrefixCache
-from simulator.engine.request import DECODE, DONE, PREFILL, WAITING, Request
+from simulator.engine.request import DONE, PREFILL, WAITING, Request
 
 NAN = float("nan")
 
@@ -61,9 +63,12 @@ class Batch:
 class ContinuousBatcher(Preemption, DecodeRuns):
     """Scheduler state of one micro-batch stream (one virtual engine) of a replica.
 
-    Preemption and swap live in :class:`~simulator.engine.preemption.Preemption`, decode
-    runs (fast-forward) in :class:`~simulator.engine.decoderun.DecodeRuns`, prefix caching
-    in :class:`~simulator.engine.prefix.PrefixCache` (``self.prefix``).
+    The decoders are a component, ``self.dec`` (:class:`~simulator.engine.decoders.DecodeSet`
+    or a speculative one), as the prefix cache is (``self.prefix``,
+    :class:`~simulator.engine.prefix.PrefixCache`); preemption and swap live in
+    :class:`~simulator.engine.preemption.Preemption`, decode runs (fast-forward) in
+    :class:`~simulator.engine.decoderun.DecodeRuns`, both mixins acting on the queues and
+    the KV cache.
 
     Parameters
     ----------
@@ -82,6 +87,9 @@ class ContinuousBatcher(Preemption, DecodeRuns):
         :mod:`simulator.engine.prefix`.
     offload_units : int
         Hash blocks the host-memory tier of the prefix cache holds (0: none).
+    decoders : callable(block_size, gaps, max_num_seqs) -> DecodeSet, optional
+        Builds the stream's decode set (default :class:`~simulator.engine.decoders.DecodeSet`;
+        :func:`simulator.engine.speculative.speculative_decoders` for speculation).
     """
 
     #: Scheduler parameters this class accepts (name -> default); see schedulers.py.
@@ -98,18 +106,23 @@ class ContinuousBatcher(Preemption, DecodeRuns):
 
     def __init__(self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption: str = "recompute", swap_blocks: int = 0, gaps=None,
-                 prefix_tokens: int = 0, offload_units: int = 0):
+                 prefix_tokens: int = 0, offload_units: int = 0,
+                 decoders: Callable[..., DecodeSet] | None = None):
         self.kv = kv
         self.bs = kv.block_size
         self.max_seqs, self.max_tokens = max_num_seqs, max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
-        self.decoding: dict[int, Request] = {}
+        self.dec = (decoders or DecodeSet)(self.bs, gaps, max_num_seqs)
+        self.decoding = self.dec.decoding  # the same dict (the decode set never rebinds it)
+        # Hot path: calls that would only pass through go straight to their target.
+        if not self.dec.SPEC:  # nothing to plan or shape: the scheduler's own formation
+            self.schedule = self.form
+        if type(self)._decode_need is ContinuousBatcher._decode_need:
+            self._decode_need = self.dec.need
+        if type(self).run_blocks is DecodeRuns.run_blocks:
+            self.run_blocks = self.dec.run_blocks
         self.swapped: deque[Request] = deque()
-        self.k = 0  # decode steps completed (steps in which every decoder made a token)
-        self.sum_kv = 0  # KV tokens held by decoding requests
-        self.residue = [0] * self.bs  # decoders per (kv0 - 1 - k0) mod block_size
-        self.finishes: list[tuple[int, int, int, Request]] = []
         self.admitted = 0
         self.preemptions = 0
         self.swap = preemption == "swap"
@@ -117,7 +130,6 @@ class ContinuousBatcher(Preemption, DecodeRuns):
         self.pending_tokens = 0  # prompt tokens not yet prefilled (waiting and prefilling)
         self.prefilled_tokens = 0  # KV tokens held by prefilling requests
         self.gaps = gaps
-        self._groups: list[list] = []  # decoders by time of their last token: [time, count]
         self._swap_io = 0  # blocks swapped out or in while forming this batch
         self.prefix = (PrefixCache(kv, prefix_tokens, offload_units)
                        if prefix_tokens and self.PREFIX else None)
@@ -147,7 +159,7 @@ class ContinuousBatcher(Preemption, DecodeRuns):
     # -- hooks that other schedulers override ---------------------------------------------
     def _decode_need(self, step: int) -> int:
         """KV blocks the running decoders need at ``step`` (paged: on demand)."""
-        return self.residue[-step % self.bs] if self.decoding else 0
+        return self.dec.need(step)
 
     def _admit_blocks(self, req: Request, tokens: int) -> int:
         """KV blocks a waiting request needs to be admitted with a chunk of ``tokens``."""
@@ -161,71 +173,30 @@ class ContinuousBatcher(Preemption, DecodeRuns):
         """Private blocks a decoder holds with ``kv_tokens`` in its cache."""
         return blocks_for(kv_tokens, self.bs) - req.shared
 
-    # -- decoding set ----------------------------------------------------------------------
-    def _start_decode(self, req: Request, kv_tokens: int, last_token_s: float) -> None:
-        req.state, req.k0, req.kv0 = DECODE, self.k, kv_tokens
-        req.epoch += 1
-        self.decoding[req.id] = req
-        self.sum_kv += kv_tokens
-        self.residue[(kv_tokens - 1 - req.k0) % self.bs] += 1
-        finish_step = req.k0 + req.output - req.generated
-        heapq.heappush(self.finishes, (finish_step, req.id, req.epoch, req))
-        self._join(last_token_s, 1)
+    # -- the decode set, as the rest of the engine reads it ------------------------------
+    @property
+    def k(self) -> int:
+        """Decode steps completed (steps in which every decoder made a token)."""
+        return self.dec.k
 
-    def _stop_decode(self, req: Request) -> int:
-        """Remove a decoder from the aggregates; returns its KV length now."""
-        del self.decoding[req.id]
-        kv = req.kv0 + self.k - req.k0
-        self.sum_kv -= kv
-        self.residue[(req.kv0 - 1 - req.k0) % self.bs] -= 1
-        req.generated += self.k - req.k0
-        return kv
-
-    # -- inter-token gaps ----------------------------------------------------------------
-    def _join(self, time: float, count: int) -> None:
-        for g in self._groups:
-            if g[0] == time:
-                g[1] += count
-                return
-        self._groups.append([time, count])
-
-    def _leave(self) -> float:
-        """A decoder leaves between steps: taken from the newest group (its last token is
-        the most recent one; exact except when groups of one stream interleave)."""
-        g = max((g for g in self._groups if g[1] > 0), key=lambda g: g[0])
-        g[1] -= 1
-        return g[0]
+    @property
+    def sum_kv(self) -> int:
+        """KV tokens held by decoding requests."""
+        return self.dec.sum_kv
 
     def emit_run(self, ends) -> None:
-        """Every decoder produced a token at each of ``ends`` (steps of a decode run): the
-        gaps are counted and every decoder's last token is at ``ends[-1]``. Nothing else
-        changes (:meth:`skip_decode_steps` also advances the steps; a run that a failure
-        cut short only needs its tokens emitted)."""
-        if len(ends) == 0:
-            return
-        self._emit(float(ends[0]))
-        if self.gaps is not None and len(ends) > 1:
-            self.gaps.add_run(ends, len(self.decoding))
-        self._groups = [[float(ends[-1]), len(self.decoding)]]
+        """Every decoder produced a token at each of ``ends`` (see
+        :meth:`~simulator.engine.decoders.DecodeSet.emit_run`)."""
+        self.dec.emit_run(ends)
 
     def last_tokens(self) -> list[float]:
-        """When each decoder produced its last token, newest first (as a multiset exact:
-        the decoders are not told apart, as :meth:`_leave` does not)."""
-        times = [t for t, c in sorted(self._groups, key=lambda g: -g[0]) for _ in range(c)]
-        return (times + [float("nan")] * len(self.decoding))[: len(self.decoding)]
-
-    def _emit(self, now: float) -> None:
-        """Every decoder produced a token at ``now``: one gap per decoder since its last."""
-        if self.gaps is not None:
-            for t, c in self._groups:
-                if c:
-                    self.gaps.add(now - t, c)
-        self._groups = [[now, len(self.decoding)]]
+        """When each decoder produced its last token, newest first."""
+        return self.dec.last_tokens()
 
     # -- building a step -------------------------------------------------------------------
     def _schedule_decodes(self, now: float) -> int:
         """Allocate the decoders' blocks for the next step, preempting until they fit."""
-        step = self.k + 1
+        step = self.dec.k + 1
         need = self._decode_need(step)
         while need > self.kv.free:
             self._preempt(self._victim(), now)
@@ -333,23 +304,41 @@ class ContinuousBatcher(Preemption, DecodeRuns):
             ctx += c
             sampled += c + x == req.target
         swap, self._swap_io = self._swap_io, 0
-        return Batch(n_decode, self.sum_kv + n_decode if n_decode else 0, chunks,
+        return Batch(n_decode, self.dec.sum_kv + n_decode if n_decode else 0, chunks,
                      prefill_tokens, pairs, ctx, sampled, self.kv.in_use, swap)
 
     def schedule(self, now: float) -> Batch | None:
-        """Form the next step's batch, allocating its KV blocks; None when idle."""
+        """Form the next step's batch, allocating its KV blocks; None when idle. A decode
+        set that speculates plans the step's lookahead first and shapes the batch's
+        decoders into verifications after (:meth:`form` is the scheduler's own)."""
+        dec = self.dec
+        if not dec.SPEC:
+            return self.form(now)
+        self._prepare()
+        self._decode_tokens = dec.plan(self.running, self.max_tokens) + 1
+        return dec.shape(self.form(now))
+
+    def _prepare(self) -> None:
+        """What comes before a step's lookahead is planned: swapped decoders come back
+        first, so that they count among the running (calling :meth:`_swap_in` again in
+        :meth:`form` then changes nothing)."""
+        if self.swapped:
+            self._swap_in()
+
+    def form(self, now: float) -> Batch | None:
+        """The scheduler's next batch (vLLM v1: decodes, then chunked prefill)."""
         if self.swapped:
             self._swap_in()
         elif not self.prefilling and not self.waiting and self.decoding:
             # Decoders only (the step after most arrivals and completions) whose blocks
             # fit: _schedule_decodes and _batch in short, no chunk to form.
-            kv = self.kv
-            need = self._decode_need(self.k + 1)
+            kv, dec = self.kv, self.dec
+            need = self._decode_need(dec.k + 1)
             if need <= kv.free:
                 kv.allocate(need)
                 n = len(self.decoding)
                 swap, self._swap_io = self._swap_io, 0
-                return Batch(n, self.sum_kv + n, [], 0, 0.0, 0, n, kv.in_use, swap)
+                return Batch(n, dec.sum_kv + n, [], 0, 0.0, 0, n, kv.in_use, swap)
         n_decode = self._schedule_decodes(now)
         chunks: list[tuple[Request, int]] = []
         budget = self.max_tokens - n_decode * self._decode_tokens
@@ -362,25 +351,18 @@ class ContinuousBatcher(Preemption, DecodeRuns):
     # -- applying a step -----------------------------------------------------------------
     def complete(self, batch: Batch, now: float) -> list[Request]:
         """Apply a finished step at time ``now``; returns the requests that completed."""
-        if batch.n_decode:  # ``k`` counts decode steps: every decoder advanced by one
-            self.k += 1
-            self.sum_kv += batch.n_decode
-            self._emit(now)
-        k = self.k
         done: list[Request] = []
-        fin = self.finishes
-        while fin and fin[0][0] <= k:
-            _, _, epoch, req = heapq.heappop(fin)
-            if req.state == DECODE and req.epoch == epoch:
-                kv = self._stop_decode(req)
-                if req.hashes is not None and self.prefix is not None:
-                    self.prefix.fill(req, kv)  # its answer's full blocks become cached
-                self.kv.release(self._held_blocks(req, kv))
-                if req.units:
-                    self.prefix.release(req)
-                req.blocks = 0
-                self._groups[-1][1] -= 1  # it left after emitting at ``now``
-                self._finish(req, now, done)
+        finished, freed = self.dec.step(batch, now)
+        if freed and self.PAGED:  # KV of speculative positions the target rejected
+            self.kv.release(freed)
+        for req, kv in finished:
+            if req.hashes is not None and self.prefix is not None:
+                self.prefix.fill(req, kv)  # its answer's full blocks become cached
+            self.kv.release(self._held_blocks(req, kv))
+            if req.units:
+                self.prefix.release(req)
+            req.blocks = 0
+            self._finish(req, now, done)
         if batch.chunks:
             self._complete_chunks(batch, now, done)
         return done
@@ -410,11 +392,11 @@ class ContinuousBatcher(Preemption, DecodeRuns):
                 req.blocks = 0
                 self._finish(req, now, done)
             else:
-                self._start_decode(req, req.target, now)
+                self.dec.start(req, req.target, now)
 
     def sync_decoders(self) -> None:
-        """Write the decoders' progress into their Requests before a failure reads them
-        (the aggregate form needs nothing: ``generated + k - k0`` is exact)."""
+        """Write the decoders' progress into their Requests before a failure reads them."""
+        self.dec.sync()
 
     # -- disaggregated serving: requests that arrive with their prompt's KV --------------
     def add_prefilled(self, req: Request, last_token_s: float) -> None:
@@ -429,7 +411,7 @@ class ContinuousBatcher(Preemption, DecodeRuns):
             self.admitted += 1
             req.admit_seq = self.admitted
             req.computed = req.target  # the prompt (and tokens of a retried request)
-            self._start_decode(req, req.target, last)
+            self.dec.start(req, req.target, last)
 
     @staticmethod
     def _finish(req: Request, now: float, done: list[Request]) -> None:

@@ -19,8 +19,8 @@ class Preemption:
         req.preemptions += 1
         self.preemptions += 1
         if req.state == DECODE:
-            req.last_token_s = self._leave()
-            kv = self._stop_decode(req)
+            req.last_token_s = self.dec.leave()
+            kv = self.dec.stop(req)
             if req.hashes is not None and self.prefix is not None:
                 self.prefix.fill(req, kv)  # its full blocks stay cached (a re-admission hits)
             blocks = self._held_blocks(req, kv)
@@ -68,4 +68,4 @@ class Preemption:
             self.kv.allocate(req.blocks)
             self.cpu_free += req.blocks
             self._swap_io += req.blocks
-            self._start_decode(req, req.kv0, req.last_token_s)
+            self.dec.start(req, req.kv0, req.last_token_s)

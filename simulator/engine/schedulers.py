@@ -1,7 +1,7 @@
 """Replica schedulers other than vLLM v1, and the registry of all of them.
 
 Each is a :class:`~simulator.engine.batching.ContinuousBatcher` that overrides how a step is
-formed (``schedule``) or how KV blocks are held (the ``_*_blocks`` hooks). ``PARAMS`` lists
+formed (``form``) or how KV blocks are held (the ``_*_blocks`` hooks). ``PARAMS`` lists
 the keyword parameters a scheduler takes (``[engine] scheduler_args``) with defaults.
 """
 
@@ -26,7 +26,10 @@ class PrefillFirst(ContinuousBatcher):
     #: Prompts run whole, so the token budget bounds the context (see build.py).
     CHUNKED = False
 
-    def schedule(self, now: float) -> Batch | None:
+    def _prepare(self) -> None:
+        """Nothing: whether swapped requests come back decides the step's kind (form)."""
+
+    def form(self, now: float) -> Batch | None:
         chunks: list[tuple[Request, int]] = []
         if not self.swapped:
             self._admit(self.max_tokens, chunks, now, chunked=False)
@@ -35,6 +38,23 @@ class PrefillFirst(ContinuousBatcher):
         self._swap_in()
         self._schedule_decodes(now)
         return self._batch(len(self.decoding), chunks)
+
+
+class PrefillPriority(ContinuousBatcher):
+    """SGLang's default: while a prompt waits or is part-way through, a step is prefill
+    only, up to the token budget (``chunked_prefill_size``), chunking the prompt that
+    does not fit; decodes run when no prefill work is left (``Scheduler
+    .get_next_batch_to_run`` runs ``get_new_batch_prefill()`` first; mixed chunks are
+    off, ``ServerArgs.enable_mixed_chunk = False``)."""
+
+    def form(self, now: float) -> Batch | None:
+        if not self.swapped and (self.prefilling or self.waiting):
+            chunks: list[tuple[Request, int]] = []
+            budget = self._continue_prefills(self.max_tokens, chunks, now)
+            self._admit(budget, chunks, now)
+            if chunks:
+                return self._batch(0, chunks)
+        return super().form(now)
 
 
 class Sarathi(ContinuousBatcher):
@@ -82,7 +102,7 @@ class Reserving(ContinuousBatcher):
     def _held_blocks(self, req: Request, kv_tokens: int) -> int:
         return req.blocks
 
-    def schedule(self, now: float) -> Batch | None:
+    def form(self, now: float) -> Batch | None:
         chunks: list[tuple[Request, int]] = []
         n_decode = len(self.decoding)
         self._admit(self.max_tokens - n_decode * self._decode_tokens, chunks, now,
@@ -97,7 +117,7 @@ class Static(Reserving):
 
     CHUNKED = True  # the whole batch's prompts run in one step, whatever the token budget
 
-    def schedule(self, now: float) -> Batch | None:
+    def form(self, now: float) -> Batch | None:
         chunks: list[tuple[Request, int]] = []
         if not self.decoding and not self.prefilling:
             self._admit(2**62, chunks, now, chunked=False)  # the whole batch at once
@@ -112,6 +132,7 @@ class Static(Reserving):
 SCHEDULERS = registry.SCHEDULERS.add({
     "vllm": ContinuousBatcher,
     "vllm_v0": PrefillFirst,
+    "sglang": PrefillPriority,
     "sarathi": Sarathi,
     "orca": Reserving,
     "static": Static,

@@ -12,31 +12,32 @@ where the schedule does. A draw is one uniform ``u`` per sequence and step; the 
 count is ``#{i : u < S_i}`` with ``S_i = P(A >= i)`` the survival function of the accepted
 length (non-increasing, so the accepted positions form a prefix, as in rejection sampling).
 
-:class:`SpeculativeDecoding` is a decode policy that any scheduler of
-:mod:`simulator.engine.schedulers` takes (:func:`speculating` makes the combined class;
-:class:`SpeculativeBatcher` is vLLM v1's). It replaces the one-token-per-step aggregates of
-:class:`~simulator.engine.batching.ContinuousBatcher` for decoders by per-sequence numpy
-arrays (KV length, tokens left, tokens generated, time of the last token) indexed by slot:
-a step is a handful of vectorised operations plus O(1) Python work per request that starts,
-stops or finishes. The scheduler still decides what a step holds; the policy decides the
-step's lookahead before it does, so that the token budget counts ``k + 1`` tokens per decoder
-(vLLM v1: ``num_tokens_with_spec - num_computed_tokens``) and, for a paged scheduler, the
-blocks of the ``k`` speculative positions are allocated with the step and the rejected ones
-released when it completes (a scheduler that reserves memory at admission, Orca and static
-batching, holds them already). Decode runs are not fast-forwarded: each speculative step is
-one event.
+:class:`SpeculativeDecodeSet` is a stream's decoding set (the component a scheduler holds as
+``dec``, :class:`~simulator.engine.decoders.DecodeSet` otherwise), so any scheduler of
+:mod:`simulator.engine.schedulers` speculates when built with
+``decoders=speculative_decoders(spec)``. It keeps the decoders as per-sequence numpy arrays
+(KV length, tokens left, tokens generated, time of the last token) indexed by slot: a step
+is a handful of vectorised operations plus O(1) Python work per request that starts, stops
+or finishes. The scheduler still decides what a step holds; the decode set plans the step's
+lookahead before it does (:meth:`SpeculativeDecodeSet.plan`), so that the token budget
+counts ``k + 1`` tokens per decoder (vLLM v1: ``num_tokens_with_spec -
+num_computed_tokens``) and, for a paged scheduler, the blocks of the ``k`` speculative
+positions are allocated with the step and the rejected ones released when it completes (a
+scheduler that reserves memory at admission, Orca and static batching, holds them
+already); then it shapes the batch's decoders into verifications
+(:meth:`SpeculativeDecodeSet.shape`). Decode runs are not fast-forwarded: each speculative
+step is one event.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.engine.batching import Batch, ContinuousBatcher
+from simulator.engine.batching import Batch
 from simulator.engine.request import DECODE, Request
 from simulator.hashing import finalize, golden_multiple
 from simulator.model.speculative import DraftCost
@@ -140,25 +141,34 @@ def _ceil(x: np.ndarray, bs: int) -> np.ndarray:
     return -(-x // bs)
 
 
-class SpeculativeDecoding:
-    """Speculative decoding as a decode policy of any scheduler (see the module docstring):
-    combined with a :class:`~simulator.engine.batching.ContinuousBatcher` subclass by
-    :func:`speculating`, it replaces the scheduler's decoding set by per-sequence arrays and
-    turns the decode part of each batch the scheduler forms into a verification; how the
-    scheduler admits, chunks and reserves memory is its own.
+class SpeculativeDecodeSet:
+    """The decoding set of a stream that speculates (see the module docstring): the
+    interface of :class:`~simulator.engine.decoders.DecodeSet`, per-sequence arrays inside,
+    and a lookahead per step (:meth:`plan`) that turns the decoders of the batch the
+    scheduler forms into verifications (:meth:`shape`).
 
     Parameters
     ----------
-    *args, **kwargs
-        As the scheduler's.
     spec : SpecConfig
-    stats : SpecStats, optional
+    stats : SpecStats or None
         Receives the draft time and step counts.
+    block_size : int
+    gaps : object, optional
+        Receives inter-token gaps (``add(gap_s, count)``).
+    max_seqs : int
+        Decoders the arrays hold before they grow.
     """
 
-    def __init__(self, *args, spec: SpecConfig, stats: SpecStats | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
+    RUNS = False  # no decode runs: every speculative step is its own event
+    SPEC = True
+
+    def __init__(self, spec: SpecConfig, stats: SpecStats | None, block_size: int,
+                 gaps=None, max_seqs: int = 1):
         self.spec, self.stats = spec, stats
+        self.bs, self.gaps = block_size, gaps
+        self.decoding: dict[int, Request] = {}
+        self.k = 0  # decode steps completed
+        self.sum_kv = 0  # KV tokens the decoders hold
         self._slot: dict[int, int] = {}
         self._req: list[Request | None] = []
         self._free: list[int] = []
@@ -166,7 +176,7 @@ class SpeculativeDecoding:
         self._kv = self._left = self._gen = self._rid = self._steps = self._acc = \
             np.zeros(0, dtype=np.int64)
         self._last = np.zeros(0)
-        self._grow(max(self.max_seqs, 1))
+        self._grow(max(max_seqs, 1))
         self._lookahead = 0  # speculative tokens per decoder in the step being scheduled
 
     def _grow(self, size: int) -> None:
@@ -182,8 +192,8 @@ class SpeculativeDecoding:
         self._req += [None] * (size - old)
         self._free += range(size - 1, old - 1, -1)
 
-    # -- decoding set (per-sequence arrays instead of the base aggregates) ----------------
-    def _start_decode(self, req: Request, kv_tokens: int, last_token_s: float) -> None:
+    # -- members (per-sequence arrays instead of the aggregates) -------------------------
+    def start(self, req: Request, kv_tokens: int, last_token_s: float) -> None:
         req.state, req.k0, req.kv0 = DECODE, self.k, kv_tokens
         req.epoch += 1
         self.decoding[req.id] = req
@@ -196,7 +206,7 @@ class SpeculativeDecoding:
             req.generated
         self._rid[s], self._last[s], self._steps[s], self._acc[s] = req.id, last_token_s, 0, 0
 
-    def _stop_decode(self, req: Request) -> int:
+    def stop(self, req: Request) -> int:
         s = self._slot.pop(req.id)
         del self.decoding[req.id]
         kv = int(self._kv[s])
@@ -209,7 +219,7 @@ class SpeculativeDecoding:
         self._free.append(s)
         return kv
 
-    def sync_decoders(self) -> None:
+    def sync(self) -> None:
         """Write each decoder's progress into its Request (``generated`` with ``k0 = k``,
         acceptance counts), as a failure reads them."""
         for rid, s in self._slot.items():
@@ -219,25 +229,22 @@ class SpeculativeDecoding:
             req.spec_accepted += int(self._acc[s])
             self._steps[s] = self._acc[s] = 0
 
-    def _leave(self) -> float:
-        return math.nan  # _stop_decode sets the leaver's last token time exactly
+    def leave(self) -> float:
+        return math.nan  # stop() sets the leaver's last token time exactly
 
     def last_tokens(self) -> list[float]:
         return [float(self._last[self._slot[rid]]) for rid in self.decoding]
 
-    def _decode_need(self, step: int) -> int:
-        """Blocks that hold every decoder's next ``1 + lookahead`` positions (none where the
-        scheduler reserves memory per request at admission)."""
-        if not self.decoding or not self.PAGED:
+    def need(self, step: int) -> int:
+        """Blocks that hold every decoder's next ``1 + lookahead`` positions (a scheduler
+        that reserves memory at admission asks for none)."""
+        if not self.decoding:
             return 0
         kv = self._kv[self._on]
         bs = self.bs
         return int((_ceil(kv + (self._lookahead + 1), bs) - _ceil(kv, bs)).sum())
 
-    # -- no decode runs: every speculative step is its own event ---------------------------
-    def decode_run(self, max_steps: int) -> int:
-        return 0
-
+    # -- no decode runs: every speculative step is its own event ------------------------
     def run_blocks(self, steps: int) -> int:
         return 0
 
@@ -245,25 +252,27 @@ class SpeculativeDecoding:
         return [0] * steps
 
     # -- building a step -------------------------------------------------------------------
-    def schedule(self, now: float) -> Batch | None:
-        """The scheduler's batch, its decoders verifying ``k`` drafts each: the step's
-        lookahead is decided first (vLLM: none at ``disable_by_batch_size`` or when the
-        decoders' ``k + 1`` tokens overflow the budget), so that the scheduler allocates
-        the blocks of every verified position and counts ``k + 1`` tokens per decoder
-        against its token budget."""
+    def plan(self, running: int, max_tokens: int) -> int:
+        """The lookahead ``k`` of the step about to be formed (``running``: requests
+        decoding or prefilling; ``max_tokens``: the step's token budget): 0, plain
+        decoding, at ``disable_by_batch_size`` or when the decoders' ``k + 1`` tokens would
+        overflow the budget (vLLM: speculative_disable_by_batch_size, the budget). The
+        scheduler then counts ``k + 1`` tokens per decoder and allocates the blocks of
+        every verified position (:meth:`need`)."""
         spec = self.spec
         k = spec.k
         dbs = spec.disable_by_batch_size
-        if (dbs is not None and self.running >= dbs) or \
-                len(self.decoding) * (k + 1) > self.max_tokens:
-            k = 0  # plain decoding this step (vLLM: disable_by_batch_size, budget)
+        if (dbs is not None and running >= dbs) or len(self.decoding) * (k + 1) > max_tokens:
+            k = 0
         self._lookahead = k
-        self._decode_tokens = k + 1
-        b = super().schedule(now)
+        return k
+
+    def shape(self, b: Batch | None) -> Batch | None:
+        """The scheduler's batch with its decoders verified as chunks of ``k + 1`` tokens
+        after their KV (a prefill-like shape) when the step speculates."""
+        k = self._lookahead
         if b is None or not b.n_decode or not k:
             return b
-        # The decoders verified as chunks of ``k + 1`` tokens after their KV (a
-        # prefill-like shape).
         n_decode, kv = b.n_decode, self.sum_kv
         b.tokens = b.prefill_tokens + n_decode * (k + 1)
         b.prefill_pairs += (k + 1) * kv + n_decode * (k + 1) * (k + 2) / 2
@@ -271,23 +280,27 @@ class SpeculativeDecoding:
         b.decode_kv = 0
         b.sampled += n_decode * k  # logits at every verified position
         b.spec = k
-        b.draft_s = spec.draft(n_decode, kv, k)
+        b.draft_s = self.spec.draft(n_decode, kv, k)
         return b
 
     # -- applying a step -----------------------------------------------------------------
-    def complete(self, batch: Batch, now: float) -> list[Request]:
-        done: list[Request] = []
-        if batch.n_decode:
-            self.k += 1
-            self._advance(batch.spec, now, done)
-            if self.stats is not None:
-                self.stats.draft_s += batch.draft_s
-        self._complete_chunks(batch, now, done)
-        return done
+    def step(self, batch: Batch, now: float) -> tuple[list[tuple[Request, int]], int]:
+        """Apply a finished step: every decoder advances by its accepted drafts + 1 (at most
+        its tokens left). Returns the decoders that finished with their KV lengths (by id,
+        removed) and the KV blocks of the rejected positions (for a paged scheduler to give
+        back)."""
+        if not batch.n_decode:
+            return [], 0
+        self.k += 1
+        out = self._advance(batch.spec, now)
+        if self.stats is not None:
+            self.stats.draft_s += batch.draft_s
+        return out
 
-    def _advance(self, k: int, now: float, done: list[Request]) -> None:
+    def _advance(self, k: int, now: float) -> tuple[list[tuple[Request, int]], int]:
         """Every decoder advances by its accepted drafts + 1 (at most its tokens left);
-        the blocks of rejected positions are released; finished requests leave."""
+        finished requests leave. Returns them with their KV lengths, and the blocks of
+        the rejected positions."""
         idx = np.flatnonzero(self._on)
         kv, left, gen = self._kv[idx], self._left[idx], self._gen[idx]
         if k:
@@ -295,11 +308,11 @@ class SpeculativeDecoding:
             self._steps[idx] += 1
             self._acc[idx] += a
             adv = np.minimum(a + 1, left)
-            if self.PAGED:  # the blocks of the rejected positions
-                bs = self.bs
-                self.kv.release(int((_ceil(kv + (k + 1), bs) - _ceil(kv + adv, bs)).sum()))
+            bs = self.bs
+            freed = int((_ceil(kv + (k + 1), bs) - _ceil(kv + adv, bs)).sum())
         else:
             adv = np.ones_like(left)
+            freed = 0
         self._kv[idx], self._gen[idx] = kv + adv, gen + adv
         self._left[idx] = left = left - adv
         self.sum_kv += int(adv.sum())
@@ -318,17 +331,12 @@ class SpeculativeDecoding:
                 self.gaps.add(g, int(c))
         self._last[idx] = now
         fin = idx[left == 0]
+        done = []
         for s in fin[np.argsort(self._rid[fin], kind="stable")].tolist():  # by id, as the
-            # base class's finish heap pops requests that finish at the same step
+            # aggregate set's finish heap pops requests that finish at the same step
             req = self._req[s]
-            kv_now = self._stop_decode(req)
-            if req.hashes is not None and self.prefix is not None:
-                self.prefix.fill(req, kv_now)
-            self.kv.release(self._held_blocks(req, kv_now))
-            if req.units:
-                self.prefix.release(req)
-            req.blocks = 0
-            self._finish(req, now, done)
+            done.append((req, self.stop(req)))
+        return done, freed
 
 
 def spec_config(method: str, k: int, acceptance, mean_accepted: float | None,
@@ -346,16 +354,13 @@ def spec_config(method: str, k: int, acceptance, mean_accepted: float | None,
     return SpecConfig(k, acc, draft.time, disable_by_batch_size, key)
 
 
-@functools.cache
-def speculating(scheduler: type[ContinuousBatcher]) -> type[ContinuousBatcher]:
-    """The scheduler class ``scheduler`` with speculative decoding as its decode policy (one
-    class per scheduler, made once); its instances take ``spec=`` and ``stats=`` on top of
-    the scheduler's parameters."""
-    if scheduler is ContinuousBatcher:
-        return SpeculativeBatcher
-    return type(f"Speculative{scheduler.__name__}", (SpeculativeDecoding, scheduler),
-                {"__doc__": f"{scheduler.__name__} with speculative decoding."})
+def speculative_decoders(spec: SpecConfig, stats: SpecStats | None = None
+                         ) -> Callable[..., SpeculativeDecodeSet]:
+    """The ``decoders`` argument of any scheduler
+    (:class:`~simulator.engine.batching.ContinuousBatcher` and those of
+    :mod:`simulator.engine.schedulers`) that makes its streams speculate."""
 
+    def build(block_size: int, gaps=None, max_seqs: int = 1) -> SpeculativeDecodeSet:
+        return SpeculativeDecodeSet(spec, stats, block_size, gaps, max_seqs)
 
-class SpeculativeBatcher(SpeculativeDecoding, ContinuousBatcher):
-    """vLLM v1 continuous batching with speculative decoding."""
+    return build

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from simulator import files, registry
-from simulator.engine.profiles import apply_profile
 from simulator.errors import ScenarioError
 from simulator.io.gateway import parse_gateway
 from simulator.io.layout import translate
 from simulator.io.overrides import apply_overrides
+from simulator.io.profiles import apply_profile
 from simulator.io.schema import (
     LENGTH_DISTS,
     LIMITS,
@@ -347,7 +347,7 @@ def load_scenario(source: str | Path | dict | Scenario,
     problems += [p for p in _workload_problems(scenario) if p.split(":", 1)[0] not in already]
     problems += _pool_engine_problems(scenario, already)
     problems += [p for p in _autoscale_problems(scenario) + _router_problems(scenario)
-                 if p.split(":", 1)[0] not in already]
+                 + _pool_autoscale_problems(scenario) if p.split(":", 1)[0] not in already]
     own = _speculative_problems(spec)
     problems += [p for p in own if p.split(":", 1)[0] not in already]
     for i, pool in enumerate(pools):  # a [pools.speculative] table over the section
@@ -442,7 +442,7 @@ def _pools(raw: Any, problems: list[str]) -> tuple[PoolKeys, ...]:
                 problems.append(f"{key}.engine.profile: not allowed per pool (set [engine] "
                                 f"profile for the whole cluster)")
             _build_section(f"{key}.engine", EngineKeys, pool.engine, problems)
-        pools.append(_pool_speculative(key, pool, problems))
+        pools.append(_pool_autoscale(key, _pool_speculative(key, pool, problems), problems))
     names = [p.name for p in pools]
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"pools.name: {n!r} names more than one pool (names must be unique)")
@@ -477,6 +477,21 @@ def _pool_speculative(key: str, pool: PoolKeys, problems: list[str]) -> PoolKeys
     problems += [f"{key}.{p}" for p in own]
     keys = {k: getattr(checked, k) for k in pool.speculative if hasattr(checked, k)}
     return dataclasses.replace(pool, speculative=keys)
+
+
+def _pool_autoscale(key: str, pool: PoolKeys, problems: list[str]) -> PoolKeys:
+    """``pool`` with its ``autoscale`` table checked as an ``[autoscale]`` section and kept
+    as the checked values of the keys it sets (``PoolKeys.autoscale_of``); its bounds are
+    checked against the pool's ``dp`` in :func:`_pool_autoscale_problems`."""
+    if not isinstance(pool.autoscale, dict):
+        return pool
+    own: list[str] = []
+    checked = _build_section("autoscale", AutoscaleKeys, pool.autoscale, own)
+    problems += [f"{key}.{p}" for p in own]
+    if own:
+        return dataclasses.replace(pool, autoscale=None)
+    keys = {k: getattr(checked, k) for k in pool.autoscale if hasattr(checked, k)}
+    return dataclasses.replace(pool, autoscale=keys)
 
 
 def _rate_profile_problems(w) -> list[str]:
@@ -585,34 +600,63 @@ def _autoscale_problems(s: Scenario) -> list[str]:
     a = s.autoscale
     if a is None:
         return []
-    p: list[str] = []
     if s.pools:
-        p.append("autoscale: scenarios with [[pools]] do not scale yet (replicas of one "
-                 "colocated layout do; remove [autoscale] or the pools)")
-        return p
+        return ["autoscale: with [[pools]] each pool scales by its own table (set "
+                "autoscale = {...} in the prefill and decode [[pools]] entries; remove "
+                "[autoscale])"]
+    return _scaling_problems(s, a, "autoscale", s.parallel.dp, "parallel.dp",
+                             "raise parallel.dp and cluster.nodes: the fleet scaling may use")
+
+
+def _scaling_problems(s: Scenario, a: AutoscaleKeys, key: str, fleet: int, fleet_key: str,
+                      raise_hint: str) -> list[str]:
+    """The bounds of scaling keys ``a`` (named ``key``) against the ``fleet`` replicas
+    that ``fleet_key`` places, and what each policy needs."""
+    p: list[str] = []
     if s.workload.arrival in ("closed_loop", "sessions"):
-        p.append(f"autoscale: arrival = \"{s.workload.arrival}\" paces itself by the "
+        p.append(f"{key}: arrival = \"{s.workload.arrival}\" paces itself by the "
                  "replies; autoscaling needs an open-loop arrival (poisson, gamma, constant, "
                  "trace)")
-    top = a.max_replicas if a.max_replicas is not None else s.parallel.dp
-    if top > s.parallel.dp:
-        p.append(f"autoscale.max_replicas: {top} is more than the parallel.dp = "
-                 f"{s.parallel.dp} replicas the cluster holds (raise parallel.dp and "
-                 f"cluster.nodes: the fleet scaling may use)")
+    top = a.max_replicas if a.max_replicas is not None else fleet
+    if top > fleet:
+        p.append(f"{key}.max_replicas: {top} is more than the {fleet_key} = "
+                 f"{fleet} replicas the cluster holds ({raise_hint})")
     if a.min_replicas > top:
-        p.append(f"autoscale.min_replicas: {a.min_replicas} is more than max_replicas {top}")
+        p.append(f"{key}.min_replicas: {a.min_replicas} is more than max_replicas {top}")
     start = a.initial_replicas if a.initial_replicas is not None else a.min_replicas
     # Without initial_replicas it is min_replicas, whose own problem is the one line.
     if not a.min_replicas <= start <= top and (a.initial_replicas is not None
                                                or a.min_replicas <= top):
-        p.append(f"autoscale.initial_replicas: {start} is not within [min_replicas, "
+        p.append(f"{key}.initial_replicas: {start} is not within [min_replicas, "
                  f"max_replicas] = [{a.min_replicas}, {top}]")
     if a.scale_down_below >= 1:
-        p.append(f"autoscale.scale_down_below: must be < 1 (a fraction of target), got "
+        p.append(f"{key}.scale_down_below: must be < 1 (a fraction of target), got "
                  f"{a.scale_down_below:g}")
     if a.policy == "sla" and a.forecaster == "holt_winters" and a.season_intervals == 1:
-        p.append("autoscale.season_intervals: a season of 1 interval is no season (0: "
+        p.append(f"{key}.season_intervals: a season of 1 interval is no season (0: "
                  "none, or >= 2)")
+    return p
+
+
+def _pool_autoscale_problems(s: Scenario) -> list[str]:
+    """Each pool's ``autoscale`` table against the pool: prefill and decode pools scale
+    (mixed pools do not yet), within their own ``dp``; ``sla`` needs the replica's
+    capacity, which the cost model estimates for colocated replicas only."""
+    p: list[str] = []
+    for i, pool in enumerate(s.pools):
+        a, key = pool.autoscale_of(), f"pools[{i}].autoscale"
+        if a is None:
+            continue
+        if pool.role == "mixed":
+            p.append(f"{key}: mixed pools do not scale yet (prefill and decode pools do; "
+                     f"remove autoscale from pool {pool.name!r})")
+            continue
+        if a.policy == "sla" and a.replica_capacity_per_s is None:
+            p.append(f"{key}.replica_capacity_per_s: required with policy = \"sla\" on a "
+                     f"{pool.role} pool (one replica's requests/s within the SLOs; the cost "
+                     f"model estimates it for colocated replicas only)")
+        p += _scaling_problems(s, a, key, pool.dp, f"pools[{i}].dp",
+                               f"raise pools[{i}].dp and its nodes: the fleet the pool may use")
     return p
 
 

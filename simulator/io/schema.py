@@ -358,6 +358,10 @@ class PoolKeys:
     # Decode and mixed pools: None speculates as [speculative] says (if present); false: this
     # pool does not; a table: [speculative] keys for this pool, over the section's.
     speculative: bool | dict | None = _f(None, kind="pool_speculative", optional=True)
+    # Prefill and decode pools: ``[autoscale]`` keys for this pool alone (an inline table,
+    # kept as the checked values of the keys it sets; :meth:`autoscale_of`). None: the
+    # pool's ``dp`` replicas serve for the whole run (docs/autoscaling.md).
+    autoscale: dict | None = _f(None, kind="table", optional=True)
 
     def speculative_of(self, top: SpeculativeKeys | None) -> SpeculativeKeys | None:
         """This pool's speculation: none for a prefill pool or ``speculative = false``, the
@@ -368,6 +372,10 @@ class PoolKeys:
         if isinstance(self.speculative, dict):
             return replace(top or SpeculativeKeys(), **self.speculative)
         return top
+
+    def autoscale_of(self) -> AutoscaleKeys | None:
+        """This pool's scaling keys (None: it does not scale)."""
+        return None if self.autoscale is None else AutoscaleKeys(**self.autoscale)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ AIPerf (``aiperf profile --concurrency C``; ``src/aiconfigurator/generator/sflow
 ``--warmup-request-count C`` warm-up requests, streamed through the server's OpenAI API
 front end with ``ignore_eos``. The scenario is the ``aiperf`` client (docs/scenario.md,
 "Benchmark clients") with ``ROUNDS x C`` measured requests and ``C`` warm-ups, so the
-first wave's lockstep is one of twenty, as in the measurement. Disaggregated rows keep
+first wave's lockstep is one of twenty, as in the measurement. Its engine has the
+limits AIConfigurator's generator deploys (:func:`agg_engine`). Disaggregated rows keep
 the plain closed loop of ``2 x C`` requests (docs/disaggregation.md judges them on TPOT).
 
 A row is any mapping of column name to value (a ``dict`` or a pandas row); missing values
@@ -142,6 +143,24 @@ def _workload(row: Row, conc: int) -> dict:
             "output_tokens": int(row["osl"])}
 
 
+def agg_engine(row: Row, conc: int) -> dict:
+    """The ``[engine]`` of an aggregated row: the engine's profile with the limits
+    AIConfigurator's generator gives the deployment it benchmarks
+    (``generator/rule_plugin/benchmark/{vllm,sglang,trtllm}.rule``): ``max_batch_size``
+    sequences (the row's ``batch_size``) and a token budget of one prompt and 1,500
+    tokens more: ``max_batch_size + isl + 1500`` for vLLM's ``max-num-batched-tokens`` and
+    TensorRT-LLM's ``max_num_tokens`` (rounded up to its 32-token blocks), ``isl + 1500``
+    for SGLang's ``max-prefill-tokens``, which counts the decodes mixed into a prefill
+    step (``enable_mixed_chunk = true``)."""
+    backend, isl = str(row["backend"]), int(row["isl"])
+    seqs = _int(row, "batch_size", None) or conc
+    budget = isl + 1500 if backend == "sglang" else seqs + isl + 1500
+    if backend == "trtllm":
+        budget = -(-budget // 32) * 32
+    return {"profile": PROFILE[backend], "max_num_seqs": max(seqs, 1),
+            "max_num_batched_tokens": budget}
+
+
 def agg_workload(row: Row, conc: int) -> dict:
     """The ``[workload]`` of an aggregated row: AIPerf at concurrency ``conc``,
     ``ROUNDS x conc`` measured requests after ``WARMUP_ROUNDS x conc`` warm-ups."""
@@ -172,7 +191,7 @@ def agg_scenario(row: Row) -> Refusable:
             "cluster": {"topology": topology,
                         "nodes": max(1, -(-par["tp"] * par["pp"] // per_node))},
             "parallel": par,
-            "engine": {"profile": PROFILE[str(row["backend"])], "max_num_seqs": max(conc, 1)},
+            "engine": agg_engine(row, conc),
             "workload": agg_workload(row, conc),
             "output": {"steps": False, "trace": False}}, ""
 
@@ -237,5 +256,5 @@ def scenario(row: Row) -> Refusable:
     return None, f"mode {mode!r}: not one of 'agg', 'disagg'"
 
 
-__all__ = ["CLIENT", "ROUNDS", "WARMUP_ROUNDS", "agg_scenario", "agg_workload",
+__all__ = ["CLIENT", "ROUNDS", "WARMUP_ROUNDS", "agg_engine", "agg_scenario", "agg_workload",
            "concurrency", "disagg_scenario", "layout", "scenario"]

@@ -30,7 +30,6 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
-from simulator.model.cost import ACT_BYTES
 from simulator.parallel.collective import Links, schedules
 from simulator.topology.graph import Paths
 
@@ -49,7 +48,6 @@ def replica_link_bytes(plan, tokens: list[float], steps: list[int]
     the collective calibration of its pool's GPU)."""
     paths = Paths(plan.graph)
     links = Links(paths)
-    h = plan.model.hidden
     out = []
     gpus = [p.node.gpu for p in plan.pools for _ in p.replicas]
     for rp, gpu, t, n_steps in zip(plan.replicas, gpus, tokens, steps, strict=True):
@@ -60,19 +58,19 @@ def replica_link_bytes(plan, tokens: list[float], steps: list[int]
         groups = rp.placement.stages
         for i, (group, cost) in enumerate(zip(groups, rp.stages, strict=True)):
             if len(group) > 1:
-                size = t / max(n_steps, 1) * h * ACT_BYTES
+                size = cost.message_bytes(t / max(n_steps, 1))
                 chosen = cost.allreduce.algorithm(size)
                 options = schedules(paths, "all_reduce", group,
                                     gpu.calibration.collectives)
                 sched = options.get(chosen, options["ring"])
-                total = 2 * cost.layers * t * h * ACT_BYTES
+                total = cost.allreduce_bytes(t)
                 for ph in sched.phases:
                     for edges, share in ph.flows:
                         for e in edges:
                             carried[e] += ph.steps * share * total
             if i + 1 < len(groups):
                 for e in links(group[0], groups[i + 1][0]):
-                    carried[e] += t * h * ACT_BYTES
+                    carried[e] += cost.message_bytes(t)
     return out
 
 

@@ -1,12 +1,10 @@
 """Per-GPU utilization over time, from the step records: compute, HBM, NVLink, NIC.
 
-Each stage step's work on one GPU of its TP group comes from the model's operator shapes
-(the same FLOPs and bytes the cost model prices, at 100% efficiency): GEMMs, attention
-(from the step's causal pairs, cached context and decode KV reads), elementwise ops, the
-embedding on the first stage and the LM head on the last. Communication per GPU: a ring
-all-reduce sends ``2(n-1)/n * S`` bytes, twice per layer with ``S = T * h * 2``; a pipeline
-hand-off sends ``T * h * 2``, over NVLink or the NIC as the graph path says. A step counts
-in the window holding its midpoint.
+Each stage step's work on one GPU of its TP group is what its stage cost reports
+(:meth:`simulator.model.cost.StageCost.work`: the same FLOPs and bytes the cost model
+prices, at 100% efficiency, and the stage's own collectives); this module adds the
+pipeline hand-off of ``T * h * 2`` bytes to the next stage, over NVLink or the NIC as the
+graph path says. A step counts in the window holding its midpoint.
 
 Utilization = work in the window / (capacity x window): FLOPs / tensor peak of the weight
 dtype, bytes / HBM bandwidth, bytes sent / link bandwidth per direction.
@@ -19,9 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simulator.metrics.moe import stage_work as moe_stage_work
-from simulator.model.cost import ACT_BYTES, StageCost, gemm_work
-from simulator.model.moe_stage import MoEStageCost
+from simulator.model.cost import StageCost
 
 GPU_COLUMNS = ["window_start_s", "gpu", "replica", "stage", "compute_util", "hbm_util",
                "nvlink_util", "nic_util"]
@@ -44,42 +40,17 @@ class StageHardware:
 
 
 def stage_work(st: StageHardware, g: pd.DataFrame) -> tuple[np.ndarray, ...]:
-    """FLOPs, HBM bytes, NVLink bytes and NIC bytes per GPU for each step in ``g``."""
-    if isinstance(st.cost, MoEStageCost):  # its own per-rank work
-        flops, hbm, nvlink, nic = moe_stage_work(st.cost,
-            (g["prefill_tokens"] + g["decode_tokens"]).to_numpy(float),
-            g["prefill_pairs"].to_numpy(float), g["prefill_ctx"].to_numpy(float),
-            g["decode_kv"].to_numpy(float), g["sampled"].to_numpy(float))
-        tokens = (g["prefill_tokens"] + g["decode_tokens"]).to_numpy(float)
-        send = 0 * tokens if st.last else tokens * st.cost.model.hidden * ACT_BYTES
-        if st.send_over_nic:
-            return flops, hbm, nvlink, nic + send
-        return flops, hbm, nvlink + send, nic
-    sh, layers = st.cost.shapes, st.cost.layers
+    """FLOPs, HBM bytes, NVLink bytes and NIC bytes per GPU for each step in ``g``: the
+    stage cost's own work (:meth:`simulator.model.cost.StageCost.work`) plus the hand-off
+    to the next stage, over the NIC or NVLink as ``st`` says."""
     tokens = (g["prefill_tokens"] + g["decode_tokens"]).to_numpy(float)
-    flops = np.zeros(len(g))
-    hbm = np.zeros(len(g))
-    for w in sh.gemm_works(tokens):
-        flops += w.flops
-        hbm += w.bytes
-    att = sh.attention_work(tokens, g["prefill_pairs"].to_numpy(float),
-                            g["prefill_ctx"].to_numpy(float), g["decode_kv"].to_numpy(float))
-    flops = layers * (flops + att.flops)
-    hbm = layers * (hbm + att.bytes + tokens * sh.elementwise_bytes_per_token)
-    h = sh.model.hidden
-    if st.cost.first:
-        hbm += tokens * h * ACT_BYTES
-    sampled = g["sampled"].to_numpy(float)
-    if st.last:
-        head = gemm_work(sampled, sh.model.vocab // sh.tp, h, ACT_BYTES)  # LM head: 16-bit
-        flops += head.flops
-        hbm += np.where(sampled > 0, head.bytes, 0.0)
-    n = sh.tp
-    nvlink = 2 * layers * 2 * (n - 1) / n * tokens * h * ACT_BYTES if n > 1 else 0 * tokens
-    send = 0 * tokens if st.last else tokens * h * ACT_BYTES
-    nic = send if st.send_over_nic else 0 * tokens
-    nvlink = nvlink + (0 * tokens if st.send_over_nic else send)
-    return flops, hbm, nvlink, nic
+    flops, hbm, nvlink, nic = st.cost.work(
+        tokens, g["prefill_pairs"].to_numpy(float), g["prefill_ctx"].to_numpy(float),
+        g["decode_kv"].to_numpy(float), g["sampled"].to_numpy(float))
+    send = 0 * tokens if st.last else st.cost.message_bytes(tokens)
+    if st.send_over_nic:
+        return flops, hbm, nvlink, nic + send
+    return flops, hbm, nvlink + send, nic
 
 
 def gpu_windows(steps: pd.DataFrame, stages: list[StageHardware],

@@ -311,6 +311,52 @@ class StageCost:
             compute = max(compute, launch - comm)
         return compute, comm
 
+    def message_bytes(self, tokens):
+        """Bytes of the activations of ``tokens`` tokens, ``T * h * 2``: one TP all-reduce's
+        message, and the hand-off to the next pipeline stage."""
+        return tokens * self.shapes.model.hidden * ACT_BYTES
+
+    def allreduce_bytes(self, tokens):
+        """Bytes the stage all-reduces over its TP group for ``tokens`` tokens: two
+        all-reduces of :meth:`message_bytes` per layer."""
+        return 2 * self.layers * tokens * self.shapes.model.hidden * ACT_BYTES
+
+    def work(self, tokens: np.ndarray, prefill_pairs: np.ndarray, prefill_ctx: np.ndarray,
+             decode_kv: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, ...]:
+        """FLOPs, HBM bytes, NVLink bytes and NIC bytes on one GPU of the stage for each of
+        many steps (arrays of :meth:`step`'s arguments): the operator shapes :meth:`step`
+        prices, at 100% efficiency, with no floors and no padding.
+
+        Notes
+        -----
+        Per layer the four GEMMs, the attention
+        (:meth:`LayerShapes.attention_work`) and the elementwise bytes; the embedding
+        read on the first stage, the 16-bit LM head over the sampled rows on the last.
+        Over NVLink, a ring all-reduce sends ``2(n-1)/n * S`` bytes per GPU, twice per
+        layer, with ``S = T * h * 2``. The stage's own traffic only: the hand-off to the
+        next stage depends on where that stage sits, which the caller knows.
+        """
+        sh, layers = self.shapes, self.layers
+        tokens = np.asarray(tokens, dtype=float)
+        flops = np.zeros(len(tokens))
+        hbm = np.zeros(len(tokens))
+        for w in sh.gemm_works(tokens):
+            flops += w.flops
+            hbm += w.bytes
+        att = sh.attention_work(tokens, prefill_pairs, prefill_ctx, decode_kv)
+        flops = layers * (flops + att.flops)
+        hbm = layers * (hbm + att.bytes + tokens * sh.elementwise_bytes_per_token)
+        h = sh.model.hidden
+        if self.first:
+            hbm += tokens * h * ACT_BYTES
+        if self.last:
+            head = gemm_work(sampled, sh.model.vocab // sh.tp, h, ACT_BYTES)  # 16-bit
+            flops += head.flops
+            hbm += np.where(sampled > 0, head.bytes, 0.0)
+        n = sh.tp
+        nvlink = 2 * layers * 2 * (n - 1) / n * tokens * h * ACT_BYTES if n > 1 else 0 * tokens
+        return flops, hbm, nvlink, 0 * tokens
+
     def decode_run(self, n: int, decode_kv: int, k: int) -> tuple[list[float], float]:
         """:meth:`step` for ``k`` decode-only steps of ``n`` sequences reading
         ``decode_kv + j * n`` KV entries (j = 1..k), as a Python loop with the parts that do

@@ -34,6 +34,7 @@ from simulator.model.moe_cost import (
     mla_prefill,
     mla_shapes,
 )
+from simulator.model.moe_work import moe_stage_work
 from simulator.model.routing import Routing, imbalance, step_index
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec, kv_heads_per_gpu
 from simulator.parallel.collective import AllReduceCost
@@ -446,6 +447,13 @@ class MoEStageCost(StageCost):
     def decode_steps(self, n: int, decode_kv: np.ndarray) -> tuple[np.ndarray, float]:
         comm = self._comm(n, n)
         return self._decode_vec(n, decode_kv, comm), comm
+
+    def work(self, tokens: np.ndarray, prefill_pairs: np.ndarray, prefill_ctx: np.ndarray,
+             decode_kv: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, ...]:
+        """See :meth:`StageCost.work`; here on a mean rank of the stage, with the
+        all-to-all's bytes over NVLink and the NIC
+        (:func:`simulator.model.moe_work.moe_stage_work`)."""
+        return moe_stage_work(self, tokens, prefill_pairs, prefill_ctx, decode_kv, sampled)
 
     def moe_columns(self, tokens: np.ndarray, prefill_pairs: np.ndarray,
                     decode_kv: np.ndarray,

@@ -10,11 +10,11 @@ import math
 
 from simulator.cluster.build import (
     ClusterPlan,
-    build_plan,
     drafter_of,
     expert_setup,
     with_draft_kv,
 )
+from simulator.cluster.pools import build_plan
 from simulator.engine.speculative import Acceptance
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario

@@ -60,7 +60,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.cluster.build import ClusterPlan
+from simulator.cluster.pools import build_plan
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario

@@ -280,7 +280,7 @@ def spec_step(model: StepModel, spec: SpecStep, batch: float, prefill: float,
               prompt: float, output: float) -> float:
     """Seconds of one speculative stream step: drafting, then one forward verifying ``k + 1``
     positions of each of ``batch`` sequences (a prefill-like shape after their KV) plus
-    ``prefill`` prompt tokens, as :class:`simulator.engine.speculative.SpeculativeBatcher`
+    ``prefill`` prompt tokens, as :class:`simulator.engine.speculative.SpeculativeDecodeSet`
     builds it.
 
     Notes

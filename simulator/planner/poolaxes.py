@@ -15,7 +15,8 @@ import math
 
 import numpy as np
 
-from simulator.cluster.build import ClusterPlan, build_plan
+from simulator.cluster.build import ClusterPlan
+from simulator.cluster.pools import build_plan
 from simulator.cluster.transfer import kv_flows
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError

@@ -1,4 +1,6 @@
-"""Engine profiles: named bundles of what an inference engine does around the kernels.
+"""Engine profiles: named bundles of what an inference engine does around the kernels, the
+defaults of a scenario's ``[engine]`` table (filled in by :func:`apply_profile` when the
+scenario is loaded, before validation).
 
 A profile (``[engine] profile``) fills the ``[engine]`` keys a scenario does not set
 itself: the scheduler (chunked prefill or prefill-first), the token budget and sequence
@@ -16,6 +18,8 @@ graph padding, 256 sequences).
 from __future__ import annotations
 
 from simulator import registry
+from simulator.errors import ScenarioError
+from simulator.hardware.specs import load_node
 
 #: vLLM 0.6 (vllm/worker/model_runner.py): graphs for batch sizes 1, 2, 4 and multiples of
 #: 8 up to 256 (``_BATCH_SIZES_TO_CAPTURE``), decode-only batches, padded up
@@ -161,9 +165,6 @@ def vllm_v1_batch_limits(gpu_name: str, memory_bytes: int) -> dict[str, int]:
 def _gpu_limits(topology: object, base_dir: str) -> dict[str, int] | None:
     """:func:`vllm_v1_batch_limits` of a node preset's GPU (None: the name does not resolve;
     validation reports it)."""
-    from simulator.errors import ScenarioError  # noqa: PLC0415 - hardware imports the engine's
-    from simulator.hardware.specs import load_node  # noqa: PLC0415
-
     if not isinstance(topology, str):
         return None
     try:
