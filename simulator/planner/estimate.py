@@ -215,16 +215,52 @@ def estimate(plan: ClusterPlan, limits: Limits, kv_tokens: int, stats: WorkloadS
     pre, pre_p99 = prefill_time(p), prefill_time(max(stats.prompt_p99, p))
     if rho < 1 and stats.rate_per_s is not None:
         wait = rho / (2 * (1 - rho)) * pre
+        slot, slot_p99 = slot_wait(rate / plan.scenario.parallel.dp,
+                                   int(streams * b_max), pre + o / gain(batch) * c)
     else:
         wait = 0.0 if stats.rate_per_s is None else math.inf
-    ttft = pre + c / 2 + wait
-    ttft_p99 = pre_p99 + c + 4.6 * wait
+        slot = slot_p99 = 0.0
+    ttft = pre + c / 2 + wait + slot
+    ttft_p99 = pre_p99 + c + 4.6 * wait + slot_p99
     tpot = c / gain(batch)
     ok = rho < 1 and ttft_p99 <= ttft_slo_s and tpot <= tpot_slo_s
     if stats.rate_per_s is None:
         ok = ttft_p99 <= ttft_slo_s and tpot <= tpot_slo_s
     goodput = min(rate, capacity) if ok else 0.0
     return Estimate(capacity, rho, batch, c, pre, ttft, ttft_p99, tpot, goodput)
+
+
+#: Spare sequence slots, in standard deviations of the busy ones, past which the wait for
+#: a slot is taken as none (Halfin-Whitt: the chance of waiting is then below 1e-3).
+SLOT_SPARE_SD = 4.0
+
+
+def slot_wait(rate: float, slots: int, service_s: float) -> tuple[float, float]:
+    """Mean and p99 wait (s) of a request for one of a replica's ``slots`` running
+    sequences, requests arriving at ``rate`` (req/s) and each holding a slot for
+    ``service_s`` (its prefill and decode steps).
+
+    Notes
+    -----
+    An M/M/c queue, c = ``slots`` (the batch cap, max_num_seqs or what the KV cache holds):
+    with ``a = rate x service_s`` busy slots on average, the chance of waiting is Erlang's
+    C formula, ``C = c B / (c - a (1 - B))`` with B the Erlang B loss from the recursion
+    ``B_k = a B_(k-1) / (k + a B_(k-1))``; the wait is exponential given that it waits,
+    at rate ``c / service_s - rate``, so the mean is ``C / (c / service_s - rate)`` and the
+    p99 ``ln(C / 0.01) / (c / service_s - rate)`` (0 when C <= 0.01). ``a >= c``: infinite.
+    Beyond ``SLOT_SPARE_SD`` standard deviations of spare slots it is taken as 0.
+    """
+    a = rate * service_s
+    if slots < 1 or a >= slots:
+        return math.inf, math.inf
+    if a <= 0 or (slots - a) > SLOT_SPARE_SD * math.sqrt(a):
+        return 0.0, 0.0
+    b = 1.0
+    for k in range(1, slots + 1):
+        b = a * b / (k + a * b)
+    c = slots * b / (slots - a * (1 - b))
+    drain = slots / service_s - rate
+    return c / drain, (math.log(c / 0.01) / drain if c > 0.01 else 0.0)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 ranking of simulated rows by the objective, plan.csv's table (the simulated candidates'
 rows, their candidate's layout, limits and estimate beside the simulation's figures, ranked,
 with the notes and what binds each one), and the estimate's rank agreement with the
-simulation (overall and per group).
+simulation (overall and per group): Spearman's rho of the two rankings, each by SLO tier
+then objective, as the planner ranks candidates and simulated points.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 
 import pandas as pd
 
-from simulator.planner.nearmiss import correlations, group_of
+from simulator.planner.nearmiss import TIER, correlations, group_of
 from simulator.planner.objectives import SIM_COLUMN, binds, misses, sig, spearman
 from simulator.planner.space import layout_label
 
@@ -74,19 +75,52 @@ def sim_frame(cands: pd.DataFrame, picked: list[int], sims: dict) -> pd.DataFram
                          for i in picked])
 
 
+def agreement_ranks(table: pd.DataFrame, objective: str) -> pd.DataFrame:
+    """Per simulated row (``status == "ok"``), its place in the estimate's ranking
+    (``est``) and in the simulation's (``sim``), each as the planner ranks: SLO tier
+    first, then the objective to 3 significant digits; equal keys share a place.
+
+    Notes
+    -----
+    The estimate's key is the candidate order's (:func:`simulator.planner.nearmiss.order`):
+    ``(TIER[est_slo], -sig(est_objective))`` (``meets`` and ``may meet`` first, then ``may
+    miss``, then ``misses``); the simulation's is the plan's (:func:`rank_key`): ``(0 if
+    slo_met else 1, -sig(objective))``. For ``min_ttft`` / ``min_tpot`` the objective is
+    the estimated p99 TTFT / TPOT against the simulated quantile, lower first.
+    """
+    sim = {"min_ttft": "ttft_slo_q_s", "min_tpot": "tpot_slo_q_s", **SIM_COLUMN}[objective]
+    sign = 1.0 if objective in ("min_ttft", "min_tpot") else -1.0
+    ok = table[table["status"] == "ok"]
+
+    def value(x) -> float:
+        x = float(x)
+        return sign * sig(x) if math.isfinite(x) else math.inf
+
+    est = [(TIER.get(t, len(TIER)), value(v))
+           for t, v in zip(ok["est_slo"], ok["est_objective"], strict=True)]
+    got = [(0 if m else 1, value(v)) for m, v in zip(ok["slo_met"], ok[sim], strict=True)]
+    return pd.DataFrame({"est": _places(est), "sim": _places(got)}, index=ok.index)
+
+
+def _places(keys: list[tuple]) -> list[int]:
+    """The place of each key among the distinct keys, in ascending order."""
+    where = {k: i for i, k in enumerate(sorted(set(keys)))}
+    return [where[k] for k in keys]
+
+
 def group_correlations(table: pd.DataFrame, objective: str) -> dict[str, float]:
     """:func:`rank_correlation` per simulation group (simulator.planner.nearmiss)."""
-    sim = {"min_ttft": "ttft_slo_q_s", "min_tpot": "tpot_slo_q_s", **SIM_COLUMN}[objective]
-    return correlations(table, "est_objective", sim)
+    places = agreement_ranks(table, objective)
+    ok = table.loc[places.index].assign(_est=places["est"], _sim=places["sim"])
+    return correlations(ok.assign(status="ok"), "_est", "_sim")
 
 
 def rank_correlation(table: pd.DataFrame, objective: str) -> float:
-    """Spearman's rho of the estimate's objective against the simulated one over the
-    simulated rows (for min_ttft / min_tpot: the estimated p99 TTFT / TPOT against the
-    simulated quantile)."""
-    sim = {"min_ttft": "ttft_slo_q_s", "min_tpot": "tpot_slo_q_s", **SIM_COLUMN}[objective]
-    ok = table[table["status"] == "ok"]
-    return spearman(ok["est_objective"], ok[sim])
+    """Spearman's rho of the estimate's ranking against the simulation's over the
+    simulated rows, both ranked as the planner ranks (:func:`agreement_ranks`; ties take
+    average ranks); NaN with fewer than 3 rows or a ranking that ties them all."""
+    places = agreement_ranks(table, objective)
+    return spearman(places["est"], places["sim"])
 
 
 #: The note of the rule of thumb's row.
