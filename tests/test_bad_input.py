@@ -156,7 +156,7 @@ def test_malformed_trace(write, capsys, tmp_path, csv, needles):
     ({"cluster": {"topology": "dgx-h1000"}}, ["cluster.topology", "presets:", "dgx-h100"]),
     ({"router": {"policy": "least_outstandin"}},
      ["router.policy", "did you mean 'least_outstanding'"]),
-    ({"engine": {"scheduler": "sglang"}}, ["engine.scheduler", "allowed: vllm"]),
+    ({"engine": {"scheduler": "lightllm"}}, ["engine.scheduler", "allowed: vllm"]),
 ], ids=["model", "topology", "router", "scheduler"])
 def test_unknown_names(write, capsys, overrides, needles):
     assert_rejected(capsys, write(**overrides), *needles)

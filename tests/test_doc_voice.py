@@ -24,7 +24,8 @@ HISTORY = {
     "the machine's load": r"\bload average",
     "a dated rerun": r"\b20\d\d-[01]\d-[0-3]\d\b",
     "a before / after comparison": r"\bbefore / now\b|\(before:|\bbefore the [\w-]+ (?:fix|switch)"
-                                   r"|\bwith this change\b|\ban earlier version\b",
+                                   r"|\bwith this change\b|\ban earlier version\b"
+                                   r"|\bthe old (?:function|code|planner|version)\b",
     "re-recorded outputs": r"\b(?:was|were) re-recorded\b",
 }
 
