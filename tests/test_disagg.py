@@ -27,7 +27,9 @@ from simulator.cluster.transfer import KVTransfers, kv_flows
 from simulator.engine.clock import TICK
 from simulator.io.chrome_trace import TRANSFER_PID
 from simulator.io.scenario import to_dict
+from simulator.metrics.links import KEYS as LINK_KEYS
 from simulator.metrics.records import Recorder
+from simulator.metrics.utilization import GPU_COLUMNS
 from simulator.model.spec import load_model
 from simulator.paths import ROOT
 from simulator.planner import plan
@@ -272,6 +274,16 @@ def test_one_mixed_pool_is_the_scenario_without_pools():
     pooled = run(d)
     pd.testing.assert_frame_equal(plain.requests, pooled.requests.drop(columns=POOL_COLUMNS))
     pd.testing.assert_frame_equal(plain.steps, pooled.steps)
+    # the same link figures, link columns and per-GPU table (less its pool column)
+    for key in LINK_KEYS:
+        assert pooled.summary[key] == plain.summary[key], key
+    assert plain.summary["nvlink_util_mean"] > 0
+    pd.testing.assert_frame_equal(plain.timeseries[list(LINK_KEYS)],
+                                  pooled.timeseries[list(LINK_KEYS)])
+    assert len(plain.gpu_timeseries) > 0
+    pd.testing.assert_frame_equal(plain.gpu_timeseries[GPU_COLUMNS],
+                                  pooled.gpu_timeseries[GPU_COLUMNS])
+    assert (pooled.gpu_timeseries["pool"] == "all").all()
 
 
 # -- invalid combinations: one clear error each -------------------------------------------

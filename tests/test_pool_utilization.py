@@ -11,10 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator import DEFAULT_SCENARIO, load_scenario, run
-from simulator.cluster.disagg import POOL_COLUMNS
+from simulator import run
 from simulator.cluster.outcome import pool_hardware
-from simulator.io.scenario import to_dict
 from simulator.metrics.links import KEYS as LINK_KEYS
 from simulator.metrics.pools import pool_energy
 from simulator.metrics.utilization import GPU_COLUMNS
@@ -74,28 +72,6 @@ def test_per_gpu_nvlink_of_each_pool_by_hand():
     # The prefill replica stepped every prompt once and one sampled token per request.
     first = steps[(steps["replica"] == 0) & (steps["stage"] == 0)]
     assert float(first["prefill_tokens"].sum()) == 16 * 800
-
-
-def test_one_mixed_pool_has_the_utilization_of_the_scenario_without_pools():
-    """A [[pools]] scenario of one mixed pool is the colocated scenario: the same link
-    figures, link columns and per-GPU table (less its pool column)."""
-    s = load_scenario(dict(DEFAULT_SCENARIO), overrides=["workload.num_requests=120"])
-    plain = run(s)
-    d = to_dict(s)
-    p = d["parallel"]
-    d["pools"] = [{"name": "all", "role": "mixed", "nodes": d["cluster"]["nodes"],
-                   "tp": p["tp"], "pp": p["pp"], "dp": p["dp"]}]
-    pooled = run(d)
-    pd.testing.assert_frame_equal(plain.requests, pooled.requests.drop(columns=POOL_COLUMNS))
-    for key in LINK_KEYS:
-        assert pooled.summary[key] == plain.summary[key], key
-    assert plain.summary["nvlink_util_mean"] > 0
-    pd.testing.assert_frame_equal(plain.timeseries[list(LINK_KEYS)],
-                                  pooled.timeseries[list(LINK_KEYS)])
-    assert len(plain.gpu_timeseries) > 0
-    pd.testing.assert_frame_equal(plain.gpu_timeseries[GPU_COLUMNS],
-                                  pooled.gpu_timeseries[GPU_COLUMNS])
-    assert (pooled.gpu_timeseries["pool"] == "all").all()
 
 
 def test_pools_keep_per_gpu_utilization_without_power_figures():
