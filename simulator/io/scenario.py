@@ -11,7 +11,6 @@ import dataclasses
 import difflib
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +41,6 @@ from simulator.io.schema import (
 )
 from simulator.model.spec import load_model
 from simulator.workload.profile import PROFILED, parse_profile
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 
 #: Keys each length distribution takes; the first ones listed are required.
 DIST_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {

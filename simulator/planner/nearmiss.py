@@ -66,8 +66,9 @@ MARGIN_QUANTILE = 0.9
 #: Simulated points needed before the plan's own ratios replace the prior.
 MIN_POINTS = 4
 #: Prior ratios (estimate / simulation) before the plan has simulated MIN_POINTS points:
-#: the 90th percentiles over the 63 simulated points of docs/planner.md's examples
-#: (engine profile vllm-v1; "Near misses" there gives the distribution).
+#: 90th percentiles over the simulated points of docs/planner.md's examples (engine profile
+#: vllm-v1; "Near misses" there gives the distribution); a plan replaces them by its own
+#: measurement once it has MIN_POINTS points.
 PRIOR_MARGIN = {"ttft": 4.4, "tpot": 1.3}
 #: Prior optimism (estimate / simulation, at most 1) before the plan has measured it: none,
 #: so that a plan's first round is the estimate's own ranking.
