@@ -157,6 +157,11 @@ def mode_lines(summary: dict, alerts: pd.DataFrame | None = None) -> list[str]:
                            f" mean ({g('autoscale_replicas_min')} to "
                            f"{g('autoscale_replicas_max')}), {g('autoscale_scale_ups')} "
                            f"scale-ups{cold}")
+        if g("autoscale_scale_ups_capped"):
+            row("scale-ups capped", f"{g('autoscale_scale_ups_capped')} decisions wanted up "
+                f"to {g('autoscale_capped_wanted_max')} replicas, more than there are to "
+                f"start (max_replicas or the cluster's nodes), the first at t = "
+                f"{g('autoscale_capped_first_s'):,.0f} s")
         row("GPU-hours paid", f"{g('autoscale_gpu_hours'):,.1f} (${g('autoscale_cost_usd'):,.0f})"
             if _num(g("autoscale_cost_usd")) else f"{g('autoscale_gpu_hours'):,.1f}")
         per = g("autoscale_pool_replicas_mean") or {}

@@ -98,6 +98,20 @@ def run_changes(s):
     return captured["log"].changes
 
 
+def test_a_scale_up_beyond_the_replicas_there_are_says_so():
+    """max_replicas 1 under the 40 req/s step: every decision that wants a second replica
+    is counted, the first one the first after the step (140 s), and none starts."""
+    s = load_scenario(_scenario(LOAD | {"max_replicas": 1}))
+    result = run(s)
+    m = result.summary
+    assert m["autoscale_scale_ups"] == 0 and m["autoscale_replicas_max"] == 1
+    assert m["autoscale_scale_ups_capped"] >= 1 and m["autoscale_capped_first_s"] == 140.0
+    assert m["autoscale_capped_wanted_max"] >= 2
+    free = run(load_scenario(_scenario(LOAD)))  # with 4 to start from: never capped
+    assert free.summary["autoscale_scale_ups_capped"] == 0
+    assert math.isnan(free.summary["autoscale_capped_first_s"])
+
+
 def test_bounds_and_scale_down_drains():
     result = run(load_scenario(_scenario(LOAD | {"max_replicas": 3})))
     ts, summary = result.timeseries, result.summary

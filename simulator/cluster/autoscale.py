@@ -244,6 +244,15 @@ POLICIES = registry.AUTOSCALE_POLICIES.add({
 
 
 # ----------------------------------------------------------------------------- the process
+def capped_figures(logs) -> dict:
+    """How often scaling wanted more replicas than it could start, over ``logs``
+    (:class:`ScaleLog`): decisions, the first one's time, the most replicas wanted."""
+    capped = [c for log in logs for c in log.capped]
+    return {"autoscale_scale_ups_capped": len(capped),
+            "autoscale_capped_first_s": min(t for t, _ in capped) if capped else math.nan,
+            "autoscale_capped_wanted_max": max(n for _, n in capped) if capped else 0}
+
+
 @dataclass
 class ScaleLog:
     """What scaling did: every state change, the cold starts, GPU-seconds paid."""
@@ -251,6 +260,9 @@ class ScaleLog:
     changes: list[tuple[float, int, str]] = field(default_factory=list)  # (t, replica, to)
     cold_starts_s: list[float] = field(default_factory=list)
     decisions: list[tuple[float, int, float]] = field(default_factory=list)  # (t, n, rate)
+    #: Decisions that wanted more replicas than there are to start (max_replicas, or no
+    #: parked replica left on the cluster's nodes): (t, replicas wanted).
+    capped: list[tuple[float, int]] = field(default_factory=list)
 
 
 class Autoscaler:
@@ -348,7 +360,10 @@ class Autoscaler:
                 self._park_if_empty(i)
         obs = self.observe()
         up = sum(st in ("serving", "starting") for st in self.state)
-        want = min(self.max, max(a.min_replicas, self.policy.desired(obs, up)))
+        desired = max(a.min_replicas, self.policy.desired(obs, up))
+        want = min(self.max, desired)
+        if desired > want:  # the scale-up waits for replicas there are none of: say so
+            self.log.capped.append((now, desired))
         self.log.decisions.append((now, want, obs.arrivals_per_s))
         if want > up and now - self.last_up >= a.cooldown_up_s:
             for _ in range(want - up):
@@ -460,6 +475,7 @@ class Autoscaler:
                 "autoscale_replicas_min": int(np.min(counts[1:] if len(counts) > 1
                                                      else counts)),
                 "autoscale_scale_ups": ups, "autoscale_scale_downs": downs,
+                **capped_figures([self.log]),
                 "autoscale_cold_start_mean_s": float(np.mean(cold)) if cold else math.nan,
                 "autoscale_gpu_hours": gpu_s / 3600.0,
                 "autoscale_cost_usd": usd,

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from simulator.cluster.autoscale import Autoscaler
+from simulator.cluster.autoscale import Autoscaler, capped_figures
 
 #: A role's SLOs for the sla correction: the other latency is left out (an infinite SLO).
 _ONLY = {"prefill": "tpot_s", "decode": "ttft_s"}
@@ -135,6 +135,7 @@ class PoolScaling:
                 "autoscale_replicas_min": int(np.min(total[span])),
                 "autoscale_scale_ups": sum(ups.values()),
                 "autoscale_scale_downs": sum(downs.values()),
+                **capped_figures([s.log for s in self.scalers.values()]),
                 "autoscale_cold_start_mean_s": float(np.mean(cold)) if cold else math.nan,
                 "autoscale_gpu_hours": sum(hours.values()),
                 "autoscale_cost_usd": usd,

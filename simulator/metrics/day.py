@@ -82,7 +82,8 @@ def with_attainment(ts: pd.DataFrame, requests: pd.DataFrame, ttft_slo_s: float,
 AUTOSCALE_SUMMARY_KEYS = [
     "autoscale_policy", "autoscale_replica_capacity_per_s", "autoscale_replicas_mean",
     "autoscale_replicas_min", "autoscale_replicas_max", "autoscale_scale_ups",
-    "autoscale_scale_downs", "autoscale_cold_start_mean_s", "autoscale_gpu_hours",
+    "autoscale_scale_downs", "autoscale_scale_ups_capped", "autoscale_capped_first_s",
+    "autoscale_capped_wanted_max", "autoscale_cold_start_mean_s", "autoscale_gpu_hours",
     "autoscale_cost_usd", "slo_window_s", "slo_attainment_worst_window",
     "slo_attainment_worst_window_start_s", "autoscale_requests_in_cold_starts",
     "autoscale_cold_start_slo_attainment"]
