@@ -94,11 +94,14 @@ def _scheme(q: dict, source: str) -> str:
 
 def _excluded(patterns: list[str]):
     """A predicate: is a module name left 16-bit by ``patterns``."""
-    globs = [p for p in patterns if not p.startswith("re:")]
+    # every glob as one alternation of their translations (fnmatchcase's own test; a
+    # release lists hundreds of modules, matched against every projection of every layer)
+    globs = [fnmatch.translate(p) for p in patterns if not p.startswith("re:")]
+    glob = re.compile("|".join(globs)) if globs else None
     regexes = [re.compile(p[3:]) for p in patterns if p.startswith("re:")]
 
     def one(name: str) -> bool:
-        return (any(fnmatch.fnmatchcase(name, g) for g in globs)
+        return ((glob is not None and glob.match(name) is not None)
                 or any(r.match(name) for r in regexes))
 
     def test(name: str) -> bool:
