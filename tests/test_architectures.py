@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 
 from simulator import run
 from simulator.cli import main
 from simulator.cluster.pools import build_plan
+from simulator.cluster.transfer import KVTransfers
 from simulator.errors import ScenarioError
 from simulator.hardware.specs import load_gpu
 from simulator.io.scenario import load_scenario
@@ -431,6 +433,17 @@ def test_disaggregated_hand_off_of_a_hybrid_moves_its_kv_and_its_state(tmp_path)
     per_token = 16 * 8 * (2 * 256 * 2)
     state = 48 * (48 * 128 * 128 * 4 + 3 * 10240 * 2)
     assert (df.kv_bytes == df.prompt_tokens * per_token + state).all()
+    # the links carry the state too: what leaves the prefill GPUs is every byte moved
+    plan = build_plan(s)
+    env = simpy.Environment()
+    kv = KVTransfers(env, plan.graph, plan.model, 0.0)
+    src, dst = (p.replicas[0].placement.stages for p in plan.pools)
+    _, total = kv.start(783, src, dst, 2)
+    env.run()
+    assert total == 783 * per_token + state
+    _, links, nbytes = kv.link_bytes()
+    out = {g for stage in src for g in stage}
+    assert sum(b for (a, _), b in zip(links, nbytes, strict=True) if a in out) == total
 
 
 def test_dsa_kv_flows_carry_the_indexer_keys():

@@ -177,13 +177,16 @@ class KVTransfers:
         self.capacity = capacity
         self.network = FlowNetwork(env, capacity, quantum_s)
         self._routes: dict[tuple, tuple] = {}
-        self._started: list[tuple[float, int, list]] = []  # (time, tokens, flows) per start
+        #: (time, tokens, KV flows, state flows) of every transfer started
+        self._started: list[tuple[float, int, list, list]] = []
 
     def route(self, src: Stages, dst: Stages, kv_bytes: float,
               ranks: tuple[int | None, int | None] = (None, None)) -> tuple:
-        """``(flows, seconds_per_token_alone, latency_s)`` between two replicas: each flow
-        ``(edges, bytes_per_token, latency_s)``; the time alone is the max-min fluid finish
-        of one token's flows with nothing else on the links (it scales with tokens).
+        """``(flows, seconds_per_token_alone, latency_s, state)`` between two replicas: each
+        flow ``(edges, bytes_per_token, latency_s)``; the time alone is the max-min fluid
+        finish of one token's flows with nothing else on the links (it scales with
+        tokens); ``state``: the flows ``(edges, bytes, latency_s)`` of a request's
+        recurrent state (:func:`state_flows`; empty without linear-attention layers).
         ``ranks``: the (prefill, decode) ranks holding the request's cache on attention-DP
         sides (:func:`kv_flows`)."""
         key = (tuple(map(tuple, src)), tuple(map(tuple, dst)), kv_bytes, ranks)
@@ -197,21 +200,13 @@ class KVTransfers:
                      for a, b, x in state_flows(self.model, src, dst, *ranks)]
             hit = self._routes[key] = (flows, float(np.max(alone)),
                                        max(lat for _, _, lat in flows + state), state)
-        return hit[:3]
-
-    def state_of(self, src: Stages, dst: Stages, kv_bytes: float,
-                 ranks: tuple[int | None, int | None] = (None, None)) -> list:
-        """The per-request state flows ``(edges, bytes, latency_s)`` of :meth:`route`'s
-        pair of replicas (empty unless the model has linear-attention layers)."""
-        self.route(src, dst, kv_bytes, ranks)
-        return self._routes[(tuple(map(tuple, src)), tuple(map(tuple, dst)), kv_bytes,
-                             ranks)][3]
+        return hit
 
     def time_alone(self, tokens: int, src: Stages, dst: Stages, kv_bytes: float) -> float:
         """Uncontended seconds to move ``tokens`` tokens' KV: ``tokens x t_token +
         latency`` (the bottleneck flows' bytes over their max-min rates, plus the
         longest path latency)."""
-        _, per_token, latency = self.route(src, dst, kv_bytes)
+        _, per_token, latency, _ = self.route(src, dst, kv_bytes)
         return tokens * per_token + latency
 
     def start(self, tokens: int, src: Stages, dst: Stages, kv_bytes: float,
@@ -224,29 +219,27 @@ class KVTransfers:
         only ``max(1 / layers, 1 - overlap_s / t_alone)`` of each flow remains to move.
         ``ranks`` as in :meth:`route`.
         """
-        flows, per_token, _ = self.route(src, dst, kv_bytes, ranks)
+        flows, per_token, _, state = self.route(src, dst, kv_bytes, ranks)
         frac = 1.0
         if overlap_s > 0 and tokens > 0:
             frac = max(1.0 / layers, 1.0 - overlap_s / (tokens * per_token))
         events = [self.network.transfer(e, tokens * x * frac, lat) for e, x, lat in flows]
-        self._started.append((self.env.now, tokens, flows))
-        total = tokens * sum(x for _, x, _ in flows)
         # the recurrent state is whole only once the prefill's last chunk has run
-        state = self.state_of(src, dst, kv_bytes, ranks)
         events += [self.network.transfer(e, x, lat) for e, x, lat in state]
-        total += sum(x for _, x, _ in state)
+        self._started.append((self.env.now, tokens, flows, state))
+        total = tokens * sum(x for _, x, _ in flows) + sum(x for _, x, _ in state)
         return self.env.all_of(events), total
 
     def link_bytes(self) -> tuple[np.ndarray, list[tuple[str, str]], np.ndarray]:
         """Bytes each started transfer put on each directed link: ``(start_s, link,
         bytes)`` per transfer and link of its flows (every byte of the KV, also the part a
-        layer-wise transfer moved during the prefill)."""
+        layer-wise transfer moved during the prefill, and a hybrid model's state)."""
         times, links, nbytes = [], [], []
-        for t0, tokens, flows in self._started:
+        for t0, tokens, flows, state in self._started:
             carried: dict[tuple[str, str], float] = {}
-            for edges, x, _ in flows:
+            for (edges, x, _), n in [*((f, tokens) for f in flows), *((f, 1) for f in state)]:
                 for e in edges:
-                    carried[e] = carried.get(e, 0.0) + tokens * x
+                    carried[e] = carried.get(e, 0.0) + n * x
             times += [t0] * len(carried)
             links.extend(carried)
             nbytes.extend(carried.values())
