@@ -16,12 +16,13 @@ import pytest
 from test_planner_search import CONST, search_setup
 
 from simulator.cluster.pools import build_plan
+from simulator.cluster.stepmodel import StepModel, step_mix
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import SloKeys
 from simulator.model.spec import load_model
 from simulator.planner import nearmiss
 from simulator.planner.disagg import disagg_rows
-from simulator.planner.estimate import StepModel, batch_p99, step_mix
+from simulator.planner.estimate import batch_p99
 from simulator.planner.search import enumerate_candidates
 from simulator.sweep import resolve_point
 

@@ -18,12 +18,13 @@ from test_planner_search import CONST, SPEC, search_setup
 
 from simulator import run
 from simulator.cluster.pools import build_plan
+from simulator.cluster.stepmodel import StepModel, step_mix
 from simulator.io.scenario import load_scenario
 from simulator.model.spec import load_model
 from simulator.planner import plan
 from simulator.planner.candidates import spec_options
 from simulator.planner.disagg import decode_sides, disagg_rows, pools_of, prefill_sides, shapes
-from simulator.planner.estimate import StepModel, spec_step, step_mix
+from simulator.planner.estimate import spec_step
 from simulator.planner.plan import INTERVAL_COLUMNS
 from simulator.planner.poolaxes import (
     PREFILL_BUDGETS,

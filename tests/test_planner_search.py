@@ -12,6 +12,7 @@ import pytest
 
 from simulator.cluster.pools import build_plan
 from simulator.cluster.simulation import workload_requests
+from simulator.cluster.stepmodel import StepModel, step_mix
 from simulator.hardware.specs import load_node
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import SloKeys
@@ -19,7 +20,6 @@ from simulator.model.spec import load_model
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY
 from simulator.planner import nearmiss, plan
 from simulator.planner.disagg import disagg_rows, pools_of
-from simulator.planner.estimate import StepModel, step_mix
 from simulator.planner.plan import enumerate_candidates
 from simulator.planner.report import format_plan, recommended_scenario, write_plan
 from simulator.planner.simulate import base_scenario

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.cluster.build import ClusterPlan
+from simulator.cluster.stepmodel import StepModel, step_mix
 
 #: Fixed-point iterations for the steady batch, and bisection steps for the rate.
 ITERATIONS = 60
@@ -34,36 +35,6 @@ class Sizing:
     bound_per_s: float
     capacity_per_s: float
     slo_met: bool
-
-
-class _Step:
-    """Seconds between two steps of one micro-batch stream: the slowest replica's stages
-    (replicas placed alike share their cost objects and are priced once)."""
-
-    def __init__(self, plan: ClusterPlan):
-        eng = plan.scenario.engine
-        kinds = {id(rp.stages): rp for rp in plan.replicas}
-        self.replicas = [(rp.stages, rp.sends) for rp in kinds.values()]
-        # With cpu_overlap the CPU time is a floor inside stage 0 (cluster/build.py).
-        self.overhead_s = 0.0 if eng.cpu_overlap else eng.step_overhead_s
-        self.streams = plan.streams_per_replica
-
-    def cycle(self, batch: float, chunk: float, prompt: float, output: float) -> float:
-        """A step of ``batch`` decoding sequences (mean context ``prompt + output / 2``) and
-        a ``chunk``-token prefill chunk; with M streams over P stages, a GPipe round
-        ``fixed + (M + P - 1) max_i stage_i`` when that is longer than one pass."""
-        tokens = max(1, round(batch + chunk))
-        pairs = chunk * (prompt + 1) / 2
-        cached = max(0.0, prompt - chunk) / 2 if chunk else 0.0
-        ctx = batch * (prompt + output / 2)
-        sampled = max(0, round(batch + (chunk / prompt if chunk else 0.0)))
-        worst = 0.0
-        for stages, sends in self.replicas:
-            times = [sum(c.step(tokens, pairs, cached, round(ctx), sampled)) for c in stages]
-            fixed = self.overhead_s + sum(lat + tokens * per for lat, per in sends)
-            rounds = fixed + (self.streams + len(stages) - 1) * max(times)
-            worst = max(worst, fixed + sum(times), rounds)
-        return worst
 
 
 def replica_sizing(plan: ClusterPlan, prompt_mean: float, output_mean: float,
@@ -94,17 +65,22 @@ def replica_sizing(plan: ClusterPlan, prompt_mean: float, output_mean: float,
     ``replica_capacity_per_s`` for those.
     """
     eng = plan.scenario.engine
-    step = _Step(plan)
-    m = step.streams
+    # With cpu_overlap the CPU time is a floor inside stage 0 (cluster/build.py).
+    model = StepModel(plan, 0.0 if eng.cpu_overlap else eng.step_overhead_s,
+                      plan.streams_per_replica, snap=False)
+    m = model.streams
     p, o = max(float(prompt_mean), 1.0), max(float(output_mean), 1.0)
     budget = float(eng.max_num_batched_tokens)
+
+    def cycle(batch: float, chunk: float) -> float:
+        return model.cycle(*step_mix(batch, chunk, p, o))
 
     def steady(batch: float) -> float:
         room = max(budget - batch, 1.0)
         prefill = min(batch * p / o, room)
         chunk = min(max(p, prefill), room)
-        base = step.cycle(batch, 0.0, p, o)
-        return base + prefill / chunk * (step.cycle(batch, chunk, p, o) - base)
+        base = cycle(batch, 0.0)
+        return base + prefill / chunk * (cycle(batch, chunk) - base)
 
     b_max = max(1.0, min(eng.max_num_seqs, plan.memory.kv_tokens / m / (p + o / 2)))
     bound = m * min(b_max / o, max(budget - b_max, 0.0) / p) / steady(b_max)
@@ -118,7 +94,7 @@ def replica_sizing(plan: ClusterPlan, prompt_mean: float, output_mean: float,
             batch = 0.5 * (batch + new)
         c = steady(batch)
         room = max(budget - batch, 1.0)
-        prefill = math.ceil(p / room) * step.cycle(batch, min(p, room), p, o)
+        prefill = math.ceil(p / room) * cycle(batch, min(p, room))
         rho = rate / bound
         wait = rho / (2 * (1 - rho)) * prefill if rho < 1 else math.inf
         return c <= tpot_slo_s and prefill + c + LN10 * wait <= ttft_slo_s

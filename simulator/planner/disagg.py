@@ -62,19 +62,13 @@ import numpy as np
 
 from simulator.cluster.build import ClusterPlan
 from simulator.cluster.pools import build_plan
+from simulator.cluster.stepmodel import StepModel, step_mix
 from simulator.errors import ScenarioError
 from simulator.io.scenario import load_scenario
 from simulator.io.schema import Scenario
 from simulator.model.spec import ModelSpec
 from simulator.planner.candidates import memory_plan, point_overrides, spec_options, without_spec
-from simulator.planner.estimate import (
-    StepModel,
-    batch_p99,
-    decode_cycle,
-    little_batch,
-    spec_gain,
-    step_mix,
-)
+from simulator.planner.estimate import batch_p99, decode_cycle, little_batch, spec_gain
 from simulator.planner.poolaxes import (
     KVPrice,
     decode_wait,

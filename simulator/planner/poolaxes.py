@@ -17,6 +17,7 @@ import numpy as np
 
 from simulator.cluster.build import ClusterPlan
 from simulator.cluster.pools import build_plan
+from simulator.cluster.stepmodel import SNAP_STEP
 from simulator.cluster.transfer import kv_flows
 from simulator.engine.schedulers import SCHEDULERS
 from simulator.errors import ScenarioError
@@ -24,7 +25,7 @@ from simulator.io.scenario import load_scenario
 from simulator.model.spec import BYTES_PER_DTYPE, ModelSpec
 from simulator.parallel.collective import BANDWIDTH_EFFICIENCY, Links
 from simulator.planner.candidates import point_overrides
-from simulator.planner.estimate import ITERATIONS, SNAP_STEP
+from simulator.planner.estimate import ITERATIONS
 from simulator.planner.space import PREFILL_SEQS, TOKEN_BUDGETS, Layout, Limits
 from simulator.sweep import resolve_point
 from simulator.topology.flows import Flow, finish_times
